@@ -1,0 +1,28 @@
+# The README's commands. Both create (or reuse) the virtual environment in .venv.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench fetch clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[all]'
+	touch $(STAMP)
+
+fetch: $(STAMP)
+	$(BIN)/specsample fetch
+
+demo: fetch
+	$(BIN)/specsample bench --preset demo --out results/demo
+
+test: fetch
+	$(BIN)/python -m pytest -q
+
+bench: fetch
+	$(BIN)/specsample bench --out results/bench
+
+clean:
+	rm -rf $(VENV) results

@@ -1,0 +1,142 @@
+"""Hugging Face transformers backend: any AutoModelForCausalLM.
+
+Tested with transformers 5.17 (pinned in pyproject). Since 5.x, DynamicCache.crop
+takes the number of tokens to remove as a negative integer; a positive argument is
+the deprecated "final length" form, removed in 5.18. We only ever pass negatives.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+# Special tokens that end a turn in common instruct models; the ones a vocabulary
+# has are added to the model's own EOS ids (instruct models have several).
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "</s>")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class HFTokenizer:
+    def __init__(self, tokenizer):
+        self.hf = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf(text).input_ids)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.hf.decode(token_ids, skip_special_tokens=True)
+
+    def chat_prompt(self, text: str) -> list[int]:
+        if not self.hf.chat_template:
+            raise ValueError("this model's tokenizer has no chat template")
+        rendered = self.hf.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+        return list(self.hf(rendered, add_special_tokens=False).input_ids)
+
+    def __len__(self) -> int:
+        return len(self.hf)
+
+
+class HFBackend:
+    def __init__(self, model, tokenizer: HFTokenizer | None = None, name: str = "hf-model"):
+        from transformers import DynamicCache
+
+        self._cache_class = DynamicCache
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        config = model.config.get_text_config()
+        self.device = next(model.parameters()).device
+        self.vocab_size = len(tokenizer) if tokenizer is not None else config.vocab_size
+        if self.vocab_size > config.vocab_size:
+            raise ValueError(f"{name}: tokenizer has {self.vocab_size} tokens but the model only {config.vocab_size} logits")
+        self.context_length = getattr(config, "max_position_embeddings", None) or 2048
+        self.eos_token_ids = frozenset(_eos_ids(model, tokenizer))
+        self.cache = None
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @torch.inference_mode()
+    def score(self, token_ids: list[int], num_logits: int) -> torch.Tensor:
+        if self.cache is None:
+            self.cache = self._cache_class(config=self.model.config)
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=num_logits)
+        self._length += len(token_ids)
+        # Rows past the tokenizer's vocabulary are padding: never a real token.
+        return out.logits[0, -num_logits:, : self.vocab_size].float().cpu()  # [num_logits, vocab]
+
+    def rollback(self, length: int) -> None:
+        if length >= self._length:
+            return
+        if length == 0:
+            self.cache = None
+        else:
+            self.cache.crop(length - self._length)  # negative: tokens to remove
+        self._length = length
+
+
+def _eos_ids(model, tokenizer: HFTokenizer | None) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None)
+        if value is not None:
+            ids.update([value] if isinstance(value, int) else value)
+    if tokenizer is not None:
+        if tokenizer.hf.eos_token_id is not None:
+            ids.add(tokenizer.hf.eos_token_id)
+        vocab = tokenizer.hf.get_vocab()
+        ids.update(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab)
+    return ids
+
+
+def load_hf(
+    path_or_id: str,
+    gguf_file: str | None = None,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    name: str | None = None,
+    converted_dir: Path | None = None,
+) -> HFBackend:
+    """Load a hub id, a local directory, or a GGUF file (dequantised by transformers).
+
+    A GGUF conversion is slow (the 1.5B takes ~45 s here), so when converted_dir is
+    given the converted weights are saved there and later loads read them instead.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    if gguf_file is not None and converted_dir is not None and (converted_dir / "config.json").exists():
+        path_or_id, gguf_file = str(converted_dir), None
+    elif gguf_file is not None:
+        print(f"specsample: converting {gguf_file} to {dtype} (slow, done once)", file=sys.stderr)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(path_or_id, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=DTYPES[dtype], **kwargs)
+    if gguf_file is not None and converted_dir is not None:
+        _save_dequantised(model, tokenizer, converted_dir)
+    model.to(device)
+    return HFBackend(model, HFTokenizer(tokenizer), name=name or Path(gguf_file or path_or_id).name)
+
+
+def _save_dequantised(model, tokenizer, directory: Path) -> None:
+    # The weights are plain tensors once dequantised; only the GGUF marker makes
+    # transformers refuse to save them. Drop it so they save as ordinary safetensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(directory)

@@ -1,0 +1,170 @@
+"""llama.cpp backend over llama-cpp-python's low-level API: quantised GGUF, no
+dequantisation.
+
+Pinned to llama-cpp-python 0.3.16: 0.3.36 (newest when this was written) segfaults
+inside llama_decode on the Qwen2.5 GGUF files on our CPU machines; 0.3.16 works.
+
+We do not use the high-level Llama class: it keeps a scores buffer of n_batch (or,
+with logits_all, n_ctx) rows of vocabulary-wide logits, which for a 151,936-token
+vocabulary is hundreds of MB to GB. Here logits are requested only for the positions
+the algorithm needs and copied out row by row.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+_quiet_logger = None  # keep the ctypes callback alive for the process's lifetime
+
+
+def _llama():
+    import llama_cpp
+
+    global _quiet_logger
+    if _quiet_logger is None:
+        _quiet_logger = llama_cpp.llama_log_callback(lambda level, text, data: None)
+        llama_cpp.llama_log_set(_quiet_logger, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+    return llama_cpp
+
+
+class LlamaCppTokenizer:
+    def __init__(self, backend: "LlamaCppBackend"):
+        self._lib = backend._lib
+        self._vocab = backend._vocab
+        self._template = backend.chat_template
+
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        size = len(data) + 8
+        buf = (self._lib.llama_token * size)()
+        n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, size, False, special)
+        if n < 0:  # buffer too small: -n is the size needed
+            size = -n
+            buf = (self._lib.llama_token * size)()
+            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, size, False, special)
+        return list(buf[:n])
+
+    def decode(self, token_ids: list[int]) -> str:
+        tokens = (self._lib.llama_token * max(1, len(token_ids)))(*token_ids)
+        size = 16 * len(token_ids) + 16
+        buf = ctypes.create_string_buffer(size)
+        n = self._lib.llama_detokenize(self._vocab, tokens, len(token_ids), buf, size, True, False)
+        if n < 0:
+            size = -n
+            buf = ctypes.create_string_buffer(size)
+            n = self._lib.llama_detokenize(self._vocab, tokens, len(token_ids), buf, size, True, False)
+        return buf.raw[:n].decode("utf-8", errors="replace")
+
+    def chat_prompt(self, text: str) -> list[int]:
+        if not self._template:
+            raise ValueError("this GGUF file has no chat template")
+        import jinja2
+
+        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+        rendered = env.from_string(self._template).render(
+            messages=[{"role": "user", "content": text}], add_generation_prompt=True
+        )
+        return self.encode(rendered, special=True)
+
+
+class LlamaCppBackend:
+    def __init__(self, path: Path, *, name: str | None = None, threads: int | None = None, n_ctx: int = 4096, n_batch: int = 512):
+        lib = _llama()
+        self._lib = lib
+        self.name = name or Path(path).name
+        params = lib.llama_model_default_params()
+        self._model = lib.llama_model_load_from_file(str(path).encode(), params)
+        if not self._model:
+            raise ValueError(f"llama.cpp could not load {path}")
+        self._vocab = lib.llama_model_get_vocab(self._model)
+        threads = threads or os.cpu_count() or 1
+        cparams = lib.llama_context_default_params()
+        self.context_length = min(n_ctx, lib.llama_model_n_ctx_train(self._model))
+        cparams.n_ctx = self.context_length
+        cparams.n_batch = cparams.n_ubatch = n_batch
+        cparams.n_threads = cparams.n_threads_batch = threads
+        self.threads = threads
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise ValueError(f"llama.cpp could not create a context for {path}")
+        self._memory = lib.llama_get_memory(self._ctx)
+        self._n_batch = n_batch
+        self._batch = lib.llama_batch_init(n_batch, 0, 1)
+        self._n_vocab = lib.llama_vocab_n_tokens(self._vocab)
+        template = lib.llama_model_chat_template(self._model, None)
+        self.chat_template = template.decode("utf-8") if template else None
+        self.tokenizer = LlamaCppTokenizer(self)
+        self.vocab_size = _real_vocab_size(lib, self._vocab, self._n_vocab)
+        self.eos_token_ids = frozenset(t for t in range(self._n_vocab) if lib.llama_vocab_is_eog(self._vocab, t))
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def score(self, token_ids: list[int], num_logits: int) -> torch.Tensor:
+        rows = []
+        first_wanted = len(token_ids) - num_logits
+        for start in range(0, len(token_ids), self._n_batch):
+            chunk = token_ids[start : start + self._n_batch]
+            batch = self._batch
+            batch.n_tokens = len(chunk)
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = self._length + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = start + i >= first_wanted
+            if self._lib.llama_decode(self._ctx, batch) != 0:
+                raise RuntimeError(f"llama_decode failed at position {self._length} ({self.name})")
+            self._length += len(chunk)
+            for i in range(max(0, first_wanted - start), len(chunk)):
+                pointer = self._lib.llama_get_logits_ith(self._ctx, i)
+                rows.append(np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))[: self.vocab_size].copy())
+        return torch.from_numpy(np.stack(rows))  # [num_logits, vocab]
+
+    def rollback(self, length: int) -> None:
+        if length >= self._length:
+            return
+        if not self._lib.llama_memory_seq_rm(self._memory, 0, length, -1):
+            raise RuntimeError(f"llama.cpp could not roll back to {length} tokens ({self.name})")
+        self._length = length
+
+    def __del__(self):
+        lib = getattr(self, "_lib", None)
+        if lib is None:
+            return
+        if getattr(self, "_batch", None) is not None:
+            lib.llama_batch_free(self._batch)
+        if getattr(self, "_ctx", None):
+            lib.llama_free(self._ctx)
+        if getattr(self, "_model", None):
+            lib.llama_model_free(self._model)
+
+
+def _real_vocab_size(lib, vocab, n_vocab: int) -> int:
+    """Tokens up to the last one with text: trailing padding rows are not tokens.
+
+    The GGUF's token list can be longer than the tokenizer's real vocabulary (Qwen
+    pads 151,665 tokens to 151,936); transformers' tokenizer reports the real size,
+    so cutting here makes both backends agree on the width of the distribution.
+    """
+    size = n_vocab
+    while size > 0 and _is_padding(lib, vocab, size - 1):
+        size -= 1
+    return size
+
+
+def _is_padding(lib, vocab, token: int) -> bool:
+    text = lib.llama_vocab_get_text(vocab, token) or b""
+    return text.startswith(b"[PAD") or text == b""
+
+
+def load_llamacpp(path: Path, *, name: str | None = None, threads: int | None = None) -> LlamaCppBackend:
+    return LlamaCppBackend(path, name=name, threads=threads)

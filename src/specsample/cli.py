@@ -1,0 +1,162 @@
+"""Command line: thin argparse subcommands over the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .backends import BACKENDS, load_backend
+from .backends.hf import DTYPES
+from .drafters import ModelDrafter, NgramDrafter
+from .generate import GenerationConfig, stream
+from .models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, ModelError, fetch_default
+from .sampling import SamplingConfig
+
+
+class UsageError(Exception):
+    pass
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=DEFAULT_TARGET, help="short name, .gguf file, model directory or hub id")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="a model like --target, or 'ngram' for prompt lookup")
+    p.add_argument("--backend", choices=BACKENDS, default="hf", help="engine for target and draft (default hf)")
+    p.add_argument("--target-backend", choices=BACKENDS, help="engine for the target alone (overrides --backend)")
+    p.add_argument("--draft-backend", choices=BACKENDS, help="engine for the draft alone (overrides --backend)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="hf backend weights (default float32)")
+    p.add_argument("--device", default="cpu", help="hf backend device: cpu, cuda, cuda:1 ...")
+    p.add_argument("--threads", type=int, help="CPU threads for torch and llama.cpp (default: all cores)")
+    p.add_argument("--ngram-max", type=int, default=3, help="longest n-gram the ngram drafter matches")
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-k", type=int, default=4, help="draft tokens per round (default 4)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specsample", description="Exact speculative sampling (Chen et al. 2023).")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="sample a continuation, streaming it to stdout")
+    add_model_arguments(g)
+    add_sampling_arguments(g)
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--prompt-file", type=Path)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--autoregressive", action="store_true", help="run the target alone (the baseline)")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    g.set_defaults(func=cmd_generate)
+
+    f = sub.add_parser("fetch", help="download and verify the default GGUF models")
+    f.add_argument("names", nargs="*", help=f"default: all of {', '.join(DEFAULT_MODELS)}")
+    f.set_defaults(func=cmd_fetch)
+
+    from .bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
+    return parser
+
+
+def generation_config(args) -> GenerationConfig:
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    return GenerationConfig(
+        max_new_tokens=args.max_new_tokens, k=args.k, sampling=sampling, seed=args.seed,
+        stop_strings=tuple(getattr(args, "stop", ())),
+    )
+
+
+def load_models(args, need_draft: bool):
+    """Target backend and drafter (None when not needed) from the model arguments."""
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    kw = dict(device=args.device, dtype=args.dtype, threads=args.threads)
+    target = load_backend(args.target, args.target_backend or args.backend, **kw)
+    if not need_draft:
+        return target, None
+    if args.draft == "ngram":
+        return target, NgramDrafter(max_ngram=args.ngram_max)
+    draft = load_backend(args.draft, args.draft_backend or args.backend, **kw)
+    return target, ModelDrafter(draft, SamplingConfig(args.temperature, args.top_k, args.top_p))
+
+
+def prompt_ids(args, target) -> list[int]:
+    if args.prompt_file is not None:
+        if not args.prompt_file.is_file():
+            raise UsageError(f"prompt file not found: {args.prompt_file}")
+        text = args.prompt_file.read_text()
+    else:
+        text = args.prompt
+    if not text.strip():
+        raise UsageError("the prompt is empty")
+    if target.tokenizer is None:
+        raise UsageError(f"{target.name} has no tokenizer")
+    return target.tokenizer.chat_prompt(text) if args.chat else target.tokenizer.encode(text)
+
+
+def cmd_generate(args) -> int:
+    config = generation_config(args)  # validates before the slow model loads
+    if args.prompt is not None and not args.prompt.strip():
+        raise UsageError("the prompt is empty")
+    target, drafter = load_models(args, need_draft=not args.autoregressive)
+    ids = prompt_ids(args, target)
+    s = stream(target, ids, config, drafter)
+    for chunk in s:
+        if not args.json:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+    result = s.result
+    if args.json:
+        json.dump({"text": result.text, "token_ids": result.token_ids, "stop_reason": result.stop_reason,
+                   "stats": result.stats.as_dict()}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write("\n")
+        print(format_stats(result.stats, drafter is not None), file=sys.stderr)
+    return 0
+
+
+def format_stats(stats, speculative: bool) -> str:
+    line = f"{stats.new_tokens} tokens in {stats.total_seconds:.2f} s: {stats.tokens_per_second:.2f} tokens/s, " \
+           f"{stats.target_calls} target calls"
+    if speculative:
+        rate = "n/a" if stats.acceptance_rate is None else f"{stats.acceptance_rate:.2f}"
+        line += f", {stats.draft_calls} draft calls, acceptance {rate}, " \
+                f"{stats.mean_tokens_per_target_call:.2f} tokens per target call, " \
+                f"accepted-per-round histogram {stats.accepted_histogram}"
+    return line + f" (prefill {stats.prefill_seconds:.2f} s, draft {stats.draft_seconds:.2f} s, " \
+                  f"target {stats.target_seconds:.2f} s, other {stats.other_seconds:.2f} s)"
+
+
+def cmd_fetch(args) -> int:
+    for name in args.names or DEFAULT_MODELS:
+        if name not in DEFAULT_MODELS:
+            raise UsageError(f"unknown default model {name!r}; choose from {', '.join(DEFAULT_MODELS)}")
+        print(fetch_default(DEFAULT_MODELS[name]))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (UsageError, ModelError, ValueError, FileNotFoundError) as e:
+        print(f"specsample: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

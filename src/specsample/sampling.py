@@ -1,0 +1,68 @@
+"""Sampling controls: logits -> the probabilities a token is actually drawn from.
+
+Target and draft go through the same function, so the draft probabilities used in
+the acceptance ratio are exactly the distribution each draft token was drawn from
+(after temperature, top-k and top-p), and greedy is a one-hot distribution rather
+than a softmax that was never sampled from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 1.0  # 0 means greedy (argmax)
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0  # 1.0 disables
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top-k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Probabilities after the sampling controls, always in float32.
+
+    logits: [n, vocab] (any float dtype) -> [n, vocab] float32, rows sum to 1.
+    """
+    logits = logits.float()
+    if config.greedy:
+        # Ties resolve to the lowest token id, as torch.argmax does in plain greedy.
+        probs = torch.zeros_like(logits)
+        probs.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return probs
+    logits = logits / config.temperature
+    if 0 < config.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if config.top_p < 1.0:
+        probs = _top_p_filter(probs, config.top_p)
+    return probs
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    # Keep the smallest prefix of tokens (by descending probability) whose mass
+    # reaches top_p; the token that crosses the threshold is kept.
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs  # [n, vocab]
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    filtered = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return filtered / filtered.sum(-1, keepdim=True)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token id per row. probs: [n, vocab] -> [n] int64."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

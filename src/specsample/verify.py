@@ -1,0 +1,90 @@
+"""Modified rejection sampling (Chen et al. 2023, Algorithm 2; Leviathan et al. 2023).
+
+Vocabulary, after vLLM: draft tokens that pass are *accepted*; the token drawn after
+the first rejection is *recovered*; the extra token drawn from the last target
+distribution when every draft passes is the *bonus* token.
+
+Worked example, K = 2, vocabulary {a, b, c}:
+
+    draft_tokens  = [a, b]
+    draft_probs   = [[.6, .3, .1],      # distribution a was drawn from
+                     [.2, .7, .1]]      # distribution b was drawn from
+    target_probs  = [[.3, .5, .2],      # target after the prefix
+                     [.1, .8, .1],      # target after prefix + a
+                     [.4, .4, .2]]      # target after prefix + a + b
+
+    a is accepted with probability min(1, .3/.6) = .5. If it is rejected, the round
+    ends with a token recovered from norm(max(0, target - draft)) = norm([0, .2, .1]),
+    i.e. b with 2/3, c with 1/3: together with the accepted mass this is exactly
+    [.3, .5, .2]. If a is accepted, b is accepted with min(1, .8/.7) = 1, and the bonus
+    token is drawn from [.4, .4, .2].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    tokens: list[int]  # accepted drafts, then one recovered or bonus token
+    num_accepted: int  # how many drafts were accepted (0..K)
+
+
+def verify(
+    draft_tokens: torch.Tensor,  # [k] int64
+    draft_probs: torch.Tensor | None,  # [k, vocab]; None for drafts without a distribution
+    target_probs: torch.Tensor,  # [k + 1, vocab]
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Accept a prefix of the drafts so that the emitted tokens follow target_probs.
+
+    A draft with no distribution (n-gram lookup) is treated as one-hot: token x is
+    accepted with probability target_probs(x), and on rejection the recovered token is
+    drawn from the target with x removed and renormalised.
+    """
+    k = draft_tokens.shape[0]
+    target_probs = target_probs.float()
+    positions = torch.arange(k)
+    target_of_draft = target_probs[positions, draft_tokens]  # [k]
+    if draft_probs is None:
+        draft_of_draft = torch.ones(k)
+    else:
+        draft_probs = draft_probs.float()
+        draft_of_draft = draft_probs[positions, draft_tokens]  # [k]
+    # Accept iff u < target/draft; multiplied out so a draft prob of 0 cannot divide.
+    uniforms = torch.rand(k, generator=generator)
+    accepted = uniforms * draft_of_draft < target_of_draft  # [k]
+    rejected_at = torch.nonzero(~accepted)
+    if rejected_at.numel() == 0:
+        bonus = sample(target_probs[k : k + 1], generator)
+        return Verdict(draft_tokens.tolist() + bonus.tolist(), k)
+    n = int(rejected_at[0, 0])
+    if draft_probs is None:
+        draft_row = torch.zeros_like(target_probs[n])
+        draft_row[draft_tokens[n]] = 1.0
+    else:
+        draft_row = draft_probs[n]
+    recovered = sample(residual_distribution(target_probs[n], draft_row)[None], generator)
+    return Verdict(draft_tokens[:n].tolist() + recovered.tolist(), n)
+
+
+def residual_distribution(
+    target_row: torch.Tensor,  # [vocab] float32
+    draft_row: torch.Tensor,  # [vocab] float32
+) -> torch.Tensor:
+    """norm(max(0, target - draft)), or the target itself when that has no mass.
+
+    A rejection implies target(x) < draft(x), so mathematically the residual has
+    positive mass; when target and draft agree to within rounding it can still sum to
+    zero (or underflow). Its limit as draft -> target is the target, so use that.
+    """
+    residual = (target_row - draft_row).clamp_min(0.0)
+    total = residual.sum()
+    if not torch.isfinite(total) or total <= torch.finfo(torch.float32).tiny:
+        return target_row
+    return residual / total

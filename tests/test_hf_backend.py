@@ -1,0 +1,59 @@
+import pytest
+import torch
+
+from specsample.backends.base import VocabularyMismatch, check_same_vocabulary
+from specsample.backends.hf import HFBackend
+
+from tiny_hf import VOCAB, tiny_backend, tiny_model
+
+PROMPT = [5, 17, 3, 60, 42, 8, 11]
+
+
+def test_score_returns_one_row_per_requested_position():
+    b = tiny_backend(0)
+    logits = b.score(PROMPT, num_logits=3)
+    assert logits.shape == (3, VOCAB) and logits.dtype == torch.float32
+    assert b.length == len(PROMPT)
+
+
+def test_incremental_scoring_matches_one_call():
+    a, b = tiny_backend(0), tiny_backend(0)
+    whole = a.score(PROMPT, num_logits=len(PROMPT))
+    b.score(PROMPT[:3], 1)
+    rest = b.score(PROMPT[3:], num_logits=len(PROMPT) - 3)
+    assert torch.allclose(whole[3:], rest, atol=1e-4)
+
+
+@pytest.mark.parametrize("keep", [0, 1, 4, 7])
+def test_rollback_then_rescore_equals_fresh_prefill(keep):
+    b = tiny_backend(1)
+    b.score(PROMPT, 1)
+    b.score([9, 9, 9], 3)  # drafts that get thrown away
+    b.rollback(keep)
+    assert b.length == keep
+    continuation = [1, 2, 3]
+    after = b.score(PROMPT[keep:] + continuation, 3) if keep < len(PROMPT) else b.score(continuation, 3)
+    fresh = tiny_backend(1)
+    fresh.score(PROMPT, 1)
+    expected = fresh.score(continuation, 3)
+    assert torch.allclose(after, expected, atol=1e-4)
+
+
+def test_logit_rows_beyond_tokenizer_vocabulary_are_cut():
+    class FakeTokenizer:
+        hf = type("HF", (), {"eos_token_id": None, "get_vocab": lambda self: {}})()
+
+        def __len__(self):
+            return VOCAB - 10  # the checkpoint pads its logit rows
+
+    b = HFBackend(tiny_model(0), FakeTokenizer())
+    assert b.vocab_size == VOCAB - 10
+    assert b.score(PROMPT, 2).shape == (2, VOCAB - 10)
+
+
+def test_vocabulary_mismatch_names_both_sizes():
+    a = tiny_backend(0)
+    b = tiny_backend(1)
+    b.vocab_size = 80
+    with pytest.raises(VocabularyMismatch, match=f"{VOCAB}.*80"):
+        check_same_vocabulary(a, b)

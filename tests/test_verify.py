@@ -1,0 +1,74 @@
+"""Table-driven verify cases built from +-100 logits: each outcome is certain."""
+
+import pytest
+import torch
+
+from specsample.verify import residual_distribution, verify
+
+HI, LO = 100.0, -100.0
+
+
+def peaked(*tokens, vocab=4):
+    """Rows of probabilities, each (numerically) all on one token."""
+    logits = torch.full((len(tokens), vocab), LO)
+    logits[torch.arange(len(tokens)), torch.tensor(tokens)] = HI
+    return torch.softmax(logits, -1)
+
+
+CASES = [
+    # name, draft tokens, draft peaks, target peaks, expected tokens, accepted
+    ("all accepted + bonus", [1, 2], [1, 2], [1, 2, 3], [1, 2, 3], 2),
+    ("first rejected, recovered", [1, 2], [1, 2], [0, 2, 3], [0], 0),
+    ("second rejected, recovered", [1, 2], [1, 2], [1, 3, 0], [1, 3], 1),
+    ("single draft accepted + bonus", [3], [3], [3, 0], [3, 0], 1),
+    ("no drafts: bonus only", [], [], [2], [2], 0),
+]
+
+
+@pytest.mark.parametrize("name,drafts,draft_peaks,target_peaks,expected,accepted", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("with_draft_probs", [True, False], ids=["model-draft", "one-hot-draft"])
+def test_certain_outcomes(name, drafts, draft_peaks, target_peaks, expected, accepted, with_draft_probs):
+    draft_probs = peaked(*draft_peaks) if with_draft_probs and drafts else None
+    for seed in range(20):
+        verdict = verify(torch.tensor(drafts, dtype=torch.long), draft_probs, peaked(*target_peaks),
+                         torch.Generator().manual_seed(seed))
+        assert verdict.tokens == expected
+        assert verdict.num_accepted == accepted
+
+
+def test_recovered_token_never_the_rejected_one_when_draft_is_one_hot():
+    # Target spreads over {0, 1}; draft 1 is rejected with probability .5 and the
+    # recovered token must then be 0: the target with 1 removed.
+    target = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    outcomes = set()
+    for seed in range(200):
+        v = verify(torch.tensor([1]), None, target, torch.Generator().manual_seed(seed))
+        outcomes.add((v.num_accepted, v.tokens[0]))
+    assert outcomes == {(0, 0), (1, 1)}
+
+
+def test_acceptance_probability_is_min_one_ratio():
+    # target(x)=.2, draft(x)=.8 -> accept with probability .25
+    target = torch.tensor([[0.2, 0.8], [0.5, 0.5]])
+    draft = torch.tensor([[0.8, 0.2]])
+    g = torch.Generator().manual_seed(0)
+    n = 20_000
+    accepted = sum(verify(torch.tensor([0]), draft, target, g).num_accepted for _ in range(n))
+    # binomial sd = sqrt(.25 * .75 / n) ~ .0031; allow 5 sd
+    assert abs(accepted / n - 0.25) < 5 * (0.25 * 0.75 / n) ** 0.5
+
+
+def test_residual_with_no_mass_falls_back_to_target():
+    target = torch.tensor([0.3, 0.7])
+    assert torch.equal(residual_distribution(target, target.clone()), target)
+    assert torch.equal(residual_distribution(target, torch.tensor([0.3, 0.7 + 1e-9])), target)
+
+
+def test_verify_never_nans_when_draft_equals_target_in_bfloat16():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    probs = torch.softmax(logits.float(), -1)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        drafts = torch.multinomial(probs[:2], 1, generator=g).squeeze(-1)
+        v = verify(drafts, probs[:2].to(torch.bfloat16), probs.to(torch.bfloat16), g)
+        assert all(0 <= t < 50 for t in v.tokens)

@@ -1,0 +1,90 @@
+"""Exact toy models: a fixed random trigram table, cheap enough to sample 20,000 times
+and small enough to enumerate the exact distribution of the next few tokens."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from specsample.sampling import SamplingConfig, logits_to_probs
+
+
+class TrigramBackend:
+    """Next-token logits depend only on the last two tokens: table[prev2, prev1]."""
+
+    def __init__(self, table: torch.Tensor, name: str = "trigram"):  # table: [V, V, V]
+        self.table = table
+        self.name = name
+        self.vocab_size = table.shape[-1]
+        self.eos_token_ids = frozenset()
+        self.context_length = 10_000
+        self.tokenizer = None
+        self.tokens: list[int] = []
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def next_logits(self, context: list[int]) -> torch.Tensor:  # [V]
+        prev2 = context[-2] if len(context) >= 2 else 0
+        return self.table[prev2, context[-1]]
+
+    def score(self, token_ids, num_logits):
+        self.tokens += token_ids
+        n = len(self.tokens)
+        return torch.stack([self.next_logits(self.tokens[: n - i]) for i in reversed(range(num_logits))])
+
+    def rollback(self, length):
+        del self.tokens[length:]
+
+
+def random_table(vocab: int, seed: int, scale: float = 1.5) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(vocab, vocab, vocab, generator=g) * scale
+
+
+def exact_distribution(
+    backend: TrigramBackend, prompt: list[int], length: int, sampling: SamplingConfig
+) -> dict[tuple[int, ...], float]:
+    """P(next `length` tokens) under the sampling controls, by enumeration."""
+    out = {}
+    vocab = backend.vocab_size
+    for seq in itertools.product(range(vocab), repeat=length):
+        context, p = list(prompt), 1.0
+        for token in seq:
+            p *= float(logits_to_probs(backend.next_logits(context)[None], sampling)[0, token])
+            if p == 0.0:
+                break
+            context.append(token)
+        if p > 0:
+            out[seq] = p
+    return out
+
+
+def chi_square_p_value(counts: dict, exact: dict[tuple, float], n: int) -> float:
+    """Pearson goodness of fit; cells with expected count < 5 are pooled.
+
+    A sample outside the exact support makes the fit impossible: p = 0. The p-value
+    uses the Wilson-Hilferty normal approximation of the chi-square tail.
+    """
+    if any(seq not in exact for seq in counts):
+        return 0.0
+    stat, cells, pool_obs, pool_exp = 0.0, 0, 0, 0.0
+    for seq, prob in exact.items():
+        expected = prob * n
+        if expected < 5:
+            pool_obs += counts.get(seq, 0)
+            pool_exp += expected
+            continue
+        stat += (counts.get(seq, 0) - expected) ** 2 / expected
+        cells += 1
+    if pool_exp > 0:
+        stat += (pool_obs - pool_exp) ** 2 / pool_exp
+        cells += 1
+    dof = cells - 1
+    if dof <= 0:
+        return 1.0
+    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))
