@@ -41,14 +41,17 @@ def test_rollback_then_rescore_equals_fresh_prefill(keep):
 
 def test_logit_rows_beyond_tokenizer_vocabulary_are_cut():
     class FakeTokenizer:
-        hf = type("HF", (), {"eos_token_id": None, "get_vocab": lambda self: {}})()
+        hf = type("HF", (), {"eos_token_id": None, "get_added_vocab": lambda self: {}})()
 
         def __len__(self):
             return VOCAB - 10  # the checkpoint pads its logit rows
 
+        def token_text(self, i):
+            return f"t{i}" if i < VOCAB - 13 else f"[PAD{i}]"  # and the tokenizer pads too
+
     b = HFBackend(tiny_model(0), FakeTokenizer())
-    assert b.vocab_size == VOCAB - 10
-    assert b.score(PROMPT, 2).shape == (2, VOCAB - 10)
+    assert b.vocab_size == VOCAB - 13
+    assert b.score(PROMPT, 2).shape == (2, VOCAB - 13)
 
 
 def test_vocabulary_mismatch_names_both_sizes():

@@ -45,6 +45,23 @@ class Backend(Protocol):
         ...
 
 
+def trim_padding(size: int, token_text) -> int:
+    """Vocabulary size without trailing padding entries ("[PAD151665]" ... in Qwen).
+
+    Checkpoints pad their embedding rows (Qwen: 151,665 tokens padded to 151,936),
+    and converters name the extra rows "[PAD<id>]" or leave them empty. They are
+    never real tokens; cutting them in every backend makes backends agree on the
+    width of the distribution, so a llama.cpp draft can serve an HF target.
+    """
+    while size > 0 and _is_padding(token_text(size - 1)):
+        size -= 1
+    return size
+
+
+def _is_padding(text: str | None) -> bool:
+    return not text or text.startswith(("[PAD", "<pad_"))
+
+
 class VocabularyMismatch(ValueError):
     pass
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from .base import trim_padding
+
 # Special tokens that end a turn in common instruct models; the ones a vocabulary
 # has are added to the model's own EOS ids (instruct models have several).
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "</s>")
@@ -41,6 +43,9 @@ class HFTokenizer:
     def __len__(self) -> int:
         return len(self.hf)
 
+    def token_text(self, token_id: int) -> str | None:
+        return self.hf.convert_ids_to_tokens(token_id)
+
 
 class HFBackend:
     def __init__(self, model, tokenizer: HFTokenizer | None = None, name: str = "hf-model"):
@@ -52,7 +57,9 @@ class HFBackend:
         self.name = name
         config = model.config.get_text_config()
         self.device = next(model.parameters()).device
-        self.vocab_size = len(tokenizer) if tokenizer is not None else config.vocab_size
+        self.vocab_size = config.vocab_size
+        if tokenizer is not None:
+            self.vocab_size = trim_padding(len(tokenizer), tokenizer.token_text)
         if self.vocab_size > config.vocab_size:
             raise ValueError(f"{name}: tokenizer has {self.vocab_size} tokens but the model only {config.vocab_size} logits")
         self.context_length = getattr(config, "max_position_embeddings", None) or 2048
@@ -93,8 +100,8 @@ def _eos_ids(model, tokenizer: HFTokenizer | None) -> set[int]:
     if tokenizer is not None:
         if tokenizer.hf.eos_token_id is not None:
             ids.add(tokenizer.hf.eos_token_id)
-        vocab = tokenizer.hf.get_vocab()
-        ids.update(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab)
+        added = tokenizer.hf.get_added_vocab()  # special tokens only: "</s>" is plain text in Qwen
+        ids.update(added[t] for t in END_OF_TURN_TOKENS if t in added)
     return ids
 
 

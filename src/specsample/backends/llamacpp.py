@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .base import trim_padding
+
 _quiet_logger = None  # keep the ctypes callback alive for the process's lifetime
 
 
@@ -100,7 +102,7 @@ class LlamaCppBackend:
         template = lib.llama_model_chat_template(self._model, None)
         self.chat_template = template.decode("utf-8") if template else None
         self.tokenizer = LlamaCppTokenizer(self)
-        self.vocab_size = _real_vocab_size(lib, self._vocab, self._n_vocab)
+        self.vocab_size = trim_padding(self._n_vocab, lambda t: (lib.llama_vocab_get_text(self._vocab, t) or b"").decode("utf-8", "replace"))
         self.eos_token_ids = frozenset(t for t in range(self._n_vocab) if lib.llama_vocab_is_eog(self._vocab, t))
         self._length = 0
 
@@ -146,24 +148,6 @@ class LlamaCppBackend:
             lib.llama_free(self._ctx)
         if getattr(self, "_model", None):
             lib.llama_model_free(self._model)
-
-
-def _real_vocab_size(lib, vocab, n_vocab: int) -> int:
-    """Tokens up to the last one with text: trailing padding rows are not tokens.
-
-    The GGUF's token list can be longer than the tokenizer's real vocabulary (Qwen
-    pads 151,665 tokens to 151,936); transformers' tokenizer reports the real size,
-    so cutting here makes both backends agree on the width of the distribution.
-    """
-    size = n_vocab
-    while size > 0 and _is_padding(lib, vocab, size - 1):
-        size -= 1
-    return size
-
-
-def _is_padding(lib, vocab, token: int) -> bool:
-    text = lib.llama_vocab_get_text(vocab, token) or b""
-    return text.startswith(b"[PAD") or text == b""
 
 
 def load_llamacpp(path: Path, *, name: str | None = None, threads: int | None = None) -> LlamaCppBackend:
