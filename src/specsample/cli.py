@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .backends import BACKENDS, load_backend
+from .backends.base import check_same_vocabulary
 from .backends.hf import DTYPES
 from .drafters import ModelDrafter, NgramDrafter
 from .generate import GenerationConfig, stream
@@ -87,6 +88,7 @@ def load_models(args, need_draft: bool):
     if args.draft == "ngram":
         return target, NgramDrafter(max_ngram=args.ngram_max)
     draft = load_backend(args.draft, args.draft_backend or args.backend, **kw)
+    check_same_vocabulary(target, draft)  # before any prompt work
     return target, ModelDrafter(draft, SamplingConfig(args.temperature, args.top_k, args.top_p))
 
 

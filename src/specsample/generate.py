@@ -184,14 +184,14 @@ def _rounds(target, prompt_ids, config, drafter) -> Iterator[Chunk]:
             if token in eos:
                 stop_reason = "eos"
                 break
+            if text.add(token):
+                stop_reason = "stop_string"
+                break
         new += emitted
         context += emitted
-        delta, hit_stop = text.extend(emitted)
-        if hit_stop:
-            stop_reason = "stop_string"
         stats.new_tokens = len(new)
         stats.total_seconds = time.perf_counter() - start
-        yield Chunk(emitted, delta)
+        yield Chunk(emitted, text.take())
 
     tail = text.flush()
     if tail:
@@ -215,16 +215,24 @@ class _TextTracker:
         self.sent = 0  # characters already yielded
         self.stopped_at: int | None = None
 
-    def extend(self, token_ids: list[int]) -> tuple[str, bool]:
-        if self.tokenizer is None:
-            return "", False
-        self.ids += token_ids
+    def add(self, token: int) -> bool:
+        """Append one token; True once a stop string has appeared."""
+        self.ids.append(token)
+        if self.tokenizer is None or not self.stop_strings:
+            return False
         text = self.tokenizer.decode(self.ids)
         for stop in self.stop_strings:
             # Search only where a new match can start.
             at = text.find(stop, max(0, self.sent - len(stop) + 1))
             if at != -1 and (self.stopped_at is None or at < self.stopped_at):
                 self.stopped_at = at
+        return self.stopped_at is not None
+
+    def take(self) -> str:
+        """Text not yet handed out that can no longer change."""
+        if self.tokenizer is None:
+            return ""
+        text = self.tokenizer.decode(self.ids)
         if self.stopped_at is not None:
             end = self.stopped_at
         else:
@@ -239,7 +247,7 @@ class _TextTracker:
         end = max(end, self.sent)
         delta = text[self.sent : end]
         self.sent = end
-        return delta, self.stopped_at is not None
+        return delta
 
     def flush(self) -> str:
         """Whatever was held back, once no more tokens will come."""

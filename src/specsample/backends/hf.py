@@ -120,6 +120,7 @@ def load_hf(
     given the converted weights are saved there and later loads read them instead.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
@@ -127,6 +128,8 @@ def load_hf(
         path_or_id, gguf_file = str(converted_dir), None
     elif gguf_file is not None:
         print(f"specsample: converting {gguf_file} to {dtype} (slow, done once)", file=sys.stderr)
+    # Progress bars only for the slow conversion; a plain load takes a second.
+    (hf_logging.enable_progress_bar if gguf_file else hf_logging.disable_progress_bar)()
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(path_or_id, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=DTYPES[dtype], **kwargs)

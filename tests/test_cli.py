@@ -1,0 +1,97 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from specsample.cli import main
+
+from tiny_hf import tiny_model
+
+WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away"]
+
+
+def save_tiny(path, seed, vocab_words):
+    vocab = {w: i for i, w in enumerate(vocab_words)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]")
+    fast.save_pretrained(path)
+    tiny_model(seed).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    words = ["[UNK]", "[EOS]"] + WORDS + [f"w{i}" for i in range(90 - 2 - len(WORDS))]
+    return {
+        "target": save_tiny(root / "target", 0, words),
+        "draft": save_tiny(root / "draft", 7, words),
+        "small": save_tiny(root / "small", 7, words[:80]),  # a different vocabulary
+    }
+
+
+def run(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_json_has_text_ids_and_stats(capsys, tiny_dirs):
+    base = ["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompt", "the cat sat on",
+            "--max-new-tokens", "12", "-k", "3", "--json"]
+    code, out, err = run(capsys, *base)
+    assert code == 0
+    spec = json.loads(out)
+    assert set(spec) >= {"text", "token_ids", "stats"}
+    assert set(spec["stats"]) >= {"new_tokens", "target_calls", "draft_calls", "acceptance_rate",
+                                  "mean_tokens_per_target_call", "tokens_per_second"}
+    assert spec["stats"]["new_tokens"] == len(spec["token_ids"]) == 12
+    code, out, _ = run(capsys, *base, "--autoregressive")
+    ar = json.loads(out)
+    assert ar["token_ids"] == spec["token_ids"]  # greedy by default
+    assert ar["stats"]["target_calls"] == 12
+
+
+def test_generate_streams_text_and_prints_stats_to_stderr(capsys, tiny_dirs):
+    code, out, err = run(capsys, "generate", "--target", tiny_dirs["target"], "--draft", "ngram", "--prompt",
+                         "the cat sat on the mat the cat", "--max-new-tokens", "8", "--temperature", "0.8", "--seed", "3")
+    assert code == 0
+    assert out.strip() and "tokens/s" in err and "acceptance" in err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--target", "no-such-model"], "unknown model"),
+    (["--target", "/nonexistent/model.gguf"], "not found"),
+    (["-k", "0"], "k must be"),
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "0"], "top-p"),
+    (["--top-p", "1.5"], "top-p"),
+    (["--top-k", "-3"], "top-k"),
+    (["--prompt", "   "], "empty"),
+    (["--draft", "SMALL"], "vocabularies differ"),
+    (["--prompt", "cat " * 600], "context"),
+    (["--prompt-file", "/nonexistent/prompt.txt"], "not found"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, tiny_dirs, args, message):
+    args = [tiny_dirs["small"] if a == "SMALL" else a for a in args]
+    defaults = {"--target": tiny_dirs["target"], "--draft": tiny_dirs["draft"]}
+    if "--prompt-file" not in args and "--prompt" not in args:
+        defaults["--prompt"] = "the cat"
+    for flag, value in defaults.items():
+        if flag not in args:
+            args = [flag, value, *args]
+    code, out, err = run(capsys, "generate", *args)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_error_from_the_console_script_has_no_traceback(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "specsample.cli", "generate", "--target", "nope", "--prompt", "x"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.startswith("specsample: error:") and "Traceback" not in done.stderr

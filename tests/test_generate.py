@@ -1,0 +1,185 @@
+import pytest
+import torch
+
+from specsample.drafters import ModelDrafter, NgramDrafter
+from specsample.generate import GenerationConfig, generate, stream
+from specsample.sampling import SamplingConfig, logits_to_probs
+
+from tiny_hf import tiny_backend, tiny_model
+from specsample.backends.hf import HFBackend
+from toy import TrigramBackend, random_table
+
+GREEDY = SamplingConfig(temperature=0)
+PROMPT = [5, 17, 3, 60, 42, 8, 11, 5, 17]
+
+
+def greedy(max_new_tokens=40, k=4, **kw):
+    return GenerationConfig(max_new_tokens=max_new_tokens, k=k, sampling=GREEDY, **kw)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("draft_seed", [0, 7], ids=["same-weights", "other-model"])
+def test_greedy_speculative_equals_greedy_autoregressive_hf(k, draft_seed):
+    target = tiny_backend(0)
+    reference = generate(target, PROMPT, greedy(k=k)).token_ids
+    drafter = ModelDrafter(tiny_backend(draft_seed), GREEDY)
+    result = generate(target, PROMPT, greedy(k=k), drafter)
+    assert result.token_ids == reference
+    if draft_seed == 0:  # identical draft: every draft accepted, bonus every round
+        assert result.stats.acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_greedy_ngram_equals_greedy_autoregressive(k):
+    target = tiny_backend(3)
+    reference = generate(target, PROMPT, greedy(max_new_tokens=60)).token_ids
+    result = generate(target, PROMPT, greedy(max_new_tokens=60, k=k), NgramDrafter(max_ngram=3))
+    assert result.token_ids == reference
+    assert result.stats.draft_calls == 0
+
+
+def test_draft_probabilities_are_the_ones_each_draft_was_drawn_from():
+    """Guards the drafter's cache sync, including the off-by-one after a full accept:
+    every draft row must equal the draft model's distribution given the true context."""
+    table = random_table(6, seed=0)
+    sampling = SamplingConfig(temperature=1.0, top_p=0.9)
+    reference = TrigramBackend(table)
+    drafter = ModelDrafter(TrigramBackend(table + 0.01), sampling)  # near-copy: long accepts
+    seen = []
+
+    class Spy:
+        name, calls = "spy", 0
+
+        def propose(self, context, k, generator):
+            tokens, probs = drafter.propose(context, k, generator)
+            self.calls = drafter.calls
+            for i in range(len(tokens)):
+                expected = logits_to_probs(drafter.backend.next_logits(context + tokens[:i].tolist())[None], sampling)
+                assert torch.allclose(probs[i], expected[0])
+            seen.append(len(tokens))
+            return tokens, probs
+
+    for seed in range(30):
+        generate(reference, [1, 2], GenerationConfig(max_new_tokens=12, k=3, sampling=sampling, seed=seed), Spy())
+    assert sum(seen) > 0
+
+
+def test_drafter_cache_holds_the_true_context_after_full_accepts():
+    target = tiny_backend(0)
+    drafter = ModelDrafter(tiny_backend(0), GREEDY)
+    result = generate(target, PROMPT, greedy(max_new_tokens=20, k=4), drafter)
+    assert result.stats.acceptance_rate == 1.0
+    # The drafter never fed its last draft of the final round, nor the bonus token.
+    context = PROMPT + result.token_ids
+    cached = drafter._cached
+    assert cached == context[: len(cached)]
+    fresh = tiny_backend(0)
+    expected = fresh.score(context, 1)
+    drafter.backend.rollback(len(cached))
+    got = drafter.backend.score(context[len(cached):], 1)
+    assert torch.allclose(got, expected, atol=1e-4)
+
+
+def test_max_new_tokens_is_never_exceeded():
+    target = tiny_backend(0)
+    for n in [1, 2, 3, 7, 10]:
+        result = generate(target, PROMPT, greedy(max_new_tokens=n, k=4), ModelDrafter(tiny_backend(0), GREEDY))
+        assert len(result.token_ids) == n
+        assert result.stop_reason == "length"
+
+
+def test_stops_at_any_eos_token_and_includes_it():
+    target = tiny_backend(0)
+    free = generate(target, PROMPT, greedy(max_new_tokens=30)).token_ids
+    eos = free[12]
+    first = free.index(eos)
+    result = generate(target, PROMPT, greedy(max_new_tokens=30, k=3, eos_token_ids=frozenset({999, eos})),
+                      ModelDrafter(tiny_backend(0), GREEDY))
+    assert result.token_ids == free[: first + 1]
+    assert result.stop_reason == "eos"
+
+
+class CharTokenizer:
+    """Token i is the character chr(ord('a') + i % 26)."""
+
+    def encode(self, text):
+        return [ord(c) - ord("a") for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+    def chat_prompt(self, text):
+        return self.encode(text)
+
+
+def test_stop_string_truncates_text_and_tokens_stop_there():
+    target = tiny_backend(0)
+    target.tokenizer = CharTokenizer()
+    free = generate(target, PROMPT, greedy(max_new_tokens=30))
+    stop = free.text[10:12]
+    at = free.text.index(stop)
+    result = generate(target, PROMPT, greedy(max_new_tokens=30, stop_strings=(stop,)),
+                      ModelDrafter(tiny_backend(0), GREEDY))
+    assert result.text == free.text[:at]
+    assert result.stop_reason == "stop_string"
+    assert len(result.token_ids) <= at + len(stop)
+
+
+def test_stream_yields_chunks_that_add_up_to_the_result():
+    target = tiny_backend(0)
+    target.tokenizer = CharTokenizer()
+    s = stream(target, PROMPT, greedy(max_new_tokens=25, k=3, stop_strings=("zzz",)), ModelDrafter(tiny_backend(7), GREEDY))
+    chunks = list(s)
+    assert "".join(c.text for c in chunks) == s.result.text
+    assert sum((c.token_ids for c in chunks), []) == s.result.token_ids
+    assert len(chunks) >= s.result.stats.target_calls
+
+
+def test_stats_are_consistent():
+    target = tiny_backend(0)
+    result = generate(target, PROMPT, greedy(max_new_tokens=30, k=3), ModelDrafter(tiny_backend(7), GREEDY))
+    st = result.stats
+    assert st.new_tokens == 30
+    # every round drafts except a last one with a single token left to emit
+    assert st.target_calls - 1 <= sum(st.accepted_histogram) <= st.target_calls
+    assert st.accepted == sum(i * c for i, c in enumerate(st.accepted_histogram))
+    assert st.drafted >= st.accepted
+    assert st.draft_calls == st.drafted  # one draft-model call per draft token
+    assert st.mean_tokens_per_target_call == pytest.approx(30 / st.target_calls)
+    assert st.total_seconds >= st.draft_seconds + st.target_seconds
+    ar = generate(target, PROMPT, greedy(max_new_tokens=30)).stats
+    assert ar.target_calls == 30 and ar.acceptance_rate is None and ar.mean_tokens_per_target_call == 1.0
+
+
+def test_same_seed_repeats_exactly_and_other_seeds_differ():
+    target = tiny_backend(0)
+    sampling = SamplingConfig(temperature=1.0)
+
+    def run(seed):
+        cfg = GenerationConfig(max_new_tokens=30, k=3, sampling=sampling, seed=seed)
+        return generate(target, PROMPT, cfg, ModelDrafter(tiny_backend(7), sampling)).token_ids
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+
+
+def test_prompt_longer_than_context_is_refused():
+    target = tiny_backend(0)
+    with pytest.raises(ValueError, match="context"):
+        generate(target, [1] * 500, greedy(max_new_tokens=20))
+
+
+def test_empty_prompt_and_bad_k_are_refused():
+    with pytest.raises(ValueError):
+        generate(tiny_backend(0), [], greedy())
+    with pytest.raises(ValueError):
+        GenerationConfig(k=0)
+
+
+def test_ngram_drafter_proposes_continuation_of_latest_match():
+    d = NgramDrafter(max_ngram=2)
+    tokens, probs = d.propose([1, 2, 3, 4, 2, 3], 3, None)
+    assert tokens.tolist() == [4, 2, 3] and probs is None
+    # falls back to a shorter n-gram, prefers the most recent occurrence
+    assert d.propose([7, 1, 8, 5, 1, 9, 6, 1], 2, None)[0].tolist() == [9, 6]
+    assert d.propose([1, 2, 3], 4, None)[0].tolist() == []

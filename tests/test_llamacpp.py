@@ -1,0 +1,114 @@
+"""llama.cpp backend on the real default pair (quantised GGUF, no dequantisation)."""
+
+import pytest
+import torch
+
+from specsample.drafters import ModelDrafter, NgramDrafter
+from specsample.generate import GenerationConfig, generate
+from specsample.models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, cache_dir
+from specsample.sampling import SamplingConfig
+
+from toy import chi_square_p_value
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specsample[llamacpp]')")
+if not all((cache_dir() / "models" / m.filename).exists() for m in DEFAULT_MODELS.values()):
+    pytest.skip("default model pair not fetched: run `specsample fetch` (make test does)", allow_module_level=True)
+
+GREEDY = SamplingConfig(temperature=0)
+PROMPT = "Write a Python function `fizzbuzz(n)` returning the list of FizzBuzz strings."
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from specsample.backends import load_backend
+
+    return load_backend(DEFAULT_TARGET, "llamacpp"), load_backend(DEFAULT_DRAFT, "llamacpp")
+
+
+def test_vocabulary_and_eos(pair):
+    target, draft = pair
+    assert target.vocab_size == draft.vocab_size == 151_665  # 151,936 rows less padding
+    im_end = target.tokenizer.encode("<|im_end|>", special=True)
+    assert len(im_end) == 1 and im_end[0] in target.eos_token_ids
+
+
+def test_score_returns_only_requested_rows(pair):
+    _, draft = pair
+    draft.rollback(0)
+    logits = draft.score(draft.tokenizer.encode("def f(x):"), num_logits=2)
+    assert logits.shape == (2, 151_665) and torch.isfinite(logits).all()
+
+
+def test_rollback_then_rescore_equals_fresh_prefill(pair):
+    _, draft = pair
+    ids = draft.tokenizer.chat_prompt(PROMPT)
+    continuation = draft.tokenizer.encode(" def fizzbuzz(n):")
+    draft.rollback(0)
+    draft.score(ids, 1)
+    fresh = draft.score(continuation, len(continuation))
+    draft.score([11, 22, 33, 44], 4)  # rejected drafts
+    draft.rollback(len(ids))
+    again = draft.score(continuation, len(continuation))
+    assert torch.allclose(fresh, again, atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(pair):
+    target, _ = pair
+    ids = target.tokenizer.chat_prompt(PROMPT)
+    return ids, generate(target, ids, GenerationConfig(max_new_tokens=32, sampling=GREEDY)).token_ids
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_speculative_equals_autoregressive(pair, greedy_reference, k):
+    target, draft = pair
+    ids, reference = greedy_reference
+    config = GenerationConfig(max_new_tokens=32, k=k, sampling=GREEDY)
+    result = generate(target, ids, config, ModelDrafter(draft, GREEDY))
+    assert result.token_ids == reference
+    assert result.stats.acceptance_rate > 0.5
+
+
+def test_greedy_ngram_equals_autoregressive(pair, greedy_reference):
+    target, _ = pair
+    ids, reference = greedy_reference
+    config = GenerationConfig(max_new_tokens=32, k=3, sampling=GREEDY)
+    assert generate(target, ids, config, NgramDrafter()).token_ids == reference
+
+
+def test_sampling_through_llamacpp_scoring_follows_exact_target(pair):
+    """The distribution check of test_distribution.py, on this backend's scoring path.
+
+    Target: the real 0.5B with top-k 3 (so two new tokens have at most 9 outcomes);
+    draft: the same model at temperature 1.6, top-k 6: a different distribution, so
+    rejections and recoveries happen. The exact reference is enumerated with the same
+    backend. The prompt is one token, so no prefill is repeated per sample.
+    N = 800; bound: chi-square p > 1e-3 (with 9 cells, expected counts stay >= 5
+    for any cell above 0.6% probability; rarer ones are pooled).
+    """
+    _, model = pair
+    from specsample.backends import load_backend
+
+    drafter_backend = load_backend(DEFAULT_DRAFT, "llamacpp")
+    sampling = SamplingConfig(temperature=1.0, top_k=3)
+    prompt = model.tokenizer.encode("def")
+    assert len(prompt) == 1
+    from specsample.sampling import logits_to_probs
+
+    exact = {}
+    model.rollback(0)
+    first = logits_to_probs(model.score(prompt, 1), sampling)[0]
+    for a in torch.nonzero(first).flatten().tolist():
+        model.rollback(len(prompt))
+        second = logits_to_probs(model.score([a], 1), sampling)[0]
+        for b in torch.nonzero(second).flatten().tolist():
+            exact[(a, b)] = float(first[a] * second[b])
+    counts, n = {}, 800
+    drafter = ModelDrafter(drafter_backend, SamplingConfig(temperature=1.6, top_k=6))
+    rates = []
+    for seed in range(n):
+        result = generate(model, prompt, GenerationConfig(max_new_tokens=2, k=1, sampling=sampling, seed=seed), drafter)
+        counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
+        rates.append(result.stats.acceptance_rate)
+    assert 0.05 < sum(rates) / n < 0.95  # both accept and reject paths are exercised
+    assert chi_square_p_value(counts, exact, n) > 1e-3
