@@ -20,11 +20,11 @@ def write_records(path: Path, records: list[dict]) -> None:
 
 
 def main_table(summaries: list[ModeSummary]) -> str:
-    rows = [["task", "setting", "mode", "K", "seqs", "tokens", "tokens/s", "speedup vs ar", "acceptance",
+    rows = [["task", "setting", "mode", "K", "seqs", "tokens", "tokens/s", "speedup vs ar", "decode tokens/s", "acceptance",
              "tokens/target call", "P50 s", "P90 s", "P99 s"]]
     for s in summaries:
         rows.append([s.task, s.setting, s.mode, _f(s.k, "d"), str(s.sequences), str(s.new_tokens),
-                     _f(s.tokens_per_second, ".2f"), _f(s.speedup, ".2f"), _f(s.acceptance_rate, ".2f"),
+                     _f(s.tokens_per_second, ".2f"), _f(s.speedup, ".2f"), _f(s.decode_tokens_per_second, ".2f"), _f(s.acceptance_rate, ".2f"),
                      _f(s.tokens_per_target_call, ".2f"), _f(s.latency(50), ".2f"), _f(s.latency(90), ".2f"),
                      _f(s.latency(99), ".2f")])
     return markdown_table(rows)
@@ -142,7 +142,8 @@ def write_report(out: Path, records: list[dict], curve: CostCurve | None, *, com
     table = main_table(summaries)
     parts = ["# specsample bench", f"Command: `{command}`", f"Machine: {machine}", "## Throughput and latency",
              "tokens/s = all new tokens / all wall time of the mode (prompt prefill included); speedup is over "
-             "`ar` (our autoregressive loop) in the same run. Acceptance is per draft token; for peers it is "
+             "`ar` (our autoregressive loop) in the same run. decode tokens/s leaves out the target's prompt prefill "
+             "(our loops only: peers do not report it; a model draft's own prefill stays in). Acceptance is per draft token; for peers it is "
              "estimated from their call counts.", table]
     parts += ["## Greedy exactness", markdown_table(greedy_identity(main))]
     if curve is not None:

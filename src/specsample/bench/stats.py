@@ -46,11 +46,16 @@ class ModeSummary:
     drafted: int
     target_calls: int
     latencies: list[float]
+    decode_seconds: float | None = 0.0  # wall time less prompt prefill; None when a mode does not report prefill
     speedup: float | None = None  # tokens/s over the `ar` mode's, same task and setting
 
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        return self.new_tokens / self.decode_seconds if self.decode_seconds else None
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -81,6 +86,10 @@ def summarise(records: list[dict], baseline: str = "ar") -> list[ModeSummary]:
         s.drafted += st.get("drafted") or 0
         s.target_calls += st.get("target_calls") or 0
         s.latencies.append(r["latency_seconds"])
+        if s.decode_seconds is not None and "prefill_seconds" in st:
+            s.decode_seconds += r["latency_seconds"] - st["prefill_seconds"]
+        else:
+            s.decode_seconds = None
     for s in groups.values():
         base = groups.get((s.task, s.setting, baseline))
         if base is not None and base.tokens_per_second:
