@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -78,6 +79,7 @@ def cmd_bench(args) -> int:
     from .report import machine_description, write_report
 
     args = resolve_options(args)
+    load_at_start = os.getloadavg()[0]
     config = bench_config(args)  # validates before the slow model loads
     families = list(FAMILIES) if args.modes == "auto" else _names(args.modes, FAMILIES, "mode")
     ks = [int(k) for k in args.ks.split(",")]
@@ -106,6 +108,8 @@ def cmd_bench(args) -> int:
         records = run_bench(modes, prompts, config, progress)
         records += run_parity(parity_modes, parity_prompts, config, progress) if parity_modes else []
     machine = machine_description(args.dtype if (args.target_backend or args.backend) == "hf" else "gguf", _threads(args))
+    # Other work on the machine skews every timing: say how busy it was.
+    machine += f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
     command = shlex.join(["specsample"] + sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "specsample bench (library call)"
     table = write_report(args.out, records, curve, command=command, machine=machine, notes=notes, plots=args.plots)
     print(table)

@@ -37,7 +37,7 @@ def _per_task(plt, path: Path, spec: list[ModeSummary], attr: str, ylabel: str, 
                 line, = ax.plot(*zip(*points), marker="o", label=f"{setting} measured")
                 preds = predictions.get((task, setting), [])
                 if preds:
-                    ax.plot([p.k for p in preds], [p.speedup for p in preds], linestyle="--",
+                    ax.plot([p.k for p in preds], [p.speedup for p in preds], linestyle="--", marker="x",
                             color=line.get_color(), label=f"{setting} predicted")
         if attr == "speedup":
             ax.axhline(1.0, color="grey", linewidth=0.8)
