@@ -12,12 +12,13 @@ from .modes import FAMILIES, SETTINGS, OurMode, build_modes
 from .runner import BenchConfig, prepare, run_bench, run_parity, total_steps
 from .tasks import TASKS
 
-# Defaults sized for ~20 minutes on a 2-core CPU with the default pair in float32,
-# where one generation costs ~15-25 s (a 200-token prompt prefill is ~5-10 s of it)
-# and the default run is 10 modes x 3 tasks x 2 settings; every one is an option.
-# A preset replaces the defaults it names.
+# Defaults sized for ~20 minutes on a quiet 2-core CPU with the default pair in
+# float32 (target ~210 ms per token): one 48-token generation is ~15 s including a
+# ~200-token prompt prefill, and the default run is ~10 modes x 3 tasks x 2 settings
+# plus 2 x 2 parity answers of up to 160 tokens. Every one is an option; a preset
+# replaces the defaults it names.
 DEFAULTS = dict(tasks="humaneval,prose,copy", settings="greedy,sample", modes="auto", ks="1,2,3,4,6,8",
-                peer_k=3, prompts=1, max_new_tokens=64, parity_prompts=2, parity_max_new_tokens=160, parity_k=3,
+                peer_k=3, prompts=1, max_new_tokens=48, parity_prompts=2, parity_max_new_tokens=160, parity_k=3,
                 parity=True, plots=True)
 PRESETS = {
     # `make demo`: a few minutes on a fresh 2-core machine.
@@ -40,7 +41,7 @@ def add_bench_parser(subparsers) -> None:
     b.add_argument("--ks", help="draft lengths K of the spec sweep (default 1,2,3,4,6,8)")
     b.add_argument("--peer-k", type=int, help="K of ngram, hf-assisted and llamacpp-lookup (default 3)")
     b.add_argument("--prompts", type=int, help="prompts per task (default 1: see DEFAULTS)")
-    b.add_argument("--max-new-tokens", type=int, help="new tokens per sequence (default 64)")
+    b.add_argument("--max-new-tokens", type=int, help="new tokens per sequence (default 48; the demo preset 64)")
     b.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap prompts in the target's chat template (default on: the defaults are instruct models)")
     b.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i in every mode")
