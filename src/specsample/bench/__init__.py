@@ -6,6 +6,7 @@ runner.py  interleaved runs -> one record per prompt x mode x setting x task
 costs.py   the measured cost curve and the analytic speedup prediction
 parity.py  HumanEval pass@1 of samples, executed in a sandboxed subprocess
 stats.py   percentiles, confidence intervals, per-mode aggregates
-report.py  records.jsonl, summary.md, plots
+report.py  records.jsonl and summary.md
+plots.py   PNG plots (matplotlib Agg)
 cli.py     the `bench` subcommand
 """
