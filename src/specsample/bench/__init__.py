@@ -1,0 +1,12 @@
+"""`specsample bench`: the paper's measurements on the user's models and hardware.
+
+tasks.py   prompts (HumanEval, prose summaries, code copy-editing)
+modes.py   what is timed: our loops and peer implementations, one interface
+runner.py  interleaved runs -> one record per prompt x mode x setting x task
+costs.py   the measured cost curve and the analytic speedup prediction
+parity.py  HumanEval pass@1 of samples, executed in a sandboxed subprocess
+stats.py   percentiles, confidence intervals, per-mode aggregates
+report.py  records.jsonl and summary.md
+plots.py   PNG plots (matplotlib Agg)
+cli.py     the `bench` subcommand
+"""

@@ -1,0 +1,96 @@
+"""The analytic speedup model of Chen et al. (2023), fed with measured costs.
+
+With per-draft-token acceptance rate alpha, and acceptances assumed independent
+and identically distributed (real acceptances are correlated: easy stretches
+accept runs), a round of K drafts yields on average
+
+    E(K) = 1 + alpha + ... + alpha^K = (1 - alpha^(K+1)) / (1 - alpha)
+
+tokens, and costs K draft steps plus one target call that scores K+1 tokens.
+Autoregressive decoding costs one 1-token target call per token.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+
+def expected_tokens_per_round(alpha: float, k: int) -> float:
+    """E(K) above; alpha = 1 gives K + 1 (every draft accepted, plus the bonus)."""
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if alpha == 1:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def predicted_speedup(alpha: float, k: int, draft_step: float, target_cost: list[float]) -> float:
+    """Speedup over autoregressive decoding, from the cost curve.
+
+    target_cost[n - 1] is the time of one target call scoring n tokens;
+    draft_step the time of one 1-token draft call (0 for a free drafter).
+    """
+    seconds_per_token = (k * draft_step + target_cost[k]) / expected_tokens_per_round(alpha, k)
+    return target_cost[0] / seconds_per_token
+
+
+@dataclass
+class Prediction:
+    k: int
+    alpha: float
+    expected_tokens: float
+    speedup: float
+
+
+def predict(alphas: dict[int, float], draft_step: float, target_cost: list[float]) -> list[Prediction]:
+    """A prediction for every K with a measured acceptance rate and a measured cost."""
+    out = []
+    for k, alpha in sorted(alphas.items()):
+        if alpha is None or k >= len(target_cost):
+            continue
+        out.append(Prediction(k, alpha, expected_tokens_per_round(alpha, k), predicted_speedup(alpha, k, draft_step, target_cost)))
+    return out
+
+
+def recommend(predictions: list[Prediction]) -> Prediction | None:
+    """The K with the best predicted speedup, or None when no K beats autoregressive."""
+    best = max(predictions, key=lambda p: p.speedup, default=None)
+    return best if best is not None and best.speedup > 1 else None
+
+
+@dataclass
+class CostCurve:
+    context_tokens: int  # cache length the calls were timed at
+    draft_step: float | None  # seconds; None without a draft model
+    target_cost: list[float]  # [n - 1]: seconds of one target call scoring n tokens
+    reps: int
+
+
+def measure_cost_curve(target, draft, context: list[int], max_tokens: int, reps: int = 5) -> CostCurve:
+    """Median time of target calls scoring 1..max_tokens tokens, and of one 1-token
+    draft call, after a warm-up, each on top of `context` (rolled back every time)."""
+    target_cost = _median_calls(target, context, range(1, max_tokens + 1), reps)
+    draft_step = _median_calls(draft, context, [1], reps)[0] if draft is not None else None
+    return CostCurve(len(context), draft_step, target_cost, reps)
+
+
+def _median_calls(backend, context: list[int], sizes, reps: int) -> list[float]:
+    backend.rollback(0)
+    backend.score(context, num_logits=1)  # prefill once, not timed
+    base = backend.length
+    medians = []
+    for n in sizes:
+        tokens = (context * (n // len(context) + 1))[-n:]  # real tokens; any will do
+        times = []
+        for i in range(reps + 1):
+            t0 = time.perf_counter()
+            backend.score(tokens, num_logits=n)
+            elapsed = time.perf_counter() - t0
+            backend.rollback(base)
+            if i:  # the first call is the warm-up
+                times.append(elapsed)
+        medians.append(statistics.median(times))
+    backend.rollback(0)
+    return medians

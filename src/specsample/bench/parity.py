@@ -1,0 +1,128 @@
+"""HumanEval pass@1 of generated samples: exact speculative sampling must not move it.
+
+Model-written code never runs in this process: each candidate is written to a
+temporary directory and run by a fresh, isolated interpreter (`python -I`) with
+CPU-time, memory and file-size limits and a wall-clock timeout that kills its
+whole process group.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+from .stats import wilson_interval
+
+_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+def extract_code(answer: str, entry_point: str) -> str:
+    """The code in a model's answer: the fenced block that defines the entry point,
+    else the first fenced block, else the whole answer. An unclosed fence (the answer
+    was cut off) still counts as a block."""
+    blocks = _FENCE.findall(answer)
+    if not blocks:
+        return answer
+    for block in blocks:
+        if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", block, re.MULTILINE):
+            return block
+    return blocks[0]
+
+
+def build_program(problem: dict, answer: str) -> str:
+    """The candidate solution followed by HumanEval's tests.
+
+    A full definition is appended after the prompt (which supplies the imports and
+    helper functions; its body-less definition is then replaced). Anything else
+    is taken as the body that continues the prompt."""
+    code = extract_code(answer, problem["entry_point"])
+    if re.search(rf"^def\s+{re.escape(problem['entry_point'])}\s*\(", code, re.MULTILINE):
+        solution = problem["prompt"] + "\n    pass\n\n" + code
+    else:
+        solution = problem["prompt"] + _body(code)
+    return f"{solution}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
+
+
+def _body(code: str) -> str:
+    """A continuation up to its first unindented line: a completion model goes on
+    to write callers, tests or the next function after the body."""
+    lines = code.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if i and line.strip() and not line[0].isspace():
+            return "".join(lines[:i])
+    return code
+
+
+@dataclass
+class Execution:
+    passed: bool
+    outcome: str  # "passed", "failed: <last stderr line>", "timed out"
+
+
+def run_program(source: str, timeout: float = 10.0, memory_bytes: int = 1 << 30) -> Execution:
+    """Run untrusted source in a separate, isolated, resource-limited interpreter."""
+    with tempfile.TemporaryDirectory(prefix="specsample-exec-") as tmp:
+        path = os.path.join(tmp, "candidate.py")
+        with open(path, "w") as f:
+            f.write(source)
+        proc = subprocess.Popen(
+            [sys.executable, "-I", path], cwd=tmp, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env={"PATH": "/usr/bin:/bin", "HOME": tmp, "PYTHONHASHSEED": "0"},
+            preexec_fn=_limits(timeout, memory_bytes), start_new_session=True,
+        )
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the candidate and any children
+            proc.communicate()
+            return Execution(False, "timed out")
+    if proc.returncode == 0:
+        return Execution(True, "passed")
+    lines = err.decode("utf-8", "replace").strip().splitlines()
+    return Execution(False, f"failed: {lines[-1][:200] if lines else f'exit status {proc.returncode}'}")
+
+
+def _limits(timeout: float, memory_bytes: int):
+    def apply() -> None:
+        import resource
+
+        cpu = int(timeout) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return apply
+
+
+@dataclass
+class PassRate:
+    mode: str
+    passed: int
+    total: int
+
+    @property
+    def rate(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson_interval(self.passed, self.total)
+
+
+def pass_rates(records: list[dict]) -> list[PassRate]:
+    """pass@1 per mode over parity records that carry an execution outcome."""
+    rates: dict[str, PassRate] = {}
+    for r in records:
+        if "passed" not in r:
+            continue
+        rate = rates.setdefault(r["mode"], PassRate(r["mode"], 0, 0))
+        rate.total += 1
+        rate.passed += bool(r["passed"])
+    return list(rates.values())

@@ -1,0 +1,172 @@
+"""Writing the results: records.jsonl, summary.md and plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from importlib import metadata
+from pathlib import Path
+
+from .costs import CostCurve, Prediction, predict, recommend
+from .parity import PassRate
+from .stats import ModeSummary
+
+
+def write_records(path: Path, records: list[dict]) -> None:
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+def main_table(summaries: list[ModeSummary]) -> str:
+    rows = [["task", "setting", "mode", "K", "seqs", "tokens", "tokens/s", "speedup vs ar", "decode tokens/s", "acceptance",
+             "tokens/target call", "P50 s", "P90 s", "P99 s"]]
+    for s in summaries:
+        rows.append([s.task, s.setting, s.mode, _f(s.k, "d"), str(s.sequences), str(s.new_tokens),
+                     _f(s.tokens_per_second, ".2f"), _f(s.speedup, ".2f"), _f(s.decode_tokens_per_second, ".2f"), _f(s.acceptance_rate, ".2f"),
+                     _f(s.tokens_per_target_call, ".2f"), _f(s.latency(50), ".2f"), _f(s.latency(90), ".2f"),
+                     _f(s.latency(99), ".2f")])
+    return markdown_table(rows)
+
+
+def cost_table(curve: CostCurve) -> str:
+    rows = [["tokens scored in one target call", "median ms"]]
+    rows += [[str(n), f"{1000 * t:.1f}"] for n, t in enumerate(curve.target_cost, start=1)]
+    if curve.draft_step is not None:
+        rows.append(["draft step (1 token)", f"{1000 * curve.draft_step:.1f}"])
+    return markdown_table(rows)
+
+
+def predictions_by_group(summaries: list[ModeSummary], curve: CostCurve | None) -> dict[tuple, list[Prediction]]:
+    """Predictions per (task, setting) from the acceptance rate measured at each K."""
+    if curve is None or curve.draft_step is None:
+        return {}
+    groups: dict[tuple, dict[int, float]] = {}
+    for s in summaries:
+        if s.family == "spec" and s.acceptance_rate is not None:
+            groups.setdefault((s.task, s.setting), {})[s.k] = s.acceptance_rate
+    return {key: predict(alphas, curve.draft_step, curve.target_cost) for key, alphas in groups.items()}
+
+
+def prediction_section(summaries: list[ModeSummary], predictions: dict[tuple, list[Prediction]]) -> str:
+    measured = {(s.task, s.setting, s.k): s.speedup for s in summaries if s.family == "spec"}
+    parts = []
+    for (task, setting), preds in predictions.items():
+        rows = [["K", "alpha", "E(K) tokens/round", "predicted speedup", "measured speedup", "measured / predicted"]]
+        for p in preds:
+            m = measured.get((task, setting, p.k))
+            rows.append([str(p.k), f"{p.alpha:.2f}", f"{p.expected_tokens:.2f}", f"{p.speedup:.2f}", _f(m, ".2f"),
+                         _f(m / p.speedup if m is not None else None, ".2f")])
+        parts.append(f"**{task}, {setting}**\n\n{markdown_table(rows)}\n\n{_verdict(preds, measured, task, setting)}")
+    return "\n\n".join(parts)
+
+
+def _verdict(preds: list[Prediction], measured: dict, task: str, setting: str) -> str:
+    best = recommend(preds)
+    if best is None:
+        line = "The model predicts that no K beats autoregressive decoding on this hardware."
+    else:
+        line = f"The model recommends K = {best.k} (predicted speedup {best.speedup:.2f})."
+    wins = [(k, v) for (t, st, k), v in measured.items() if t == task and st == setting and v is not None and v > 1]
+    if not wins:
+        line += " Measured: no K beat autoregressive decoding."
+    else:
+        k, v = max(wins, key=lambda item: item[1])
+        line += f" Measured: best K = {k} (speedup {v:.2f})."
+    return line
+
+
+def greedy_identity(records: list[dict]) -> list[list[str]]:
+    """Per mode: how many greedy outputs equal the `ar` output token for token."""
+    ar = {(r["task"], r["prompt_id"]): r["token_ids"] for r in records if r["setting"] == "greedy" and r["mode"] == "ar"}
+    counts: dict[str, list[int]] = {}
+    for r in records:
+        key = (r["task"], r["prompt_id"])
+        if r["setting"] != "greedy" or r["mode"] == "ar" or key not in ar:
+            continue
+        c = counts.setdefault(r["mode"], [0, 0])
+        c[0] += r["token_ids"] == ar[key]
+        c[1] += 1
+    return [["mode", "greedy outputs identical to ar"]] + [[m, f"{a}/{n}"] for m, (a, n) in counts.items()]
+
+
+def parity_table(rates: list[PassRate]) -> str:
+    rows = [["mode", "passed", "pass@1", "95% CI (Wilson)"]]
+    for r in rates:
+        lo, hi = r.interval
+        rows.append([r.mode, f"{r.passed}/{r.total}", f"{r.rate:.2f}", f"[{lo:.2f}, {hi:.2f}]"])
+    return markdown_table(rows)
+
+
+def machine_description(dtype: str | None, threads: int | None) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    versions = ", ".join(f"{p} {_version(p)}" for p in ("torch", "transformers", "llama-cpp-python"))
+    return f"{cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, {versions}; dtype {dtype}, threads {threads}"
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "|".join("---" for _ in rows[0]) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+    return "\n".join(lines)
+
+
+def _f(value, fmt: str) -> str:
+    return "–" if value is None else format(value, fmt)
+
+
+def write_report(out: Path, records: list[dict], curve: CostCurve | None, *, command: str, machine: str,
+                 notes: list[str] = (), plots: bool = True) -> str:
+    """records.jsonl, summary.md and plots in `out`; returns the main table."""
+    from .parity import pass_rates
+    from .plots import write_plots
+    from .stats import summarise
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_records(out / "records.jsonl", records)
+    main = [r for r in records if r["phase"] == "main"]
+    summaries = summarise(main)
+    predictions = predictions_by_group(summaries, curve)
+    table = main_table(summaries)
+    parts = ["# specsample bench", f"Command: `{command}`", f"Machine: {machine}", "## Throughput and latency",
+             "tokens/s = all new tokens / all wall time of the mode (prompt prefill included); speedup is over "
+             "`ar` (our autoregressive loop) in the same run. decode tokens/s leaves out the target's prompt prefill "
+             "(our loops only: peers do not report it; a model draft's own prefill stays in). Acceptance is per draft token; for peers it is "
+             "estimated from their call counts.", table]
+    parts += ["## Greedy exactness", markdown_table(greedy_identity(main))]
+    if curve is not None:
+        parts += ["## Cost curve", f"Median of {curve.reps} calls after a warm-up, at a cache of "
+                  f"{curve.context_tokens} tokens.", cost_table(curve)]
+    if predictions:
+        parts += ["## Analytic prediction",
+                  "E(K) = (1 - alpha^(K+1)) / (1 - alpha) tokens per round, assuming draft tokens are accepted "
+                  "independently with the measured per-token rate alpha (real acceptances are correlated); "
+                  "predicted time per token = (K * draft step + target cost(K+1)) / E(K); predicted speedup = "
+                  "target cost(1) / that. The prediction ignores prefill and loop overheads.",
+                  prediction_section(summaries, predictions)]
+    rates = pass_rates([r for r in records if r["phase"] == "parity"])
+    if rates:
+        parts += ["## HumanEval parity (pass@1)", "Exact speculative sampling leaves the output distribution "
+                  "unchanged, so pass@1 should agree within the intervals.", parity_table(rates)]
+    if notes:
+        parts += ["## Notes", "\n".join(f"- {n}" for n in notes)]
+    if plots:
+        latencies: dict[str, list[float]] = {}
+        for r in main:
+            latencies.setdefault(r["mode"], []).append(r["latency_seconds"])
+        images = write_plots(out, summaries, predictions, latencies)
+        parts += ["## Plots", "\n".join(f"![{p.stem}]({p.name})" for p in images)]
+    (out / "summary.md").write_text("\n\n".join(parts) + "\n")
+    return table

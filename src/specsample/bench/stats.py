@@ -1,0 +1,97 @@
+"""Small statistics: percentiles, a binomial confidence interval, per-mode aggregates."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """q-th percentile (0..100) with linear interpolation between order statistics
+    (numpy's default). [1, 2, 3, 4] at q=50 -> 2.5; at q=90 -> 3.7."""
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion (sensible at 0/n and n/n)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class ModeSummary:
+    task: str
+    setting: str
+    mode: str
+    family: str
+    k: int | None
+    sequences: int
+    new_tokens: int
+    seconds: float
+    accepted: int
+    drafted: int
+    target_calls: int
+    latencies: list[float]
+    decode_seconds: float | None = 0.0  # wall time less prompt prefill; None when a mode does not report prefill
+    speedup: float | None = None  # tokens/s over the `ar` mode's, same task and setting
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        return self.new_tokens / self.decode_seconds if self.decode_seconds else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_target_call(self) -> float | None:
+        return self.new_tokens / self.target_calls if self.target_calls else None
+
+    def latency(self, q: float) -> float:
+        return percentile(self.latencies, q)
+
+
+def summarise(records: list[dict], baseline: str = "ar") -> list[ModeSummary]:
+    """One summary per (task, setting, mode), in first-seen order, with speedups
+    over the baseline mode of the same task and setting."""
+    groups: dict[tuple, ModeSummary] = {}
+    for r in records:
+        key = (r["task"], r["setting"], r["mode"])
+        s = groups.get(key)
+        if s is None:
+            s = groups[key] = ModeSummary(r["task"], r["setting"], r["mode"], r["family"], r.get("k"), 0, 0, 0.0, 0, 0, 0, [])
+        st = r["stats"]
+        s.sequences += 1
+        s.new_tokens += st["new_tokens"]
+        s.seconds += r["latency_seconds"]
+        s.accepted += st.get("accepted") or 0
+        s.drafted += st.get("drafted") or 0
+        s.target_calls += st.get("target_calls") or 0
+        s.latencies.append(r["latency_seconds"])
+        if s.decode_seconds is not None and "prefill_seconds" in st:
+            s.decode_seconds += r["latency_seconds"] - st["prefill_seconds"]
+        else:
+            s.decode_seconds = None
+    for s in groups.values():
+        base = groups.get((s.task, s.setting, baseline))
+        if base is not None and base.tokens_per_second:
+            s.speedup = s.tokens_per_second / base.tokens_per_second
+    return list(groups.values())

@@ -1,0 +1,50 @@
+import pytest
+
+from specsample.bench.costs import expected_tokens_per_round, predict, predicted_speedup, recommend
+
+
+@pytest.mark.parametrize("alpha,k,expected", [
+    (0.0, 4, 1.0),  # every draft rejected: one token per round
+    (1.0, 4, 5.0),  # every draft accepted, plus the bonus token
+    (0.5, 1, 1.5),
+    (0.5, 3, 1.875),  # 1 + .5 + .25 + .125
+    (0.8, 4, (1 - 0.8**5) / 0.2),
+])
+def test_expected_tokens_per_round(alpha, k, expected):
+    assert expected_tokens_per_round(alpha, k) == pytest.approx(expected)
+
+
+def test_expected_tokens_rejects_bad_alpha():
+    with pytest.raises(ValueError):
+        expected_tokens_per_round(1.5, 2)
+
+
+def test_predicted_speedup_worked_example():
+    # Target: 100 ms for 1 token, 120 ms for 3; draft step 10 ms; alpha 0.8, K=2.
+    # E = 1 + .8 + .64 = 2.44; time/token = (2*10 + 120) / 2.44 = 57.38 ms; speedup 100/57.38.
+    target_cost = [0.100, 0.110, 0.120]
+    assert predicted_speedup(0.8, 2, 0.010, target_cost) == pytest.approx(0.100 / (0.140 / 2.44))
+
+
+def test_free_perfect_drafter_with_flat_target_cost_gives_k_plus_one():
+    assert predicted_speedup(1.0, 3, 0.0, [1.0] * 4) == pytest.approx(4.0)
+
+
+def test_recommend_picks_the_best_k():
+    # A flat target cost and a cheap draft: longer drafts pay until alpha^K dies off.
+    preds = predict({1: 0.9, 2: 0.9, 4: 0.9, 8: 0.9}, 0.01, [0.1] * 9)
+    best = recommend(preds)
+    assert best is not None and best.k == max(preds, key=lambda p: p.speedup).k and best.speedup > 1
+
+
+def test_recommend_says_none_when_no_k_pays():
+    # Target cost grows linearly with tokens scored and the draft is costly: never pays.
+    target_cost = [0.1 * n for n in range(1, 6)]
+    preds = predict({1: 0.5, 2: 0.5, 4: 0.5}, 0.05, target_cost)
+    assert all(p.speedup < 1 for p in preds)
+    assert recommend(preds) is None
+
+
+def test_predict_skips_unmeasured():
+    preds = predict({1: 0.5, 2: None, 9: 0.5}, 0.0, [0.1, 0.1, 0.1])
+    assert [p.k for p in preds] == [1]

@@ -1,0 +1,58 @@
+import time
+
+from specsample.bench.parity import build_program, extract_code, pass_rates, run_program
+from specsample.bench.tasks import load_task
+
+PROBLEM = load_task("humaneval", 1)[0].problem  # has_close_elements
+GOOD_BODY = PROBLEM["canonical_solution"]
+GOOD_CHAT = f"""Here you go:
+
+```python
+from typing import List
+
+
+def has_close_elements(numbers: List[float], threshold: float) -> bool:
+{GOOD_BODY}```
+
+It compares every pair."""
+
+
+def test_extract_code_prefers_the_block_with_the_entry_point():
+    answer = "```python\nimport math\n```\nthen\n```python\ndef has_close_elements(a, b):\n    return 1\n```"
+    assert extract_code(answer, "has_close_elements").startswith("def has_close_elements")
+    assert extract_code("no fences here", "f") == "no fences here"
+    assert extract_code("```python\ndef f():\n    return 1", "f") == "def f():\n    return 1"  # cut off
+
+
+def test_chat_answer_passes():
+    result = run_program(build_program(PROBLEM, GOOD_CHAT))
+    assert result.passed, result.outcome
+
+
+def test_bare_body_is_appended_to_the_prompt_and_cut_at_the_next_top_level_line():
+    result = run_program(build_program(PROBLEM, GOOD_BODY + "\n\nprint(has_close_elements([1.0], 0.5))\nraise SystemExit(3)\n"))
+    assert result.passed, result.outcome
+
+
+def test_wrong_answer_fails():
+    result = run_program(build_program(PROBLEM, "    return False\n"))
+    assert not result.passed and result.outcome.startswith("failed")
+
+
+def test_infinite_loop_times_out_in_the_subprocess():
+    t0 = time.perf_counter()
+    result = run_program(build_program(PROBLEM, "    while True:\n        pass\n"), timeout=1.5)
+    assert not result.passed and result.outcome == "timed out"
+    assert time.perf_counter() - t0 < 10
+
+
+def test_candidate_cannot_touch_the_harness_process(tmp_path):
+    # It runs in another process: exiting or killing "itself" leaves us alive.
+    result = run_program("import os, sys\nsys.exit(1)\n")
+    assert not result.passed
+
+
+def test_pass_rates():
+    records = [{"mode": "ar", "passed": True}, {"mode": "ar", "passed": False}, {"mode": "spec-k3", "passed": True}]
+    rates = {r.mode: r for r in pass_rates(records)}
+    assert (rates["ar"].passed, rates["ar"].total) == (1, 2) and rates["spec-k3"].rate == 1.0

@@ -1,0 +1,64 @@
+"""A whole small benchmark on toy backends: runner, cost curve, report files."""
+
+import json
+
+from specsample.bench.costs import measure_cost_curve
+from specsample.bench.modes import SETTINGS, OurMode
+from specsample.bench.report import write_report
+from specsample.bench.runner import BenchConfig, prepare, run_bench
+from toy import TrigramBackend, random_table
+
+VOCAB = 12
+
+
+class LetterTokenizer:
+    def encode(self, text):
+        return [ord(c) % VOCAB for c in text[-24:]]  # short prompts keep the toy fast
+
+    def decode(self, ids):
+        return "".join(chr(97 + i) for i in ids)
+
+    def chat_prompt(self, text):
+        return self.encode(text)
+
+
+def _backend(seed, name):
+    b = TrigramBackend(random_table(VOCAB, seed, scale=3.0), name=name)
+    b.tokenizer = LetterTokenizer()
+    return b
+
+
+def test_small_run_writes_records_summary_and_plots(tmp_path):
+    target, draft = _backend(0, "target"), _backend(0, "draft")  # same table: drafts mostly accepted
+    modes = [OurMode("ar", "ar", target), OurMode("spec-k1", "spec", target, 1, draft),
+             OurMode("spec-k2", "spec", target, 2, draft), OurMode("ngram-k2", "ngram", target, 2)]
+    config = BenchConfig(tasks=("humaneval", "copy"), settings=("greedy", "sample"), prompts=2, max_new_tokens=12)
+    prompts = prepare(target, config.tasks, config.prompts, config.chat)
+    records = run_bench(modes, prompts, config)
+    assert len(records) == 2 * 2 * 2 * len(modes)
+    # Interleaving: the first mode run rotates from prompt to prompt.
+    firsts = [records[i]["mode"] for i in range(0, len(records), len(modes))]
+    assert firsts[:4] == ["ar", "spec-k1", "spec-k2", "ngram-k2"]
+
+    curve = measure_cost_curve(target, draft, prompts["humaneval"][0].ids, 3, reps=2)
+    assert len(curve.target_cost) == 3 and curve.draft_step > 0
+    table = write_report(tmp_path, records, curve, command="specsample bench --test", machine="toy")
+
+    lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    assert len(lines) == len(records) and json.loads(lines[0])["stats"]["new_tokens"] == 12
+    summary = (tmp_path / "summary.md").read_text()
+    assert "spec-k2" in table and "| copy | sample | ngram-k2 |" in table
+    for section in ("Command: `specsample bench --test`", "Cost curve", "Analytic prediction", "Greedy exactness"):
+        assert section in summary
+    # Exactness: greedy speculative output equals greedy autoregressive output.
+    assert "| spec-k2 | 4/4 |" in summary and "| ngram-k2 | 4/4 |" in summary
+    for png in ("speedup_vs_k.png", "tokens_per_call_vs_k.png", "latency.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+
+
+def test_toy_speculation_accepts_with_an_identical_draft():
+    target, draft = _backend(1, "t"), _backend(1, "d")
+    mode = OurMode("spec-k2", "spec", target, 2, draft)
+    out = mode.run([1, 2, 3], 10, SETTINGS["sample"], seed=0)
+    assert out.stats["accepted"] == out.stats["drafted"] > 0  # identical draft: never rejected
+    assert len(out.token_ids) == 10

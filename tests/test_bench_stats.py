@@ -1,0 +1,41 @@
+import pytest
+
+from specsample.bench.stats import percentile, summarise, wilson_interval
+
+
+@pytest.mark.parametrize("q,expected", [(0, 1.0), (50, 2.5), (90, 3.7), (99, 3.97), (100, 4.0)])
+def test_percentile_interpolates_like_numpy(q, expected):
+    assert percentile([4.0, 1.0, 3.0, 2.0], q) == pytest.approx(expected)
+
+
+def test_percentile_of_one_value_and_errors():
+    assert percentile([7.0], 99) == 7.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_wilson_interval():
+    lo, hi = wilson_interval(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-3) and hi == pytest.approx(0.7634, abs=1e-3)
+    assert wilson_interval(0, 4)[0] == 0.0 and wilson_interval(0, 4)[1] > 0.4  # not the degenerate [0, 0]
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def _record(mode, family, tokens, seconds, accepted=0, drafted=0, calls=None, k=None):
+    stats = {"new_tokens": tokens, "accepted": accepted, "drafted": drafted, "target_calls": calls or tokens}
+    return {"task": "t", "setting": "greedy", "mode": mode, "family": family, "k": k, "stats": stats,
+            "latency_seconds": seconds}
+
+
+def test_summarise_aggregates_and_speedup():
+    records = [_record("ar", "ar", 10, 2.0), _record("ar", "ar", 10, 2.0),
+               _record("spec-k2", "spec", 10, 1.0, accepted=6, drafted=8, calls=4, k=2),
+               _record("spec-k2", "spec", 10, 1.0, accepted=6, drafted=8, calls=4, k=2)]
+    ar, spec = summarise(records)
+    assert ar.tokens_per_second == pytest.approx(5.0) and ar.speedup == pytest.approx(1.0)
+    assert spec.speedup == pytest.approx(2.0)
+    assert spec.acceptance_rate == pytest.approx(0.75)
+    assert spec.tokens_per_target_call == pytest.approx(2.5)
+    assert spec.latency(50) == pytest.approx(1.0)
