@@ -43,3 +43,19 @@ def test_hf_greedy_ngram_equals_autoregressive(hf_pair):
     ids = target.tokenizer.encode("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n")
     config = GenerationConfig(max_new_tokens=24, k=3, sampling=GREEDY)
     assert generate(target, ids, config, NgramDrafter()).token_ids == generate(target, ids, config).token_ids
+
+
+def test_mixed_backends_llamacpp_draft_for_hf_target(hf_pair):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    from specsample.backends import load_backend
+    from specsample.backends.base import check_same_vocabulary
+
+    target, _ = hf_pair
+    draft = load_backend(DEFAULT_DRAFT, "llamacpp")
+    check_same_vocabulary(target, draft)  # both cut Qwen's padding rows to 151,665
+    ids = target.tokenizer.chat_prompt(PROMPT)
+    assert draft.tokenizer.chat_prompt(PROMPT) == ids  # same template, same token ids
+    config = GenerationConfig(max_new_tokens=24, k=3, sampling=GREEDY)
+    result = generate(target, ids, config, ModelDrafter(draft, GREEDY))
+    assert result.token_ids == generate(target, ids, config).token_ids
+    assert result.stats.acceptance_rate > 0.5
