@@ -6,6 +6,7 @@ import json
 import os
 import platform
 from importlib import metadata
+from dataclasses import asdict
 from pathlib import Path
 
 from .costs import CostCurve, Prediction, predict, recommend
@@ -20,11 +21,11 @@ def write_records(path: Path, records: list[dict]) -> None:
 
 
 def main_table(summaries: list[ModeSummary]) -> str:
-    rows = [["task", "setting", "mode", "K", "seqs", "tokens", "tokens/s", "speedup vs ar", "decode tokens/s", "acceptance",
+    rows = [["task", "setting", "mode", "K", "seqs", "tokens", "tokens/s", "speedup vs ar", "decode tokens/s", "decode speedup", "acceptance",
              "tokens/target call", "P50 s", "P90 s", "P99 s"]]
     for s in summaries:
         rows.append([s.task, s.setting, s.mode, _f(s.k, "d"), str(s.sequences), str(s.new_tokens),
-                     _f(s.tokens_per_second, ".2f"), _f(s.speedup, ".2f"), _f(s.decode_tokens_per_second, ".2f"), _f(s.acceptance_rate, ".2f"),
+                     _f(s.tokens_per_second, ".2f"), _f(s.speedup, ".2f"), _f(s.decode_tokens_per_second, ".2f"), _f(s.decode_speedup, ".2f"), _f(s.acceptance_rate, ".2f"),
                      _f(s.tokens_per_target_call, ".2f"), _f(s.latency(50), ".2f"), _f(s.latency(90), ".2f"),
                      _f(s.latency(99), ".2f")])
     return markdown_table(rows)
@@ -50,10 +51,11 @@ def predictions_by_group(summaries: list[ModeSummary], curve: CostCurve | None) 
 
 
 def prediction_section(summaries: list[ModeSummary], predictions: dict[tuple, list[Prediction]]) -> str:
-    measured = {(s.task, s.setting, s.k): s.speedup for s in summaries if s.family == "spec"}
+    # The prediction leaves out prefill, so it is compared with the decode speedup.
+    measured = {(s.task, s.setting, s.k): s.decode_speedup for s in summaries if s.family == "spec"}
     parts = []
     for (task, setting), preds in predictions.items():
-        rows = [["K", "alpha", "E(K) tokens/round", "predicted speedup", "measured speedup", "measured / predicted"]]
+        rows = [["K", "alpha", "E(K) tokens/round", "predicted speedup", "measured decode speedup", "measured / predicted"]]
         for p in preds:
             m = measured.get((task, setting, p.k))
             rows.append([str(p.k), f"{p.alpha:.2f}", f"{p.expected_tokens:.2f}", f"{p.speedup:.2f}", _f(m, ".2f"),
@@ -136,13 +138,15 @@ def write_report(out: Path, records: list[dict], curve: CostCurve | None, *, com
 
     out.mkdir(parents=True, exist_ok=True)
     write_records(out / "records.jsonl", records)
+    if curve is not None:
+        (out / "cost_curve.json").write_text(json.dumps(asdict(curve)) + "\n")
     main = [r for r in records if r["phase"] == "main"]
     summaries = summarise(main)
     predictions = predictions_by_group(summaries, curve)
     table = main_table(summaries)
     parts = ["# specsample bench", f"Command: `{command}`", f"Machine: {machine}", "## Throughput and latency",
              "tokens/s = all new tokens / all wall time of the mode (prompt prefill included); speedup is over "
-             "`ar` (our autoregressive loop) in the same run. decode tokens/s leaves out the target's prompt prefill "
+             "`ar` (our autoregressive loop) in the same run. decode tokens/s and decode speedup leave out the target's prompt prefill "
              "(our loops only: peers do not report it; a model draft's own prefill stays in). Acceptance is per draft token; for peers it is "
              "estimated from their call counts.", table]
     parts += ["## Greedy exactness", markdown_table(greedy_identity(main))]

@@ -48,6 +48,7 @@ class ModeSummary:
     latencies: list[float]
     decode_seconds: float | None = 0.0  # wall time less prompt prefill; None when a mode does not report prefill
     speedup: float | None = None  # tokens/s over the `ar` mode's, same task and setting
+    decode_speedup: float | None = None  # the same with the target's prompt prefill left out
 
     @property
     def tokens_per_second(self) -> float:
@@ -94,4 +95,6 @@ def summarise(records: list[dict], baseline: str = "ar") -> list[ModeSummary]:
         base = groups.get((s.task, s.setting, baseline))
         if base is not None and base.tokens_per_second:
             s.speedup = s.tokens_per_second / base.tokens_per_second
+        if base is not None and base.decode_tokens_per_second and s.decode_tokens_per_second:
+            s.decode_speedup = s.decode_tokens_per_second / base.decode_tokens_per_second
     return list(groups.values())
