@@ -101,9 +101,12 @@ class LlamaCppMode:
         self.tokenizer, self.eos_token_ids = tokenizer, eos_token_ids
         self.drafted = 0
         lookup = LlamaPromptLookupDecoding(max_ngram_size=ngram_max, num_pred_tokens=k) if k else None
-        # With a draft model Llama keeps logits for all n_ctx positions: size n_ctx to the run.
+        # With a draft model Llama keeps logits for every position, so size n_ctx to the run.
+        # logits_all must then be passed as True too: llama-cpp-python 0.3.16 switches to
+        # all-position logits for a draft model but sizes its buffer from the argument
+        # (n_batch = 512 rows), and fails once a prompt plus output passes 512 tokens.
         self.llm = Llama(model_path=str(model_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                         draft_model=lookup and self._counting(lookup), verbose=False)
+                         draft_model=lookup and self._counting(lookup), logits_all=bool(lookup), verbose=False)
         self.calls = 0
         evaluate = self.llm.eval
 

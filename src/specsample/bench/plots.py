@@ -18,7 +18,8 @@ def write_plots(out: Path, summaries: list[ModeSummary], predictions: dict[tuple
     spec = [s for s in summaries if s.family == "spec"]
     paths = []
     if spec:
-        paths.append(_per_task(plt, out / "speedup_vs_k.png", spec, "speedup", "speedup over ar", predictions))
+        paths.append(_per_task(plt, out / "speedup_vs_k.png", spec, "decode_speedup",
+                               "decode speedup over ar (prefill left out)", predictions))
         paths.append(_per_task(plt, out / "tokens_per_call_vs_k.png", spec, "tokens_per_target_call",
                                "mean tokens per target call", {}))
     if latencies:
@@ -39,7 +40,7 @@ def _per_task(plt, path: Path, spec: list[ModeSummary], attr: str, ylabel: str, 
                 if preds:
                     ax.plot([p.k for p in preds], [p.speedup for p in preds], linestyle="--", marker="x",
                             color=line.get_color(), label=f"{setting} predicted")
-        if attr == "speedup":
+        if attr == "decode_speedup":
             ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set(title=task, xlabel="K (draft tokens per round)", ylabel=ylabel)
         ax.legend(fontsize=7)
