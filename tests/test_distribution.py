@@ -14,12 +14,14 @@ import importlib
 import pytest
 import torch
 
-from specsample.drafters import ModelDrafter, NgramDrafter
+from specsample.control import AdaptiveController
+from specsample.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
+from specsample.sampling import SamplingConfig, logits_to_probs
 from specsample.verify import Verdict, verify
 
-from toy import TrigramBackend, chi_square_p_value, exact_distribution, random_table
+from toy import (CostedBackend, FakeClock, TrigramBackend, chi_square_p_value, exact_distribution, mixed_tables,
+                 random_table)
 
 # The module, not the function of the same name that specsample/__init__ exports.
 generate_module = importlib.import_module("specsample.generate")
@@ -104,4 +106,125 @@ def test_negative_control_wrong_sampler_fails_the_check(monkeypatch, wrong_verif
     sampling = SamplingConfig()
     exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, sampling)
     counts = empirical(model_drafter("far"), sampling, 2)
+    assert chi_square_p_value(counts, exact, N) < ALPHA
+
+
+# --- The adaptive policy (control.py) and the hybrid drafter -----------------
+#
+# A target and draft that agree on easy contexts only (toy.mixed_tables), with costs
+# on a fake clock that make drafting pay when the draft is right and not when it is
+# wrong: the controller changes the draft length, down to plain steps, within
+# sequences and across them. Its state carries over from one sequence to the next,
+# so later choices depend on earlier outcomes, as in real use.
+
+MIXED_TARGET, MIXED_DRAFT = mixed_tables(VOCAB, seed=3)
+MIXED_PROMPT = [1, 4]  # ends on a hard context
+
+
+def adaptive_empirical(kind, sampling, wrap=None, n=N, seed=0):
+    clock = FakeClock()
+    target = CostedBackend(TrigramBackend(MIXED_TARGET), clock, lambda m: 1.0 + 0.1 * (m - 1))
+    draft = CostedBackend(TrigramBackend(MIXED_DRAFT), clock, lambda m: 0.3 + 0.02 * (m - 1))
+    model = ModelDrafter(draft, sampling)
+    model.clock = clock
+    drafter = model if kind == "model" else HybridDrafter(model, NgramDrafter(max_ngram=2))
+    if wrap is not None:
+        drafter = wrap(drafter)
+    policy = AdaptiveController(k_max=4, clock=clock)
+    counts, lengths, switched, sources = {}, {}, 0, {}
+    for i in range(n):
+        config = GenerationConfig(max_new_tokens=LENGTH, k="auto", sampling=sampling, seed=seed * n + i)
+        result = generate(target, MIXED_PROMPT, config, drafter, policy, clock)
+        seq = tuple(result.token_ids)
+        counts[seq] = counts.get(seq, 0) + 1
+        histogram = result.stats.draft_length_histogram
+        for m, c in enumerate(histogram):
+            lengths[m] = lengths.get(m, 0) + c
+        switched += bool(histogram and histogram[0] and sum(histogram[1:]))
+        for source, (rounds, _, _) in result.stats.sources.items():
+            sources[source[:5]] = sources.get(source[:5], 0) + rounds
+    return counts, lengths, switched, sources
+
+
+@pytest.mark.parametrize("kind,temperature,top_k,top_p", [
+    ("model", 1.0, 0, 1.0),
+    ("hybrid", 1.0, 0, 1.0),
+    ("hybrid", 0.8, 4, 0.9),
+])
+def test_adaptive_policy_preserves_target_distribution(kind, temperature, top_k, top_p):
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    exact = exact_distribution(TrigramBackend(MIXED_TARGET), MIXED_PROMPT, LENGTH, sampling)
+    counts, lengths, switched, sources = adaptive_empirical(kind, sampling)
+    # The controller really did switch: plain steps, several draft lengths, and
+    # sequences that mix both.
+    assert lengths.get(0, 0) > N // 20
+    assert sum(1 for m, c in lengths.items() if m > 0 and c > N // 200) >= 2
+    assert switched > N // 20
+    if kind == "hybrid":  # both sources drafted
+        assert sources.get("ngram", 0) > N // 200 and sources.get("model", 0) > N // 200
+    assert chi_square_p_value(counts, exact, N) > ALPHA
+
+
+class _Truncating:
+    """Test-only drafter wrapper that cuts each draft where `cut_at` says."""
+
+    def __init__(self, inner, cut_at):
+        self.inner, self.cut_at = inner, cut_at
+        self.name = f"wrong({inner.name})"
+
+    @property
+    def calls(self):
+        return self.inner.calls
+
+    @property
+    def model_backend(self):
+        return self.inner.model_backend
+
+    def propose(self, context, k, generator, policy=None):
+        d = self.inner.propose(context, k, generator, policy)
+        keep = self.cut_at(context, d)
+        return Draft(d.tokens[:keep], None if d.probs is None else d.probs[:keep], d.sources[:keep],
+                     d.confidences[:keep], d.calls)
+
+
+def drops_unlikely_drawn_tokens(drafter):
+    """Wrong: a drawn draft token the draft itself gave < 0.3 is dropped, which makes
+    the real proposal q restricted to confident tokens while verification divides by
+    the full q."""
+
+    def cut_at(context, d):
+        keep = 0
+        while keep < len(d) and d.probs is not None and d.probs[keep, d.tokens[keep]] >= 0.3:
+            keep += 1
+        return keep
+
+    return _Truncating(drafter, cut_at)
+
+
+def peeks_at_the_verdict(drafter, sampling):
+    """Wrong: the draft stops before a token that the target would reject (an
+    accept/reject draw made ahead of verification): the draft length depends on the
+    current round's verdict."""
+    rng = torch.Generator().manual_seed(99)
+
+    def cut_at(context, d):
+        ctx = list(context)
+        for i in range(len(d)):
+            token = int(d.tokens[i])
+            target = logits_to_probs(TrigramBackend(MIXED_TARGET).next_logits(ctx)[None], sampling)[0]
+            draft = 1.0 if d.probs is None else float(d.probs[i, token])
+            if float(torch.rand(1, generator=rng)) * draft >= float(target[token]):
+                return i
+            ctx.append(token)
+        return len(d)
+
+    return _Truncating(drafter, cut_at)
+
+
+@pytest.mark.parametrize("wrong", ["drop-unlikely", "peek-verdict"])
+def test_negative_control_wrong_draft_length_rules_fail_the_check(wrong):
+    sampling = SamplingConfig(1.0)
+    exact = exact_distribution(TrigramBackend(MIXED_TARGET), MIXED_PROMPT, LENGTH, sampling)
+    wrap = drops_unlikely_drawn_tokens if wrong == "drop-unlikely" else lambda d: peeks_at_the_verdict(d, sampling)
+    counts, _, _, _ = adaptive_empirical("hybrid", sampling, wrap=wrap)
     assert chi_square_p_value(counts, exact, N) < ALPHA

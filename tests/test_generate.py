@@ -50,14 +50,15 @@ def test_draft_probabilities_are_the_ones_each_draft_was_drawn_from():
     class Spy:
         name, calls = "spy", 0
 
-        def propose(self, context, k, generator):
-            tokens, probs = drafter.propose(context, k, generator)
+        def propose(self, context, k, generator, policy=None):
+            draft = drafter.propose(context, k, generator, policy)
+            tokens, probs = draft.tokens, draft.probs
             self.calls = drafter.calls
             for i in range(len(tokens)):
                 expected = logits_to_probs(drafter.backend.next_logits(context + tokens[:i].tolist())[None], sampling)
                 assert torch.allclose(probs[i], expected[0])
             seen.append(len(tokens))
-            return tokens, probs
+            return draft
 
     for seed in range(30):
         generate(reference, [1, 2], GenerationConfig(max_new_tokens=12, k=3, sampling=sampling, seed=seed), Spy())
@@ -178,8 +179,9 @@ def test_empty_prompt_and_bad_k_are_refused():
 
 def test_ngram_drafter_proposes_continuation_of_latest_match():
     d = NgramDrafter(max_ngram=2)
-    tokens, probs = d.propose([1, 2, 3, 4, 2, 3], 3, None)
+    draft = d.propose([1, 2, 3, 4, 2, 3], 3, None)
+    tokens, probs = draft.tokens, draft.probs
     assert tokens.tolist() == [4, 2, 3] and probs is None
     # falls back to a shorter n-gram, prefers the most recent occurrence
-    assert d.propose([7, 1, 8, 5, 1, 9, 6, 1], 2, None)[0].tolist() == [9, 6]
-    assert d.propose([1, 2, 3], 4, None)[0].tolist() == []
+    assert d.propose([7, 1, 8, 5, 1, 9, 6, 1], 2, None).tokens.tolist() == [9, 6]
+    assert d.propose([1, 2, 3], 4, None).tokens.tolist() == []

@@ -88,3 +88,56 @@ def chi_square_p_value(counts: dict, exact: dict[tuple, float], n: int) -> float
         return 1.0
     z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
     return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+class FakeClock:
+    """Time that moves only when a toy backend says a call took time."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CostedBackend:
+    """A backend whose calls take `cost(tokens scored)` seconds of a fake clock."""
+
+    def __init__(self, inner, clock: FakeClock, cost):
+        self.inner, self.clock, self.cost = inner, clock, cost
+        self.name, self.vocab_size = inner.name, inner.vocab_size
+        self.eos_token_ids, self.context_length, self.tokenizer = inner.eos_token_ids, inner.context_length, inner.tokenizer
+        self.calls = 0
+
+    @property
+    def length(self) -> int:
+        return self.inner.length
+
+    def score(self, token_ids, num_logits):
+        self.calls += 1
+        self.clock.now += self.cost(len(token_ids))
+        return self.inner.score(token_ids, num_logits)
+
+    def rollback(self, length):
+        self.inner.rollback(length)
+
+    def next_logits(self, context):
+        return self.inner.next_logits(context)
+
+
+def mixed_tables(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A target and a draft that agree on easy contexts and not on hard ones.
+
+    After a token below vocab // 2 the target is peaked and the draft copies it (the
+    draft is confident and right); after the others both are flat and unrelated (the
+    draft is unsure and often wrong). A sequence wanders between the two, so an
+    adaptive policy keeps changing its mind within a sequence.
+    """
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randn(vocab, vocab, vocab, generator=g)
+    draft = torch.randn(vocab, vocab, vocab, generator=g) * 0.5
+    easy = torch.arange(vocab) < vocab // 2  # by the last token
+    target[:, easy] *= 4.0
+    target[:, ~easy] *= 0.5
+    draft[:, easy] = target[:, easy]
+    return target, draft

@@ -1,24 +1,46 @@
-"""Drafters propose the next K tokens; the target decides which to keep."""
+"""Drafters propose the next tokens; the target decides which to keep.
+
+How many tokens a round drafts, and from which source, is the policy's decision
+(control.py: a fixed K or the adaptive controller); drafters only ask it.
+"""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from .backends.base import Backend
+from .control import MODEL, DraftCall, FixedK, Policy, ngram_source
 from .sampling import SamplingConfig, logits_to_probs, sample
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor  # [m] int64
+    probs: torch.Tensor | None  # [m, vocab]: what each draft was drawn from; None: one-hot drafts
+    sources: list[str] = field(default_factory=list)  # [m]
+    confidences: list[float | None] = field(default_factory=list)  # [m]
+    calls: list[DraftCall] = field(default_factory=list)  # draft model calls made for it
+
+    @staticmethod
+    def empty(calls: list[DraftCall] | None = None) -> "Draft":
+        return Draft(torch.empty(0, dtype=torch.long), None, calls=calls or [])
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
 
 
 class Drafter(Protocol):
     name: str
     calls: int  # model forward calls made so far
 
-    def propose(
-        self, context: list[int], k: int, generator: torch.Generator | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Up to k draft tokens [m] and the probabilities they were drawn from
-        [m, vocab], or None when the drafter has no distribution. m may be 0."""
+    def propose(self, context: list[int], k: int, generator: torch.Generator | None,
+                policy: Policy | None = None) -> Draft:
+        """At most k draft tokens after context; the policy decides how many (a fixed
+        k when None). May return none."""
         ...
 
 
@@ -29,7 +51,8 @@ class ModelDrafter:
     with the context at the start of each round: after a rejection the cache holds
     drafts that were thrown away (rolled back); after a full accept it lacks the last
     draft token, which was sampled but never fed back (the classic off-by-one), and
-    the bonus token. Both are fed in the first draft call of the next round.
+    the bonus token. Both are fed in the first draft call of the next round, as is
+    any text emitted by plain target steps while the draft sat idle.
     """
 
     def __init__(self, backend: Backend, sampling: SamplingConfig):
@@ -37,30 +60,64 @@ class ModelDrafter:
         self.sampling = sampling
         self.name = backend.name
         self.calls = 0
+        self.clock = time.perf_counter
         self._cached: list[int] = []  # the tokens in the backend's cache
 
-    def propose(self, context, k, generator):
+    @property
+    def model_backend(self) -> Backend:
+        return self.backend
+
+    def lag(self, context: list[int]) -> int:
+        """Tokens the next draft call must feed before it can draft."""
+        if self.backend.length != len(self._cached):
+            return len(context)
+        return len(context) - min(_common_prefix_length(self._cached, context), len(context) - 1)
+
+    def propose(self, context, k, generator, policy=None) -> Draft:
+        policy = policy or FixedK(k)
+        _, m = policy.choose({MODEL: k}, self.lag(context))
+        return self.draft(context, k, m, generator, policy) if m else Draft.empty()
+
+    def draft(self, context: list[int], limit: int, planned: int, generator, policy: Policy) -> Draft:
+        """Draft up to `limit` tokens, `planned` of them unless the policy revises it."""
         if self.backend.length != len(self._cached):  # someone else used the backend
             self._cached = []
-        common = _common_prefix_length(self._cached, context)
         # At least one token must be fed to get the next-token logits.
-        common = min(common, len(context) - 1)
+        common = min(_common_prefix_length(self._cached, context), len(context) - 1)
         self.backend.rollback(common)
         feed = list(context[common:])
         self._cached = self._cached[:common]
-        tokens, rows = [], []
-        for i in range(k):
+        tokens, rows, confidences, calls = [], [], [], []
+        i = 0
+        while i < min(planned, limit):
+            t0 = self.clock()
             logits = self.backend.score(feed, num_logits=1)  # [1, vocab]
+            calls.append(DraftCall(len(feed), self.clock() - t0))
             self.calls += 1
             self._cached += feed
             probs = logits_to_probs(logits, self.sampling)  # [1, vocab]
+            confidence = draft_confidence(logits, probs, self.sampling)
+            # Decided from q_i alone, before x_i is drawn (control.py says why).
+            planned = policy.extent(MODEL, i, confidence)
+            if planned <= i:
+                break
             token = int(sample(probs, generator)[0])
             tokens.append(token)
             rows.append(probs[0])
+            confidences.append(confidence)
             feed = [token]  # not fed after the last draft: nobody needs its logits
+            i += 1
         if not tokens:
-            return torch.empty(0, dtype=torch.long), None
-        return torch.tensor(tokens), torch.stack(rows)
+            return Draft.empty(calls)
+        return Draft(torch.tensor(tokens), torch.stack(rows), [MODEL] * len(tokens), confidences, calls)
+
+
+def draft_confidence(logits: torch.Tensor, probs: torch.Tensor, sampling: SamplingConfig) -> float:
+    """The draft's top probability at this position. Greedy drafts are one-hot, so
+    there the plain softmax of the logits says how sure the draft is."""
+    if sampling.greedy:
+        return float(torch.softmax(logits.float(), dim=-1).max())
+    return float(probs.max())
 
 
 def _common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -79,7 +136,9 @@ class NgramDrafter:
 
     Example with max_ngram=2, context [1, 2, 3, 4, 2, 3], k=3: the suffix [2, 3]
     occurred at positions 1..2, followed by [4, 2, 3], so the draft is [4, 2, 3].
-    The draft has no distribution: verification treats it as one-hot.
+    The draft has no distribution: verification treats it as one-hot. Each match
+    length is its own source for the policy ("ngram2"): longer matches are better
+    guesses.
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
@@ -90,12 +149,56 @@ class NgramDrafter:
         self.name = f"ngram(n={min_ngram}..{max_ngram})"
         self.calls = 0  # no model
 
-    def propose(self, context, k, generator):
+    def lookup(self, context: list[int], k: int) -> tuple[list[int], int]:
+        """Up to k tokens that followed the longest matching suffix, and its length."""
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
             suffix = context[-n:]
             # Most recent earlier occurrence first; it must be followed by something.
             for start in range(len(context) - n - 1, -1, -1):
                 if context[start : start + n] == suffix:
-                    follow = context[start + n : start + n + k]
-                    return torch.tensor(follow, dtype=torch.long), None
-        return torch.empty(0, dtype=torch.long), None
+                    return context[start + n : start + n + k], n
+        return [], 0
+
+    def propose(self, context, k, generator, policy=None) -> Draft:
+        tokens, n = self.lookup(context, k)
+        options = {ngram_source(n): len(tokens)} if tokens else {}
+        source, m = (policy or FixedK(k)).choose(options, 0)
+        return lookup_draft(tokens[:m], source)
+
+
+def lookup_draft(tokens: list[int], source: str | None) -> Draft:
+    if not tokens:
+        return Draft.empty()
+    return Draft(torch.tensor(tokens, dtype=torch.long), None, [source] * len(tokens), [None] * len(tokens))
+
+
+class HybridDrafter:
+    """Context lookup when it has a match, the draft model otherwise; with the
+    adaptive policy, whichever of the two is expected to pay more this round (each
+    match length and the model have their own acceptance estimates)."""
+
+    def __init__(self, model: ModelDrafter, ngram: NgramDrafter | None = None):
+        self.model = model
+        self.ngram = ngram or NgramDrafter()
+        self.name = f"hybrid({self.ngram.name}, {model.name})"
+
+    @property
+    def calls(self) -> int:
+        return self.model.calls
+
+    @property
+    def model_backend(self) -> Backend:
+        return self.model.backend
+
+    def propose(self, context, k, generator, policy=None) -> Draft:
+        policy = policy or FixedK(k)
+        tokens, n = self.ngram.lookup(context, k)
+        options = {MODEL: k}
+        if tokens:
+            options[ngram_source(n)] = len(tokens)
+        source, m = policy.choose(options, self.model.lag(context))
+        if not m:
+            return Draft.empty()
+        if source == MODEL:
+            return self.model.draft(context, k, m, generator, policy)
+        return lookup_draft(tokens[:m], source)

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .backends.base import Backend, check_same_vocabulary
-from .drafters import Drafter, ModelDrafter
+from .control import Policy, RoundReport, make_policy
+from .drafters import Draft, Drafter
 from .sampling import SamplingConfig, logits_to_probs
 from .verify import verify
 
@@ -22,7 +23,10 @@ class GenerationStats:
     drafted: int = 0
     accepted: int = 0
     accepted_histogram: list[int] = field(default_factory=list)  # rounds by accepted count
+    draft_length_histogram: list[int] = field(default_factory=list)  # rounds by drafts proposed; [0]: plain steps
+    sources: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
     prefill_seconds: float = 0.0
+    calibration_seconds: float = 0.0  # the adaptive policy's one-off cost measurement
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     total_seconds: float = 0.0
@@ -42,7 +46,26 @@ class GenerationStats:
 
     @property
     def other_seconds(self) -> float:
-        return self.total_seconds - self.prefill_seconds - self.draft_seconds - self.target_seconds
+        return (self.total_seconds - self.prefill_seconds - self.calibration_seconds - self.draft_seconds
+                - self.target_seconds)
+
+    @property
+    def plain_rounds(self) -> int:
+        return self.draft_length_histogram[0] if self.draft_length_histogram else 0
+
+    def record_round(self, draft, num_accepted: int, emitted: int, cut: bool) -> None:
+        """Count only drafts inside the emitted text: after an EOS, a stop string or
+        the token budget (`cut`) the rest of an accepted block was never used."""
+        m = len(draft)
+        counted = min(m, emitted) if cut else m
+        accepted = min(num_accepted, counted)
+        _bump(self.draft_length_histogram, m)
+        if m:
+            self.drafted += counted
+            self.accepted += accepted
+            _bump(self.accepted_histogram, num_accepted)
+            rounds, drafted, acc = self.sources.get(draft.sources[0], [0, 0, 0])
+            self.sources[draft.sources[0]] = [rounds + 1, drafted + counted, acc + accepted]
 
     def as_dict(self) -> dict:
         return {
@@ -52,10 +75,14 @@ class GenerationStats:
             "drafted": self.drafted,
             "accepted": self.accepted,
             "accepted_histogram": list(self.accepted_histogram),
+            "draft_length_histogram": list(self.draft_length_histogram),
+            "plain_rounds": self.plain_rounds,
+            "sources": {k: dict(zip(("rounds", "drafted", "accepted"), v)) for k, v in self.sources.items()},
             "acceptance_rate": self.acceptance_rate,
             "mean_tokens_per_target_call": self.mean_tokens_per_target_call,
             "tokens_per_second": self.tokens_per_second,
             "prefill_seconds": self.prefill_seconds,
+            "calibration_seconds": self.calibration_seconds,
             "draft_seconds": self.draft_seconds,
             "target_seconds": self.target_seconds,
             "other_seconds": self.other_seconds,
@@ -66,15 +93,18 @@ class GenerationStats:
 @dataclass
 class GenerationConfig:
     max_new_tokens: int = 128
-    k: int = 4  # draft tokens per round; ignored without a drafter
+    k: int | str = "auto"  # drafts per round, or "auto" (control.py); ignored without a drafter
+    k_max: int = 8  # the most drafts the adaptive policy may propose in one round
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: int | None = 0
     stop_strings: tuple[str, ...] = ()
     eos_token_ids: frozenset[int] | None = None  # None: the target's own
 
     def __post_init__(self) -> None:
-        if self.k < 1:
-            raise ValueError(f"k must be >= 1, got {self.k}")
+        if self.k != "auto" and not (isinstance(self.k, int) and self.k >= 1):
+            raise ValueError(f"k must be 'auto' or an integer >= 1, got {self.k!r}")
+        if self.k_max < 1:
+            raise ValueError(f"k-max must be >= 1, got {self.k_max}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
 
@@ -109,71 +139,80 @@ def stream(
     prompt_ids: list[int],
     config: GenerationConfig,
     drafter: Drafter | None = None,
+    policy: Policy | None = None,
+    clock=time.perf_counter,
 ) -> Stream:
+    """Generation as an iterator of chunks. `policy` decides each round's drafts (by
+    default from config.k: fixed, or a new adaptive controller; pass one controller
+    to keep its measurements across calls). `clock` times the rounds."""
     if not prompt_ids:
         raise ValueError("the prompt is empty")
-    if len(prompt_ids) + config.max_new_tokens + config.k + 1 > target.context_length:
+    if policy is None:
+        policy = make_policy(config.k, config.k_max)
+    if len(prompt_ids) + config.max_new_tokens + policy.k_max + 1 > target.context_length:
         raise ValueError(
             f"prompt of {len(prompt_ids)} tokens plus {config.max_new_tokens} new tokens "
             f"does not fit the model's context of {target.context_length}"
         )
-    if isinstance(drafter, ModelDrafter):
-        check_same_vocabulary(target, drafter.backend)
-    return Stream(_rounds(target, prompt_ids, config, drafter))
+    draft_backend = getattr(drafter, "model_backend", None)
+    if draft_backend is not None:
+        check_same_vocabulary(target, draft_backend)
+    return Stream(_rounds(target, prompt_ids, config, drafter, policy, clock))
 
 
-def generate(target, prompt_ids, config, drafter=None) -> GenerationResult:
-    s = stream(target, prompt_ids, config, drafter)
+def generate(target, prompt_ids, config, drafter=None, policy=None, clock=time.perf_counter) -> GenerationResult:
+    s = stream(target, prompt_ids, config, drafter, policy, clock)
     for _ in s:
         pass
     return s.result
 
 
-def _rounds(target, prompt_ids, config, drafter) -> Iterator[Chunk]:
+def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chunk]:
     generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
     eos = target.eos_token_ids if config.eos_token_ids is None else config.eos_token_ids
     stats = GenerationStats()
-    k = config.k if drafter is not None else 0
-    start = time.perf_counter()
+    start = clock()
 
     # Prefill all but the last prompt token: every round then feeds the last emitted
     # token ("pending") plus the drafts, and gets K+1 distributions back.
     target.rollback(0)
     if len(prompt_ids) > 1:
         target.score(prompt_ids[:-1], num_logits=1)
-    stats.prefill_seconds = time.perf_counter() - start
+    stats.prefill_seconds = clock() - start
     context = list(prompt_ids)
+    if drafter is not None:
+        before = getattr(policy, "calibration_seconds", 0.0)
+        policy.begin(target, drafter, context, config.max_new_tokens)
+        stats.calibration_seconds = getattr(policy, "calibration_seconds", 0.0) - before
     new: list[int] = []
     text = _TextTracker(target.tokenizer, config.stop_strings)
     stop_reason = "length"
 
     while stop_reason == "length" and len(new) < config.max_new_tokens:
-        # 1. Draft up to K tokens (never more than we could still emit).
-        t0 = time.perf_counter()
-        budget = min(k, config.max_new_tokens - len(new) - 1)
+        # 1. Draft: the policy picks the source and how many (0 = a plain target
+        #    step), never more than we could still emit.
+        t0 = clock()
+        budget = min(policy.k_max, config.max_new_tokens - len(new) - 1)
         if drafter is not None and budget > 0:
             calls_before = drafter.calls
-            draft_tokens, draft_probs = drafter.propose(context, budget, generator)
+            draft = drafter.propose(context, budget, generator, policy)
             stats.draft_calls += drafter.calls - calls_before
         else:
-            draft_tokens, draft_probs = torch.empty(0, dtype=torch.long), None
-        t1 = time.perf_counter()
+            draft = Draft.empty()
+        t1 = clock()
         stats.draft_seconds += t1 - t0
 
-        # 2. Score pending token + drafts in one target call: K+1 distributions.
+        # 2. Score pending token + drafts in one target call: m+1 distributions.
         base = target.length
-        m = draft_tokens.shape[0]
-        logits = target.score([context[-1]] + draft_tokens.tolist(), num_logits=m + 1)
+        m = len(draft)
+        logits = target.score([context[-1]] + draft.tokens.tolist(), num_logits=m + 1)
+        t2 = clock()
         stats.target_calls += 1
-        stats.target_seconds += time.perf_counter() - t1
+        stats.target_seconds += t2 - t1
 
         # 3. Accept a prefix of the drafts, then one recovered or bonus token.
         target_probs = logits_to_probs(logits, config.sampling)  # [m + 1, vocab]
-        verdict = verify(draft_tokens, draft_probs, target_probs, generator)
-        if m:
-            stats.drafted += m
-            stats.accepted += verdict.num_accepted
-            _bump(stats.accepted_histogram, verdict.num_accepted)
+        verdict = verify(draft.tokens, draft.probs, target_probs, generator)
         # Keep pending + accepted drafts; the new last token is fed next round.
         target.rollback(base + 1 + verdict.num_accepted)
 
@@ -189,14 +228,20 @@ def _rounds(target, prompt_ids, config, drafter) -> Iterator[Chunk]:
                 break
         new += emitted
         context += emitted
+        stats.record_round(draft, verdict.num_accepted, len(emitted), cut=len(emitted) < len(verdict.tokens))
         stats.new_tokens = len(new)
-        stats.total_seconds = time.perf_counter() - start
+
+        # 5. Tell the policy what this round cost and how its drafts fared.
+        if drafter is not None:
+            policy.observe(RoundReport(draft.sources, draft.confidences, verdict.num_accepted, m + 1, t2 - t1,
+                                       draft.calls, clock() - t0, len(emitted)))
+        stats.total_seconds = clock() - start
         yield Chunk(emitted, text.take())
 
     tail = text.flush()
     if tail:
         yield Chunk([], tail)
-    stats.total_seconds = time.perf_counter() - start
+    stats.total_seconds = clock() - start
     return GenerationResult(new, text.final(), stats, stop_reason)
 
 

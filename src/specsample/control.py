@@ -1,0 +1,443 @@
+"""How many tokens to draft next: a fixed K, or an adaptive controller fed with
+measured costs and each round's outcome.
+
+A policy answers two questions for the drafter:
+
+    choose(options, lag)         before a round: which source drafts (model, n-gram
+                                 lookup of a given match length) and how many tokens
+                                 it is planned to draft; 0 means a plain target step.
+    extent(source, i, confidence) during model drafting, once the draft distribution
+                                 q_i at position i is known and *before* x_i is drawn
+                                 from it: how many drafts the round should end with.
+                                 x_i is drawn and proposed iff the answer is > i.
+
+Why the adaptive policy keeps the output exactly the target's
+-------------------------------------------------------------
+Every decision above is a function of the past only: tokens already emitted, earlier
+rounds' drafts, verdicts and timings (all of which decide the controller's state),
+and the draft distribution q_i, which the draft model computes from the prefix
+before anything is drawn at position i. Condition on all of it. Then either position
+i is drafted, x_i ~ q_i is proposed and verified (accepted with min(1, p_i/q_i),
+else a token is drawn from norm(max(0, p_i - q_i))), which emits a token
+distributed exactly as p_i; or it is not drafted, and the target samples position
+i from p_i itself (the bonus or the next round's token). Either way token i follows
+p_i given everything before it, so the joint distribution of the output is the
+target's, whatever the controller decides.
+
+Two ways to break this, both tested as negative controls: looking at the drawn token
+x_i (dropping x_i when q_i(x_i) is small makes the real proposal q_i restricted to
+confident tokens, while verification still divides by q_i), or at the verdict of the
+current round (leaving out a draft because it would be rejected turns the
+recovered-token distribution into p_i instead of the residual).
+
+The adaptive policy maximises expected tokens per second. A round drafting m tokens
+with per-position acceptance a_1, a_2, ... (each conditional on the previous ones
+being accepted) yields E(m) = 1 + a_1 + a_1 a_2 + ... tokens and costs
+T(m) = m * draft_step + target_call(m + 1) + overhead; m = 0 is a plain target step.
+Inside a round the sunk cost of drafts already made is irrelevant, so the choice is
+re-made with E - R* T, R* being the best rate found at the start of the round.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+MODEL = "model"
+
+
+def ngram_source(match_length: int) -> str:
+    return f"ngram{match_length}"
+
+
+@dataclass
+class DraftCall:
+    tokens_fed: int  # tokens the draft model consumed in this call
+    seconds: float
+
+
+@dataclass
+class RoundReport:
+    """What the loop tells the policy after a round."""
+
+    sources: list[str]  # source of each drafted position
+    confidences: list[float | None]  # draft confidence per position (None: no distribution)
+    num_accepted: int
+    target_tokens: int  # tokens the verify call scored
+    target_seconds: float
+    draft_calls: list[DraftCall]
+    round_seconds: float  # wall time of the whole round
+    emitted: int
+
+
+class Policy(Protocol):
+    k_max: int
+
+    def begin(self, target, drafter, context: list[int], max_new_tokens: int) -> None: ...
+
+    def choose(self, options: dict[str, int], lag: int) -> tuple[str | None, int]: ...
+
+    def extent(self, source: str, i: int, confidence: float) -> int: ...
+
+    def observe(self, report: RoundReport) -> None: ...
+
+
+class FixedK:
+    """Always K drafts (fewer when the budget or the lookup is shorter). A lookup match
+    is preferred to the draft model: the hybrid drafter's fixed-K behaviour."""
+
+    def __init__(self, k: int):
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        self.k_max = k
+        self._planned = 0
+
+    def begin(self, target, drafter, context, max_new_tokens) -> None:
+        pass
+
+    def choose(self, options, lag):
+        for source, available in sorted(options.items(), key=lambda kv: kv[0] == MODEL):
+            if available > 0:
+                self._planned = min(self.k_max, available)
+                return source, self._planned
+        return None, 0
+
+    def extent(self, source, i, confidence):
+        return self._planned
+
+    def observe(self, report) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------
+# Online estimates
+
+
+@dataclass
+class Rate:
+    """A probability estimated from decayed counts, shrunk towards a prior."""
+
+    prior: float
+    strength: float = 2.0  # pseudo-observations behind the prior
+    hits: float = 0.0
+    trials: float = 0.0
+
+    @property
+    def value(self) -> float:
+        return (self.hits + self.prior * self.strength) / (self.trials + self.strength)
+
+    def update(self, hit: bool, decay: float) -> None:
+        self.hits = self.hits * decay + hit
+        self.trials = self.trials * decay + 1
+
+    def forget(self, decay: float) -> None:
+        """Drift back towards the prior while unobserved, so a source that stopped
+        paying is probed again now and then."""
+        self.hits *= decay
+        self.trials *= decay
+
+
+class Ema:
+    def __init__(self, value: float | None = None, weight: float = 0.2):
+        self.value, self.weight = value, weight
+
+    def update(self, x: float) -> None:
+        self.value = x if self.value is None else self.value + self.weight * (x - self.value)
+
+
+CONFIDENCE_BINS = 10
+
+
+@dataclass
+class SourceModel:
+    """Acceptance of one draft source: per position in the round (conditional on the
+    previous drafts being accepted), and, for the draft model, per confidence bin."""
+
+    prior: float
+    positions: list[Rate] = field(default_factory=list)
+    by_confidence: list[Rate] = field(default_factory=list)
+
+    def at(self, i: int) -> Rate:
+        while len(self.positions) <= i:
+            self.positions.append(Rate(self.prior))
+        return self.positions[i]
+
+    def given_confidence(self, confidence: float) -> Rate:
+        if not self.by_confidence:
+            # Prior: a draft that is sure of its token is usually right.
+            self.by_confidence = [Rate((b + 0.5) / CONFIDENCE_BINS) for b in range(CONFIDENCE_BINS)]
+        b = min(CONFIDENCE_BINS - 1, max(0, int(confidence * CONFIDENCE_BINS)))
+        return self.by_confidence[b]
+
+    def all_rates(self) -> list[Rate]:
+        return self.positions + self.by_confidence
+
+
+@dataclass
+class Costs:
+    """Seconds per call, measured. A target call scoring n tokens costs
+    single * shape[n]: the shape of the curve is a property of the engine and the
+    machine, while its scale moves with context length and with other load, and is
+    refreshed by every plain step."""
+
+    single: Ema = field(default_factory=Ema)  # a target call scoring 1 token
+    shape: list[Ema] = field(default_factory=list)  # [n - 1]: cost of n tokens / cost of 1
+    draft_step: Ema = field(default_factory=Ema)  # one draft call feeding 1-2 tokens
+    draft_token: Ema = field(default_factory=Ema)  # each extra token fed in one call
+    overhead: dict[bool, Ema] = field(default_factory=lambda: {False: Ema(0.0), True: Ema(0.0)})
+
+    def target_call(self, n: int) -> float:
+        return (self.single.value or 0.0) * self.ratio(n)
+
+    def ratio(self, n: int) -> float:
+        if n == 1:
+            return 1.0
+        while len(self.shape) < n:
+            self.shape.append(Ema())
+        known = self.shape[n - 1].value
+        if known is not None:
+            return known
+        # Unmeasured size: interpolate linearly between the nearest measured sizes
+        # (or extrapolate from the last two); unmeasured entirely: flat, the
+        # optimistic guess that the first rounds then correct.
+        measured = [(1, 1.0)] + [(i + 1, e.value) for i, e in enumerate(self.shape) if i and e.value is not None]
+        below = [p for p in measured if p[0] < n]
+        above = [p for p in measured if p[0] > n]
+        if above:
+            (n0, c0), (n1, c1) = below[-1], above[0]
+            return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
+        if len(below) >= 2:
+            (n0, c0), (n1, c1) = below[-2], below[-1]
+            return c1 + max(0.0, (c1 - c0) / (n1 - n0)) * (n - n1)
+        return 1.0
+
+    def observe_target(self, n: int, seconds: float) -> None:
+        if n == 1 or self.single.value is None:
+            self.single.update(seconds / self.ratio(n))
+        else:
+            self.ratio(n)
+            self.shape[n - 1].update(seconds / self.single.value)
+
+    def catch_up(self, lag: int) -> float:
+        """Extra draft time to feed `lag` tokens it has not seen (beyond the usual 1-2)."""
+        return max(0, lag - 2) * (self.draft_token.value or 0.0)
+
+
+# ---------------------------------------------------------------------------
+# The controller
+
+
+class AdaptiveController:
+    """Picks each round's source and draft length (0 ... k_max) to maximise expected
+    tokens per second. One instance may serve many sequences: its cost and acceptance
+    estimates carry over (the per-sequence state is reset by `begin`)."""
+
+    def __init__(self, k_max: int = 8, *, decay: float = 0.9, idle_decay: float = 0.97,
+                 model_prior: float = 0.7, ngram_prior: float = 0.5, calibrate: bool = True,
+                 cost_cache: Path | None = None, clock=time.perf_counter):
+        if k_max < 1:
+            raise ValueError(f"k_max must be >= 1, got {k_max}")
+        self.k_max = k_max
+        self.decay, self.idle_decay = decay, idle_decay
+        self.priors = {MODEL: model_prior, "ngram": ngram_prior}
+        self.sources: dict[str, SourceModel] = {}
+        self.costs = Costs()
+        self.calibrate, self.cost_cache, self.clock = calibrate, cost_cache, clock
+        self.calibrated = False
+        self.calibration_seconds = 0.0
+        self.typical_length = Ema(weight=0.3)  # tokens per finished sequence
+        self._remaining = 0
+        self._generated = 0
+        self._round: dict = {}
+
+    # -- per sequence -------------------------------------------------------
+
+    def begin(self, target, drafter, context, max_new_tokens) -> None:
+        if self._generated:
+            self.typical_length.update(self._generated)
+        self._remaining, self._generated = max_new_tokens, 0
+        if self.calibrate and not self.calibrated:
+            t0 = self.clock()
+            draft = getattr(drafter, "model_backend", None)
+            self._load_or_measure(target, draft, context)
+            self.calibration_seconds = self.clock() - t0
+            self.calibrated = True
+
+    def _load_or_measure(self, target, draft, context) -> None:
+        cached = _read_costs(self.cost_cache)
+        if cached is not None and len(cached["target"]) >= self.k_max + 1:
+            self._seed(cached["target"], cached.get("draft_step"), cached.get("draft_token"))
+            return
+        from .calibrate import measure
+
+        measured = measure(target, draft, context, self.k_max + 1, clock=self.clock)
+        self._seed(measured["target"], measured.get("draft_step"), measured.get("draft_token"))
+        _write_costs(self.cost_cache, measured)
+
+    def _seed(self, target: list[float], draft_step: float | None, draft_token: float | None) -> None:
+        self.costs.single.value = target[0]
+        for n, seconds in enumerate(target[1:], start=2):
+            self.costs.ratio(n)
+            self.costs.shape[n - 1].value = seconds / target[0]
+        if draft_step is not None:
+            self.costs.draft_step.value = draft_step
+        if draft_token is not None:
+            self.costs.draft_token.value = draft_token
+
+    # -- before a round -----------------------------------------------------
+
+    def choose(self, options, lag):
+        ar_rate = 1.0 / self._seconds(0, None, 0)  # a plain target step
+        best = (None, 0, ar_rate)
+        for source, available in options.items():
+            model = self._source(source)
+            m, rate = self._best_length(model, source, min(available, self.k_max), lag)
+            if m > 0 and rate > best[2]:
+                best = (source, m, rate)
+        source, m, rate = best
+        limit = min(options.get(source, 0), self.k_max) if source else 0
+        self._round = {"rate": rate, "reach": 1.0, "source": source, "limit": limit}
+        # Sources left out this round drift back towards their prior (probing).
+        for name, model in self.sources.items():
+            if name != source:
+                for r in model.all_rates():
+                    r.forget(self.idle_decay)
+        return source, m
+
+    def _best_length(self, model: SourceModel, source: str, available: int, lag: int) -> tuple[int, float]:
+        best_m, best_rate, expected, reach = 0, 0.0, 1.0, 1.0
+        for m in range(1, available + 1):
+            reach *= model.at(m - 1).value
+            expected += reach
+            rate = expected / self._seconds(m, source, lag, expected)
+            if rate > best_rate:
+                best_m, best_rate = m, rate
+        return best_m, best_rate
+
+    def _seconds(self, m: int, source: str | None, lag: int, expected: float = 1.0) -> float:
+        """Predicted wall time of a round drafting m tokens from source."""
+        c = self.costs
+        seconds = c.target_call(m + 1) + (c.overhead[m > 0].value or 0.0)
+        if m and source == MODEL:
+            seconds += m * (c.draft_step.value or 0.0)
+            # Feeding tokens the draft has not seen (its prompt prefill, or text made
+            # during plain steps) is paid once and serves the rest of the sequence:
+            # charge this round its share of the expected remaining tokens.
+            horizon = max(expected, self._expected_remaining())
+            seconds += c.catch_up(lag) * expected / horizon
+        return max(seconds, 1e-9)
+
+    def _expected_remaining(self) -> float:
+        remaining = self._remaining - self._generated
+        if self.typical_length.value is not None:
+            remaining = min(remaining, max(8.0, self.typical_length.value - self._generated))
+        return max(1.0, remaining)
+
+    # -- during model drafting ---------------------------------------------
+
+    def extent(self, source, i, confidence):
+        r = self._round
+        model = self._source(source)
+        here = model.given_confidence(confidence).value
+        draft_step = self.costs.draft_step.value or 0.0
+        # Value of ending the round with m drafts (m >= i), costs already paid left out.
+        best_m, best_value = i, -r["rate"] * self.costs.target_call(i + 1)
+        gain, chain = 0.0, r["reach"]
+        for m in range(i + 1, r["limit"] + 1):
+            chain *= here if m == i + 1 else model.at(m - 1).value
+            gain += chain
+            cost = (m - 1 - i) * draft_step + self.costs.target_call(m + 1)
+            value = gain - r["rate"] * cost
+            if value > best_value:
+                best_m, best_value = m, value
+        if best_m > i:
+            r["reach"] *= here
+        return best_m
+
+    # -- after a round ------------------------------------------------------
+
+    def observe(self, report: RoundReport) -> None:
+        c = self.costs
+        m = len(report.sources)
+        c.observe_target(report.target_tokens, report.target_seconds)
+        draft_seconds = 0.0
+        for call in report.draft_calls:
+            draft_seconds += call.seconds
+            if call.tokens_fed <= 2:
+                c.draft_step.update(call.seconds)
+            elif c.draft_step.value is not None:
+                c.draft_token.update(max(0.0, call.seconds - c.draft_step.value) / (call.tokens_fed - 1))
+        c.overhead[m > 0].update(max(0.0, report.round_seconds - report.target_seconds - draft_seconds))
+        for i, (source, confidence) in enumerate(zip(report.sources, report.confidences)):
+            if i > report.num_accepted:
+                break  # not reached: an earlier draft was rejected
+            accepted = i < report.num_accepted
+            model = self._source(source)
+            model.at(i).update(accepted, self.decay)
+            if confidence is not None:
+                model.given_confidence(confidence).update(accepted, self.decay)
+        self._generated += report.emitted
+
+    def _source(self, source: str) -> SourceModel:
+        if source not in self.sources:
+            self.sources[source] = SourceModel(self.priors[MODEL if source == MODEL else "ngram"])
+        return self.sources[source]
+
+
+def make_policy(k, k_max: int = 8, **kwargs) -> Policy:
+    """`k` from the configuration: an int (fixed K) or "auto"."""
+    if k == "auto":
+        return AdaptiveController(k_max, **kwargs)
+    return FixedK(int(k))
+
+
+# ---------------------------------------------------------------------------
+# Measured costs, cached per machine, model and thread count
+
+
+def cost_cache_path(cache_root: Path, target, draft) -> Path | None:
+    """One file per (machine, target, draft, threads); None when a model has no stable
+    identity to key on."""
+    keys = [getattr(b, "cost_key", None) for b in (target, draft) if b is not None]
+    if not keys or any(k is None for k in keys):
+        return None
+    machine = f"{platform.machine()}-{_cpu_name()}-{os.cpu_count()}"
+    name = "__".join([machine] + keys).replace("/", "_").replace(" ", "_")
+    return cache_root / "costs" / f"{name}.json"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def _read_costs(path: Path | None) -> dict | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data.get("target"), list) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _write_costs(path: Path | None, costs: dict) -> None:
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(costs))
+        tmp.replace(path)  # atomic: concurrent writers leave one whole file
+    except OSError:
+        pass  # a cache we cannot write only costs a re-measurement next time
