@@ -363,6 +363,7 @@ async def _wait_for_model(server: Server, job: Job, arrived: float) -> None:
     if kind == "error":
         raise _generation_error(value)
     if kind == "cancelled":
+        server.metrics.cancelled.inc()
         raise APIError(499, "client disconnected")
     server.metrics.queue_wait_seconds.observe(time.monotonic() - arrived)
 
@@ -385,6 +386,7 @@ async def _collect(server: Server, job: Job, arrived: float):
 
 
 async def _events(server: Server, job: Job, reply: Reply, arrived: float, include_usage: bool):
+    ended = False
     try:
         if reply.chat:
             yield {"data": json.dumps(reply.chunk(role=True))}
@@ -397,20 +399,25 @@ async def _events(server: Server, job: Job, reply: Reply, arrived: float, includ
                     first = False
                 yield {"data": json.dumps(reply.chunk(value.text))}
             elif kind == "done":
+                ended = True
                 server.metrics.finished(len(job.prompt_ids), value.stats)
                 yield {"data": json.dumps(reply.chunk(finish_reason=FINISH_REASONS[value.stop_reason]))}
                 if include_usage:
                     yield {"data": json.dumps(reply.usage_chunk(value))}
                 break
             elif kind == "error":
+                ended = True
                 yield {"data": json.dumps(_generation_error(value).body())}
                 break
             elif kind == "cancelled":
-                server.metrics.cancelled.inc()
                 break
         yield {"data": "[DONE]"}
     finally:
-        job.cancel()  # a no-op once finished; on a disconnect, frees the model at the next round
+        # On a disconnect sse-starlette cancels this generator: the worker stops at
+        # the next round. Once the generation ended this is a no-op.
+        job.cancel()
+        if not ended:
+            server.metrics.cancelled.inc()
 
 
 async def list_models(request: Request) -> Response:
