@@ -51,6 +51,7 @@ CASES = [  # (path, body, status, param, words in the message)
     ("/v1/completions", completion(stop=[1]), 400, "stop", "string"),
     ("/v1/completions", completion(stream="yes"), 400, "stream", "boolean"),
     ("/v1/completions", completion(n=2), 400, "n", "n"),
+    ("/v1/completions", completion(n=True), 400, "n", "n"),
     ("/v1/completions", completion(logprobs=3), 400, "logprobs", "logprobs"),
     ("/v1/completions", completion(best_of=3, echo=True), 400, "best_of", "best_of, echo"),
     ("/v1/completions", completion(frequency_penalty=0.5), 400, "frequency_penalty", "frequency_penalty"),
@@ -87,7 +88,7 @@ def test_bad_input_gets_an_openai_error(url, path, body, status, param, words):
 
 
 def test_neutral_values_of_unsupported_parameters_are_accepted(url):
-    r = httpx.post(url + "/v1/completions", json=completion(n=1, logprobs=None, echo=False, presence_penalty=0),
+    r = httpx.post(url + "/v1/completions", json=completion(n=1, logprobs=None, echo=False, presence_penalty=0.0),
                    timeout=10)
     assert r.status_code == 200, r.text
 

@@ -118,7 +118,7 @@ def parse(model: type[_Request], data) -> _Request:
     except ValidationError as e:
         raise _validation_error(e) from None
     unsupported = sorted(name for name, value in (request.model_extra or {}).items()
-                         if name not in NEUTRAL or not any(_same(value, v) for v in NEUTRAL[name]))
+                         if name not in NEUTRAL or not any(_asks_nothing(value, v) for v in NEUTRAL[name]))
     if unsupported:
         raise APIError(400, f"unsupported parameter(s): {', '.join(unsupported)} (specsample serves one "
                        "plain-text completion per request: no n > 1, logprobs, penalties, tools or formats)",
@@ -126,8 +126,10 @@ def parse(model: type[_Request], data) -> _Request:
     return request
 
 
-def _same(a, b) -> bool:
-    return type(a) is type(b) and a == b or a is None and b is None
+def _asks_nothing(value, neutral) -> bool:
+    if isinstance(value, bool) or isinstance(neutral, bool):  # True == 1, but "n": true is no count
+        return value is neutral
+    return value == neutral  # 0.0 == 0
 
 
 def _validation_error(e: ValidationError) -> APIError:

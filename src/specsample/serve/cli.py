@@ -7,6 +7,7 @@ import argparse
 import os
 
 from ..cli import UsageError, add_model_arguments, load_models
+from ..generate import GenerationConfig
 
 
 def draft_length(value: str) -> int | str:
@@ -46,6 +47,10 @@ def cmd_serve(args) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
+    try:  # fail now rather than on every request
+        GenerationConfig(k=args.k)
+    except (TypeError, ValueError):
+        raise UsageError(f"-k {args.k} is not supported by this version of the generation loop") from None
     import uvicorn
 
     from .api import Settings, create_app
