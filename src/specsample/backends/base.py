@@ -19,6 +19,10 @@ class Tokenizer(Protocol):
         """Token ids of a one-turn user chat, ready for the assistant's reply."""
         ...
 
+    def chat_messages(self, messages: list[dict]) -> list[int]:
+        """Token ids of a chat ({"role", "content"} dicts), ready for the assistant's reply."""
+        ...
+
 
 class Backend(Protocol):
     name: str

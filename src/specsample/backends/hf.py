@@ -33,11 +33,12 @@ class HFTokenizer:
         return self.hf.decode(token_ids, skip_special_tokens=True)
 
     def chat_prompt(self, text: str) -> list[int]:
+        return self.chat_messages([{"role": "user", "content": text}])
+
+    def chat_messages(self, messages: list[dict]) -> list[int]:
         if not self.hf.chat_template:
             raise ValueError("this model's tokenizer has no chat template")
-        rendered = self.hf.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-        )
+        rendered = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return list(self.hf(rendered, add_special_tokens=False).input_ids)
 
     def __len__(self) -> int:

@@ -64,14 +64,15 @@ class LlamaCppTokenizer:
         return buf.raw[:n].decode("utf-8", errors="replace")
 
     def chat_prompt(self, text: str) -> list[int]:
+        return self.chat_messages([{"role": "user", "content": text}])
+
+    def chat_messages(self, messages: list[dict]) -> list[int]:
         if not self._template:
             raise ValueError("this GGUF file has no chat template")
         import jinja2
 
         env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-        rendered = env.from_string(self._template).render(
-            messages=[{"role": "user", "content": text}], add_generation_prompt=True
-        )
+        rendered = env.from_string(self._template).render(messages=messages, add_generation_prompt=True)
         return self.encode(rendered, special=True)
 
 

@@ -1,0 +1,65 @@
+"""`specsample serve`: parse, load the models, run uvicorn. The web stack is imported
+only when the command runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..cli import UsageError, add_model_arguments, load_models
+from ..generate import GenerationConfig
+
+
+def draft_length(value: str) -> int | str:
+    """-k: "auto" or a positive integer, as GenerationConfig.k takes it."""
+    if value == "auto":
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {value!r}") from None
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"k must be >= 1, got {k}")
+    return k
+
+
+def add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve the models over an OpenAI-compatible HTTP API")
+    add_model_arguments(p)
+    p.add_argument("-k", type=draft_length, default=4, help="draft tokens per round, or 'auto' (default 4)")
+    p.add_argument("--autoregressive", action="store_true", help="serve the target alone (the baseline)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("SPECSAMPLE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $SPECSAMPLE_API_KEY; none if unset)")
+    p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the model; more get 429")
+    p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request may wait (default 120)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="cap on a request's max_tokens, and its default")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="cap on a request body (default 1 MiB)")
+    # load_models builds the CLI's ModelDrafter from these; the server rebuilds it per
+    # request with the request's own sampling.
+    p.set_defaults(func=cmd_serve, temperature=1.0, top_k=0, top_p=1.0)
+
+
+def cmd_serve(args) -> int:
+    for name in ("max_queue", "max_tokens", "max_body_bytes", "queue_timeout"):
+        if getattr(args, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in [0, 65535], got {args.port}")
+    try:  # fail now rather than on every request
+        GenerationConfig(k=args.k)
+    except (TypeError, ValueError):
+        raise UsageError(f"-k {args.k} is not supported by this version of the generation loop") from None
+    import uvicorn
+
+    from .api import Settings, create_app
+    from .worker import drafter_factory
+
+    target, drafter = load_models(args, need_draft=not args.autoregressive)
+    settings = Settings(model_name=target.name, k=args.k, api_key=args.api_key, max_queue=args.max_queue,
+                        queue_timeout=args.queue_timeout, max_body_bytes=args.max_body_bytes,
+                        max_tokens=args.max_tokens)
+    app = create_app(target, drafter_factory(drafter), drafter.name if drafter else None, settings)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0

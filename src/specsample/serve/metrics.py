@@ -1,0 +1,73 @@
+"""Prometheus metrics, in a registry of the app's own (two apps in one process, as in
+the tests, must not share counters)."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    def __init__(self, queue_depth):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("specsample_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
+        self.request_seconds = Histogram("specsample_request_seconds", "Time to answer a request, end of stream included",
+                                         ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_wait_seconds = Histogram("specsample_queue_wait_seconds", "Time a request waited for the model",
+                                            buckets=LATENCY_BUCKETS, registry=r)
+        self.first_token_seconds = Histogram("specsample_time_to_first_token_seconds",
+                                             "From the request's arrival to its first generated text",
+                                             buckets=LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("specsample_prompt_tokens", "Prompt tokens of finished generations", registry=r)
+        self.completion_tokens = Counter("specsample_completion_tokens", "Tokens generated", registry=r)
+        self.target_calls = Counter("specsample_target_calls", "Target model decoding calls", registry=r)
+        self.drafted = Counter("specsample_draft_tokens", "Draft tokens proposed", registry=r)
+        self.accepted = Counter("specsample_accepted_draft_tokens", "Draft tokens the target accepted", registry=r)
+        self.acceptance = Histogram("specsample_acceptance_rate", "Per-request share of draft tokens accepted",
+                                    buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), registry=r)
+        self.cancelled = Counter("specsample_cancelled_generations", "Generations stopped: client gone or timed out",
+                                 registry=r)
+        depth = Gauge("specsample_queue_depth", "Requests waiting for the model", registry=r)
+        depth.set_function(queue_depth)
+
+    def finished(self, prompt_tokens: int, stats) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.completion_tokens.inc(stats.new_tokens)
+        self.target_calls.inc(stats.target_calls)
+        self.drafted.inc(stats.drafted)
+        self.accepted.inc(stats.accepted)
+        if stats.acceptance_rate is not None:
+            self.acceptance.observe(stats.acceptance_rate)
+
+
+class CountRequests:
+    """ASGI middleware: count every answer by endpoint and status, time it to its
+    last byte (streams included). Unknown paths share one label, so a scanner
+    cannot grow the label set."""
+
+    def __init__(self, app, metrics: Metrics, endpoints: set[str]):
+        self.app = app
+        self.metrics = metrics
+        self.endpoints = endpoints
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        endpoint = scope["path"] if scope["path"] in self.endpoints else "other"
+        status = 500  # if the app fails before answering
+
+        async def send_and_note(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        start = time.perf_counter()
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            self.metrics.requests.labels(endpoint, str(status)).inc()
+            self.metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - start)

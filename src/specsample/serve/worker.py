@@ -1,0 +1,118 @@
+"""The single worker that owns the models: one generation at a time, in a thread.
+
+The KV caches are single-sequence, so requests take turns. Each waits in a bounded
+FIFO queue; the worker runs `stream` for it and hands every chunk back to the event
+loop that is answering it (`loop.call_soon_threadsafe`), so the loop never blocks on a
+model. A request whose client went away is cancelled: the worker stops iterating its
+Stream at the next round and moves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..drafters import Drafter, ModelDrafter
+from ..generate import GenerationConfig, stream
+from ..sampling import SamplingConfig
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass
+class Job:
+    prompt_ids: list[int]
+    config: GenerationConfig
+    make_drafter: Callable[[], Drafter | None]  # built in the worker: a ModelDrafter follows the request's sampling
+    loop: asyncio.AbstractEventLoop
+    # ("started", None), ("chunk", Chunk), then ("done", GenerationResult), ("error",
+    # exception) or ("cancelled", None); or ("error", ...) / ("cancelled", None) alone.
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    enqueued_at: float = field(default_factory=time.monotonic)
+
+    def emit(self, kind: str, value=None) -> None:
+        """Called from the worker thread."""
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class Worker:
+    def __init__(self, target, max_queue: int):
+        self.target = target
+        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._thread = threading.Thread(target=self._run, name="specsample-worker", daemon=True)
+        self.busy = False
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting, not counting the one being generated."""
+        return self._queue.qsize()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for job in self._drain():
+            job.cancel()
+        self._queue.put(None)  # the queue was just drained, so there is room
+        self._thread.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise QueueFull from None
+
+    def _drain(self) -> list[Job]:
+        jobs = []
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return jobs
+            if job is not None:
+                jobs.append(job)
+
+    def _run(self) -> None:
+        while (job := self._queue.get()) is not None:
+            if job.cancelled.is_set():  # timed out or disconnected while waiting
+                job.emit("cancelled")
+                continue
+            self.busy = True
+            try:
+                self._generate(job)
+            finally:
+                self.busy = False
+
+    def _generate(self, job: Job) -> None:
+        # Every job ends with exactly one of "done", "error" or "cancelled".
+        try:
+            s = stream(self.target, job.prompt_ids, job.config, job.make_drafter())  # checks the request
+            job.emit("started")
+            for chunk in s:
+                job.emit("chunk", chunk)
+                if job.cancelled.is_set():  # before computing the next round
+                    job.emit("cancelled")  # the next job starts with a rollback: nothing to clean up
+                    return
+        except Exception as e:  # reported to the request; the worker keeps serving
+            job.emit("error", e)
+            return
+        job.emit("done", s.result)
+
+
+def drafter_factory(drafter: Drafter | None) -> Callable[[SamplingConfig], Drafter | None]:
+    """Drafters per request: a ModelDrafter must draw from the request's own sampling
+    distribution (or acceptance would be wrong), so it is rebuilt around the loaded
+    draft backend, which is cheap; the others have no sampling and are shared."""
+    if isinstance(drafter, ModelDrafter):
+        return lambda sampling: ModelDrafter(drafter.backend, sampling)
+    return lambda sampling: drafter

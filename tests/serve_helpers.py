@@ -1,0 +1,102 @@
+"""A toy served model (trigram tables behind a word tokenizer with a chat format) and
+a uvicorn server on a free loopback port, in a thread."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import uvicorn
+
+from specsample.serve.api import Settings, create_app
+from specsample.serve.worker import drafter_factory
+from specsample.drafters import ModelDrafter, NgramDrafter
+from specsample.sampling import SamplingConfig
+
+from toy import TrigramBackend, random_table
+
+SPECIAL = ["<unk>", "<system>", "<user>", "<assistant>", "<end>"]
+WORDS = SPECIAL + "the cat sat on a mat dog ran far away and then it was over here there big small red".split()
+VOCAB = len(WORDS)  # 26
+END = WORDS.index("<end>")
+
+
+class WordTokenizer:
+    """One token per word; each decodes as " word", so text grows token by token."""
+
+    def encode(self, text: str) -> list[int]:
+        return [WORDS.index(w) if w in WORDS else 0 for w in text.split()]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return "".join(" " + WORDS[t] for t in token_ids)
+
+    def chat_prompt(self, text: str) -> list[int]:
+        return self.chat_messages([{"role": "user", "content": text}])
+
+    def chat_messages(self, messages: list[dict]) -> list[int]:
+        ids = []
+        for m in messages:
+            ids += [WORDS.index(f"<{m['role']}>")] + self.encode(m["content"]) + [END]
+        return ids + [WORDS.index("<assistant>")]
+
+
+class ToyBackend(TrigramBackend):
+    """A trigram model with a tokenizer; `gate` (when cleared) holds every call, and
+    `delay` slows each, so tests can keep the worker busy."""
+
+    def __init__(self, seed: int, eos: bool = True, context_length: int = 256, name: str = "toy"):
+        super().__init__(random_table(VOCAB, seed, scale=2.0), name=name)
+        self.tokenizer = WordTokenizer()
+        self.eos_token_ids = frozenset({END}) if eos else frozenset()
+        self.context_length = context_length
+        self.gate = threading.Event()
+        self.gate.set()
+        self.delay = 0.0
+
+    def score(self, token_ids, num_logits):
+        assert self.gate.wait(timeout=20), "gate never opened"
+        if self.delay:
+            time.sleep(self.delay)
+        return super().score(token_ids, num_logits)
+
+
+def toy_pair(eos: bool = True):
+    return ToyBackend(0, eos=eos, name="toy"), ToyBackend(1, eos=eos, name="toy-draft")
+
+
+def toy_app(drafter: str = "model", eos: bool = True, **settings):
+    """An app over a fresh toy pair; returns (app, target)."""
+    target, draft = toy_pair(eos)
+    made = {"model": ModelDrafter(draft, SamplingConfig()), "ngram": NgramDrafter(), "none": None}[drafter]
+    settings = Settings(model_name="toy", **{"k": 3, **settings})
+    return create_app(target, drafter_factory(made), made.name if made else None, settings), target
+
+
+@contextlib.contextmanager
+def running(app):
+    """Serve app on 127.0.0.1 on a free port; yields the base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def wait_until(condition, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)

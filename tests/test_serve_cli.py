@@ -1,0 +1,67 @@
+"""`specsample serve` parses into the server's settings and serves a tiny HF model;
+tokenizers render multi-turn chats."""
+
+import argparse
+
+import httpx
+import pytest
+import uvicorn
+from transformers import PreTrainedTokenizerFast
+
+from specsample.backends.hf import HFTokenizer
+from specsample.cli import main
+from specsample.serve.cli import draft_length
+
+from serve_helpers import running
+from test_cli import WORDS, save_tiny
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    words = ["[UNK]", "[EOS]"] + WORDS + [f"w{i}" for i in range(90 - 2 - len(WORDS))]
+    return save_tiny(tmp_path_factory.mktemp("serve-model") / "target", 0, words)
+
+
+def test_draft_length_is_auto_or_a_positive_integer():
+    assert draft_length("auto") == "auto" and draft_length("3") == 3
+    for bad in ("0", "-2", "many"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            draft_length(bad)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--max-queue", "0"], "--max-queue must be positive"),
+    (["--port", "70000"], "--port must be in"),
+    (["--target", "no-such-model"], "unknown model"),
+])
+def test_bad_options_are_one_line_and_exit_2(capsys, monkeypatch, args, message):
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("must not start"))
+    assert main(["serve", "--draft", "ngram", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_serve_loads_the_models_and_binds_to_loopback(monkeypatch, tiny_target):
+    started = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(app=app, **kw))
+    assert main(["serve", "--target", tiny_target, "--draft", "ngram", "-k", "2", "--max-queue", "3"]) == 0
+    assert started["host"] == "127.0.0.1" and started["port"] == 8000
+    settings = started["app"].state.server.settings
+    assert (settings.k, settings.max_queue, settings.api_key) == (2, 3, None)
+    with running(started["app"]) as url:
+        body = {"model": settings.model_name, "prompt": "the cat sat on", "max_tokens": 6, "temperature": 0}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+        r = httpx.post(url + "/v1/chat/completions", timeout=30,
+                       json={"model": settings.model_name, "messages": [{"role": "user", "content": "the cat"}]})
+        assert r.status_code == 400 and "no chat template" in r.json()["error"]["message"]
+
+
+def test_hf_chat_messages_renders_every_turn(tiny_target):
+    hf = PreTrainedTokenizerFast.from_pretrained(tiny_target)
+    hf.chat_template = ("{% for m in messages %}{{ m.role }} {{ m.content }} {% endfor %}"
+                        "{% if add_generation_prompt %}dog{% endif %}")
+    tok = HFTokenizer(hf)
+    messages = [{"role": "system", "content": "the cat"}, {"role": "user", "content": "sat on"}]
+    assert tok.chat_messages(messages) == tok.encode("system the cat user sat on dog")
+    assert tok.chat_prompt("a mat") == tok.chat_messages([{"role": "user", "content": "a mat"}])

@@ -1,0 +1,127 @@
+"""Bad input of every kind gets OpenAI's error shape with the right status, the caps
+hold, the API key is required where it should be, and the server keeps serving."""
+
+import httpx
+import pytest
+from openai import AuthenticationError, OpenAI
+
+from serve_helpers import running, toy_app
+
+GOOD = {"model": "toy", "prompt": "the cat", "max_tokens": 4, "seed": 0}
+MESSAGES = [{"role": "user", "content": "the cat"}]
+
+
+@pytest.fixture(scope="module")
+def url():
+    app, _ = toy_app(max_tokens=50, max_body_bytes=4096)
+    with running(app) as base:
+        yield base
+
+
+def completion(**changes):
+    body = {**GOOD, **changes}
+    return {k: v for k, v in body.items() if v is not DROP}
+
+
+def chat(**changes):
+    return completion(**{"prompt": DROP, "messages": MESSAGES, **changes})
+
+
+DROP = object()
+
+CASES = [  # (path, body, status, param, words in the message)
+    ("/v1/completions", b"{not json", 400, None, "not valid JSON"),
+    ("/v1/completions", b'{"model": "toy", "prompt": "a", "temperature": NaN}', 400, None, "NaN"),
+    ("/v1/completions", b"[1, 2]", 400, None, "JSON object"),
+    ("/v1/completions", completion(model=DROP), 400, "model", "missing"),
+    ("/v1/completions", completion(prompt=DROP), 400, "prompt", "missing"),
+    ("/v1/completions", completion(model="gpt-4"), 404, "model", "not found"),
+    ("/v1/completions", completion(temperature="hot"), 400, "temperature", "number"),
+    ("/v1/completions", completion(temperature=5), 400, "temperature", "[0, 2]"),
+    ("/v1/completions", completion(top_p=0), 400, "top_p", "(0, 1]"),
+    ("/v1/completions", completion(top_k=-1), 400, "top_k", "top_k"),
+    ("/v1/completions", completion(max_tokens=-3), 400, "max_tokens", "[1, 50]"),
+    ("/v1/completions", completion(max_tokens=0), 400, "max_tokens", "[1, 50]"),
+    ("/v1/completions", completion(max_tokens=10_000), 400, "max_tokens", "[1, 50]"),
+    ("/v1/completions", completion(max_tokens="ten"), 400, "max_tokens", "integer"),
+    ("/v1/completions", completion(seed=1.5), 400, "seed", "integer"),
+    ("/v1/completions", completion(seed=2**70), 400, "seed", "seed"),
+    ("/v1/completions", completion(stop=["a", "b", "c", "d", "e"]), 400, "stop", "at most 4"),
+    ("/v1/completions", completion(stop=[""]), 400, "stop", "non-empty"),
+    ("/v1/completions", completion(stop=[1]), 400, "stop", "string"),
+    ("/v1/completions", completion(stream="yes"), 400, "stream", "boolean"),
+    ("/v1/completions", completion(n=2), 400, "n", "n"),
+    ("/v1/completions", completion(n=True), 400, "n", "n"),
+    ("/v1/completions", completion(logprobs=3), 400, "logprobs", "logprobs"),
+    ("/v1/completions", completion(best_of=3, echo=True), 400, "best_of", "best_of, echo"),
+    ("/v1/completions", completion(frequency_penalty=0.5), 400, "frequency_penalty", "frequency_penalty"),
+    ("/v1/completions", completion(colour="red"), 400, "colour", "colour"),
+    ("/v1/completions", completion(prompt=""), 400, "prompt", "empty"),
+    ("/v1/completions", completion(prompt=[]), 400, "prompt", "one prompt"),
+    ("/v1/completions", completion(prompt=["a", "b"]), 400, "prompt", "one prompt"),
+    ("/v1/completions", completion(prompt=[3, 999]), 400, "prompt", "token ids"),
+    ("/v1/completions", completion(prompt=12), 400, "prompt", "prompt"),
+    ("/v1/completions", completion(prompt="the " * 300), 400, "prompt", "context of 256 tokens"),
+    ("/v1/completions", completion(prompt="the " * 220, max_tokens=50), 400, "max_tokens", "context of 256"),
+    ("/v1/chat/completions", chat(messages=[]), 400, "messages", "at least 1"),
+    ("/v1/chat/completions", chat(messages=DROP), 400, "messages", "missing"),
+    ("/v1/chat/completions", chat(messages="hi"), 400, "messages", "list"),
+    ("/v1/chat/completions", chat(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages.0.role", "user"),
+    ("/v1/chat/completions", chat(messages=[{"role": "user"}]), 400, "messages.0.content", "missing"),
+    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": 5}]), 400, "messages.0.content", ""),
+    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+     400, "messages.0.content", ""),
+    ("/v1/chat/completions", chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", "tools"),
+    ("/v1/chat/completions", chat(max_completion_tokens=51), 400, "max_tokens", "[1, 50]"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param,words", CASES, ids=[f"{i}-{c[2]}" for i, c in enumerate(CASES)])
+def test_bad_input_gets_an_openai_error(url, path, body, status, param, words):
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(url + path, headers={"content-type": "application/json"}, timeout=10, **kw)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and words in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_neutral_values_of_unsupported_parameters_are_accepted(url):
+    r = httpx.post(url + "/v1/completions", json=completion(n=1, logprobs=None, echo=False, presence_penalty=0.0),
+                   timeout=10)
+    assert r.status_code == 200, r.text
+
+
+def test_wrong_method_and_unknown_path(url):
+    assert httpx.get(url + "/v1/completions").status_code == 405
+    r = httpx.get(url + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_body_size_is_capped(url, chunked):
+    big = b'{"model": "toy", "prompt": "' + b"the " * 2000 + b'"}'
+    content = iter([big[:3000], big[3000:]]) if chunked else big  # an iterator is sent chunked, without a length
+    r = httpx.post(url + "/v1/completions", content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+
+def test_still_serving_after_all_that(url):
+    r = httpx.post(url + "/v1/completions", json=GOOD, timeout=10)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_api_key_is_required_except_for_health():
+    app, _ = toy_app(api_key="s3cret")
+    with running(app) as url:
+        assert httpx.get(url + "/health").status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            for method, path in (("GET", "/v1/models"), ("GET", "/metrics"), ("POST", "/v1/completions")):
+                r = httpx.request(method, url + path, headers=headers, json=GOOD)
+                assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(url + "/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        with pytest.raises(AuthenticationError):
+            OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+        good = OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
+        assert good.completions.create(model="toy", prompt="the cat", max_tokens=3).choices[0].text

@@ -1,0 +1,78 @@
+"""The one-model queue: full gives 429 at once, waiting too long gives a timeout error,
+and a client that leaves mid-generation frees the model at the next round."""
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from serve_helpers import running, toy_app, wait_until
+
+BODY = {"model": "toy", "prompt": "the cat", "max_tokens": 4, "seed": 0}
+
+
+def post_in_background(url, results, body=BODY):
+    def go():
+        results.append(httpx.post(url + "/v1/completions", json=body, timeout=30).status_code)
+
+    t = threading.Thread(target=go)
+    t.start()
+    return t
+
+
+def test_full_queue_answers_429_at_once_and_the_rest_complete():
+    app, target = toy_app(max_queue=2)
+    worker = app.state.server.worker
+    with running(app) as url:
+        target.gate.clear()  # the worker will hold the first request
+        results = []
+        threads = [post_in_background(url, results)]
+        wait_until(lambda: worker.busy, what="the worker to start")
+        threads += [post_in_background(url, results) for _ in range(2)]
+        wait_until(lambda: worker.depth == 2, what="two waiting requests")
+        start = time.monotonic()
+        r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
+        assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
+        assert time.monotonic() - start < 2  # at once, not after the queue drains
+        target.gate.set()
+        for t in threads:
+            t.join(timeout=30)
+        assert results == [200, 200, 200]
+
+
+def test_waiting_too_long_gets_a_timeout_error_and_the_worker_goes_on():
+    app, target = toy_app(queue_timeout=0.5)
+    worker = app.state.server.worker
+    with running(app) as url:
+        target.gate.clear()
+        results = []
+        first = post_in_background(url, results)
+        wait_until(lambda: worker.busy, what="the worker to start")
+        r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "queue_timeout"
+        target.gate.set()
+        first.join(timeout=30)
+        assert results == [200]
+        assert httpx.post(url + "/v1/completions", json=BODY, timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_leaving_mid_generation_frees_the_model(stream):
+    app, target = toy_app(eos=False, k=2)
+    target.context_length = 4096
+    target.delay = 0.01  # about 1,000 tokens in 500+ rounds: 5+ s if nobody stopped it
+    long = {**BODY, "max_tokens": 1000, "stream": stream}
+    with running(app) as url:
+        if stream:
+            with httpx.stream("POST", url + "/v1/completions", json=long, timeout=30) as r:
+                assert next(line for line in r.iter_lines() if line.startswith("data: {"))
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(url + "/v1/completions", json=long, timeout=0.5)
+        start = time.monotonic()
+        r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
+        assert r.status_code == 200
+        assert time.monotonic() - start < 2.5
+        wait_until(lambda: "specsample_cancelled_generations_total 1.0" in httpx.get(url + "/metrics").text,
+                   what="the cancellation to be counted")

@@ -1,0 +1,42 @@
+"""A short streamed chat completion through the server on the real default pair
+(llama.cpp backend), equal to the library's own greedy answer."""
+
+import pytest
+
+from specsample.drafters import ModelDrafter
+from specsample.generate import GenerationConfig, generate
+from specsample.models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, cache_dir
+from specsample.sampling import SamplingConfig
+
+from serve_helpers import running
+
+pytestmark = pytest.mark.real
+
+if not all((cache_dir() / "models" / m.filename).exists() for m in DEFAULT_MODELS.values()):
+    pytest.skip("default model pair not fetched: run `specsample fetch` (make test does)", allow_module_level=True)
+
+
+def test_streamed_chat_on_the_default_pair_equals_the_library():
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    from openai import OpenAI
+
+    from specsample.backends import load_backend
+    from specsample.serve.api import Settings, create_app
+    from specsample.serve.worker import drafter_factory
+
+    target, draft = load_backend(DEFAULT_TARGET, "llamacpp"), load_backend(DEFAULT_DRAFT, "llamacpp")
+    greedy = SamplingConfig(temperature=0)
+    app = create_app(target, drafter_factory(ModelDrafter(draft, greedy)), draft.name,
+                     Settings(model_name=target.name, k=3))
+    question = "Write a Python function that returns the square of a number."
+    with running(app) as url:
+        client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        chunks = list(client.chat.completions.create(
+            model=target.name, messages=[{"role": "user", "content": question}], max_tokens=16, temperature=0,
+            stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    expected = generate(target, target.tokenizer.chat_prompt(question),
+                        GenerationConfig(max_new_tokens=16, k=3, sampling=greedy), ModelDrafter(draft, greedy))
+    assert text == expected.text and text.strip()
+    speculative = chunks[-1].usage.model_dump()["speculative"]
+    assert speculative["drafted"] > 0 and speculative["acceptance_rate"] is not None
