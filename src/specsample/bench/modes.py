@@ -82,7 +82,9 @@ class HFGenerateMode:
         kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=eos, pad_token_id=eos[0],
                       repetition_penalty=1.0, attention_mask=torch.ones_like(input_ids))
         if stop_strings:
-            kwargs.update(stop_strings=list(stop_strings), tokenizer=self.target.tokenizer.hf)
+            # Our own criterion, not `stop_strings=`: transformers hands that on to the
+            # assistant's generate, which then fails for want of a tokenizer.
+            kwargs["stopping_criteria"] = [_StopStrings(self.target.tokenizer, len(prompt_ids), stop_strings)]
         if sampling.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         else:
@@ -196,6 +198,17 @@ class LlamaServerMode:
         body = completion_request(prompt_ids, max_new_tokens, sampling, seed, stop_strings, self.k)
         parsed = parse_completion(self.server.complete(body))
         return Outcome(parsed["token_ids"], parsed["text"], parsed["stop_reason"], parsed["stats"])
+
+
+class _StopStrings:
+    """A transformers stopping criterion: True once the new text holds a stop string."""
+
+    def __init__(self, tokenizer, prompt_length: int, stop_strings):
+        self.tokenizer, self.prompt_length, self.stop_strings = tokenizer, prompt_length, tuple(stop_strings)
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:  # input_ids [1, prompt + new]
+        text = self.tokenizer.decode(input_ids[0, self.prompt_length:].tolist())
+        return torch.tensor([first_stop(text, self.stop_strings) is not None])
 
 
 class _CallCounter:
