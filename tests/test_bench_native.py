@@ -76,3 +76,19 @@ def test_build_modes_skips_the_native_peer_with_its_reason():
     modes, _ = build_modes(["llamacpp-server", "llamacpp-spec"], [3], 3, target=object(), server=FakeServer())
     assert [m.name for m in modes] == ["llamacpp-server", "llamacpp-spec-k3"]
     assert [m.family for m in modes] == ["llamacpp-server", "llamacpp-spec"]
+
+
+def test_hf_stop_criterion_looks_only_at_new_text():
+    import torch
+
+    from specsample.bench.modes import _StopStrings
+
+    class Chars:
+        def decode(self, ids):
+            return "".join(chr(i) for i in ids)
+
+    prompt = [ord(c) for c in "def f():\n"]  # the prompt's own "\ndef"-like text must not count
+    stop = _StopStrings(Chars(), len(prompt), HUMANEVAL_STOPS)
+    body = [ord(c) for c in "    return 1\n"]
+    assert not stop(torch.tensor([prompt + body]), None).item()
+    assert stop(torch.tensor([prompt + body + [ord(c) for c in "def"]]), None).item()
