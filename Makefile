@@ -16,7 +16,7 @@ fetch: $(STAMP)
 	$(BIN)/specsample fetch
 
 demo: fetch
-	$(BIN)/specsample bench --preset demo --out results/demo
+	$(BIN)/specsample bench --preset demo --backend llamacpp --out results/demo
 
 test: fetch
 	$(BIN)/python -m pytest -q

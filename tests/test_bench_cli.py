@@ -1,6 +1,6 @@
 import pytest
 
-from specsample.bench.cli import bench_config, resolve_options
+from specsample.bench.cli import bench_config, parse_prompts, resolve_options
 from specsample.cli import UsageError, build_parser
 
 
@@ -12,18 +12,40 @@ def test_demo_preset_and_an_explicit_override():
     args = _args("--preset", "demo", "--prompts", "2")
     config = bench_config(args)
     assert config.tasks == ("humaneval",) and config.settings == ("greedy",)
-    assert config.prompts == 2 and config.max_new_tokens == 64  # explicit option beats the preset
-    assert args.modes == "ar,spec,ngram" and args.ks == "3" and config.parity_prompts == 0
+    assert config.prompt_count("humaneval") == 2  # explicit option beats the preset
+    assert config.new_tokens("humaneval") == 384  # full answers: the task's own limit
+    assert args.modes == "ar,spec,ngram,llamacpp-spec" and args.ks == "3" and config.parity_prompts == 0
 
 
-def test_defaults_run_everything():
+def test_defaults_run_every_task_on_enough_prompts():
     args = _args()
     config = bench_config(args)
-    assert config.tasks == ("humaneval", "prose", "copy") and config.settings == ("greedy", "sample")
-    assert args.ks == "1,2,3,4,6,8" and args.modes == "auto" and config.parity_prompts > 0
+    assert config.tasks == ("humaneval", "summarize", "humaneval-chat", "copy") and config.settings == ("greedy", "sample")
+    assert all(config.prompt_count(t) >= 8 for t in config.tasks)
+    assert args.modes == "auto" and config.parity_prompts >= 40
     assert bench_config(_args("--no-parity")).parity_prompts == 0
+
+
+def test_per_task_prompt_counts_and_a_token_cap():
+    config = bench_config(_args("--tasks", "humaneval,copy", "--prompts", "humaneval=8,copy=4", "--max-new-tokens", "16"))
+    assert (config.prompt_count("humaneval"), config.prompt_count("copy")) == (8, 4)
+    assert config.new_tokens("copy") == 16
+
+
+@pytest.mark.parametrize("text", ["eight", "humaneval=x", "nope=3"])
+def test_bad_prompt_counts_are_usage_errors(text):
+    with pytest.raises(UsageError):
+        parse_prompts(text, ("humaneval",))
 
 
 def test_unknown_task_is_a_usage_error():
     with pytest.raises(UsageError):
         bench_config(_args("--tasks", "humaneval,nope"))
+
+
+def test_help_lists_the_tasks_and_the_native_peer(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in ("humaneval", "humaneval-chat", "summarize", "copy", "llamacpp-spec", "--budget-minutes"):
+        assert name in text

@@ -39,3 +39,12 @@ def test_summarise_aggregates_and_speedup():
     assert spec.acceptance_rate == pytest.approx(0.75)
     assert spec.tokens_per_target_call == pytest.approx(2.5)
     assert spec.latency(50) == pytest.approx(1.0)
+
+
+def test_two_proportion_z_test_worked_example():
+    from specsample.bench.stats import two_proportion_z_test
+
+    z, p = two_proportion_z_test(40, 100, 50, 100)
+    assert z == pytest.approx(-1.4213, abs=1e-3) and p == pytest.approx(0.1552, abs=1e-3)
+    assert two_proportion_z_test(5, 5, 7, 7) == (0.0, 1.0)  # no variance: no evidence
+    assert two_proportion_z_test(0, 0, 1, 2) == (0.0, 1.0)

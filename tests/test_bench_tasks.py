@@ -1,26 +1,58 @@
-from specsample.bench.tasks import load_task
+import pytest
+
+from specsample.bench.tasks import HUMANEVAL_STOPS, TASKS, first_stop, load_task
 
 
-def test_humaneval_has_164_problems():
+def test_humaneval_is_the_raw_completion_protocol():
     prompts = load_task("humaneval")
-    assert len(prompts) == 164
-    assert prompts[0].id == "HumanEval/0" and "def has_close_elements" in prompts[0].chat_text
-    assert prompts[0].plain_text == prompts[0].problem["prompt"]
+    assert len(prompts) == 164 and prompts[0].id == "HumanEval/0"
+    assert prompts[0].text == prompts[0].problem["prompt"]  # no instruction, no fence
+    task = TASKS["humaneval"]
+    assert not task.chat and task.max_new_tokens == 384 and task.stop_strings == HUMANEVAL_STOPS
 
 
-def test_prose_prompts_are_long_and_deterministic():
-    first, second = load_task("prose", 4), load_task("prose", 4)
+def test_humaneval_chat_is_its_own_task():
+    p = load_task("humaneval-chat", 1)[0]
+    assert p.task == "humaneval-chat" and "def has_close_elements" in p.text and p.text.startswith("Complete")
+    task = TASKS["humaneval-chat"]
+    assert task.chat and task.max_new_tokens == 512 and task.stop_strings == ()
+
+
+def test_summarize_prompts_are_long_and_deterministic():
+    first, second = load_task("summarize", 4), load_task("summarize", 4)
     assert [p.id for p in first] == [p.id for p in second]
-    assert len(first) == 4 and all(len(p.chat_text) > 800 for p in first)
-    assert all(p.chat_text.startswith("Summarise") for p in first)
+    assert len(first) == 4 and all(len(p.text) > 800 and p.text.startswith("Summarise") for p in first)
+    assert TASKS["summarize"].chat and TASKS["summarize"].max_new_tokens == 128
+    assert len(load_task("summarize")) >= 8  # enough for the default run
 
 
 def test_copy_task_includes_the_canonical_solution():
     for p in load_task("copy", 3):
-        assert p.problem["canonical_solution"].strip() in p.chat_text
-        assert p.problem["prompt"].strip() in p.chat_text
-        assert "descriptive variable names" in p.chat_text
+        assert p.problem["canonical_solution"].strip() in p.text
+        assert p.problem["prompt"].strip() in p.text
+        assert "descriptive variable names" in p.text
 
 
 def test_n_limits_the_count():
     assert len(load_task("copy", 5)) == 5
+    with pytest.raises(ValueError):
+        load_task("prose")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("    return x\n\ndef g():\n", 13),  # the newline just before the next function
+    ("    return x\n\n\nif __name__ == '__main__':", 14),
+    ("    return x\n# a comment", 12),
+    ("    return x\nclass A:", 12),
+    ("    return x\nprint(f(1))", 12),
+    ("    if x:\n        return 1\n    return 2\n", None),  # indented `if` is inside the body
+    ("    # a comment inside the body\n    return x", None),
+    ("    return x\n\n# first\ndef g(): pass", 13),  # the earliest stop wins
+    ("", None),
+])
+def test_humaneval_stop_sequences(text, expected):
+    assert first_stop(text, HUMANEVAL_STOPS) == expected
+
+
+def test_no_stop_strings_never_stop():
+    assert first_stop("anything\ndef", ()) is None

@@ -1,7 +1,10 @@
 """`specsample bench`: the paper's measurements on the user's models and hardware.
 
-tasks.py   prompts (HumanEval, prose summaries, code copy-editing)
+tasks.py   tasks: prompts, chat or raw, token limit and stop strings each
 modes.py   what is timed: our loops and peer implementations, one interface
+native.py  llama.cpp's own speculative decoding: llama-server, built once
+budget.py  the run's time estimate and --budget-minutes trimming
+bandwidth.py  measured read bandwidth and effective bandwidth
 runner.py  interleaved runs -> one record per prompt x mode x setting x task
 costs.py   the measured cost curve and the analytic speedup prediction
 parity.py  HumanEval pass@1 of samples, executed in a sandboxed subprocess

@@ -6,23 +6,27 @@ import argparse
 import os
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+from .budget import Cell, estimate_seconds, format_duration, trim_to_budget
+from .costs import measure_cost_curve
 from .modes import FAMILIES, SETTINGS, OurMode, build_modes
+from .native import LlamaServer, NativeUnavailable, ensure_server
+from .report import machine_description, write_report
 from .runner import BenchConfig, prepare, run_bench, run_parity, total_steps
 from .tasks import TASKS
 
-# Defaults sized for ~20 minutes on a quiet 2-core CPU with the default pair in
-# float32 (target ~210 ms per token): one 48-token generation is ~15 s including a
-# ~200-token prompt prefill, and the default run is ~10 modes x 3 tasks x 2 settings
-# plus 2 x 2 parity answers of up to 160 tokens. Every one is an option; a preset
-# replaces the defaults it names.
-DEFAULTS = dict(tasks="humaneval,prose,copy", settings="greedy,sample", modes="auto", ks="1,2,3,4,6,8",
-                peer_k=3, prompts=1, max_new_tokens=48, parity_prompts=2, parity_max_new_tokens=160, parity_k=3,
-                parity=True, plots=True)
+# `make bench`: every task, both settings, 8 prompts each, answers to their task's
+# limit, and 40 HumanEval problems per mode for parity. On a 2-core CPU that is hours
+# with the float32 HF backend: the estimate is printed up front and --budget-minutes
+# trims prompts to fit. A preset replaces the defaults it names.
+DEFAULTS = dict(tasks="humaneval,summarize,humaneval-chat,copy", settings="greedy,sample", modes="auto", ks="2,3,4",
+                peer_k=3, prompts="8", parity_prompts=40, parity_k=3, parity=True, plots=True)
 PRESETS = {
-    # `make demo`: a few minutes on a fresh 2-core machine.
-    "demo": dict(tasks="humaneval", settings="greedy", modes="ar,spec,ngram", ks="3", prompts=3, max_new_tokens=64,
+    # `make demo`: HumanEval completions to the end of the function on the llama.cpp
+    # backend, well under 15 minutes on a fresh 2-core machine.
+    "demo": dict(tasks="humaneval", settings="greedy", modes="ar,spec,ngram,llamacpp-spec", ks="3", prompts="4",
                  parity=False, plots=False),
 }
 
@@ -33,23 +37,24 @@ def add_bench_parser(subparsers) -> None:
     b = subparsers.add_parser("bench", help="measure speedups, acceptance and parity against peers",
                               description="Reproduce the speculative sampling measurements on your models and hardware.")
     add_model_arguments(b)
-    b.add_argument("--preset", choices=list(PRESETS), help="demo: HumanEval, 3 prompts, 64 tokens, greedy, ar/spec-k3/ngram")
+    b.add_argument("--preset", choices=list(PRESETS), help="demo: humaneval, 4 prompts, greedy, ar/spec-k3/ngram/llamacpp-spec")
     b.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory (default results/bench)")
-    b.add_argument("--tasks", help=f"comma list of {', '.join(TASKS)} (default all)")
+    tasks = ", ".join(f"{t.name} ({'chat' if t.chat else 'raw prompt'}, <= {t.max_new_tokens} tokens)" for t in TASKS.values())
+    b.add_argument("--tasks", help=f"comma list of {tasks} (default all)")
     b.add_argument("--settings", help=f"comma list of {', '.join(SETTINGS)} (default both; sample = T 0.8, top-p 0.95)")
-    b.add_argument("--modes", help=f"'auto' or a comma list of {', '.join(FAMILIES)} (auto: all that fit the backends)")
-    b.add_argument("--ks", help="draft lengths K of the spec sweep (default 1,2,3,4,6,8)")
-    b.add_argument("--peer-k", type=int, help="K of ngram, hf-assisted and llamacpp-lookup (default 3)")
-    b.add_argument("--prompts", type=int, help="prompts per task (default 1: see DEFAULTS)")
-    b.add_argument("--max-new-tokens", type=int, help="new tokens per sequence (default 48; the demo preset 64)")
-    b.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
-                   help="wrap prompts in the target's chat template (default on: the defaults are instruct models)")
+    b.add_argument("--modes", help=f"'auto' or a comma list of {', '.join(FAMILIES)} (auto: all that fit the backends; "
+                                   "llamacpp-spec is llama.cpp's own speculative decoding, llama-server -md, built once)")
+    b.add_argument("--ks", help="draft lengths K of the spec sweep (default 2,3,4)")
+    b.add_argument("--peer-k", type=int, help="K of ngram, hf-assisted, llamacpp-lookup and llamacpp-spec (default 3)")
+    b.add_argument("--prompts", help="prompts per task: N, or task=N,... (default 8)")
+    b.add_argument("--max-new-tokens", type=int, help="cap every task's answer length (default: each task's own; for smoke runs)")
+    b.add_argument("--budget-minutes", type=float, help="trim prompts (never tokens) so the estimated run fits")
     b.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i in every mode")
     b.add_argument("--no-parity", dest="parity", action="store_false", default=None, help="skip the HumanEval pass@1 check")
-    b.add_argument("--parity-prompts", type=int, help="HumanEval problems sampled per mode for pass@1 (default 2)")
-    b.add_argument("--parity-max-new-tokens", type=int, help="new tokens per parity answer (default 160)")
+    b.add_argument("--parity-prompts", type=int, help="HumanEval problems sampled per mode for pass@1 (default 40)")
     b.add_argument("--parity-k", type=int, help="K of the spec mode compared with ar for parity (default 3)")
     b.add_argument("--cost-reps", type=int, default=5, help="timed calls per point of the cost curve (default 5)")
+    b.add_argument("--no-build", dest="build", action="store_false", help="skip llamacpp-spec unless llama-server is already built")
     b.add_argument("--no-plots", dest="plots", action="store_false", default=None, help="skip the PNG plots")
     # load_models builds a drafter from these; bench only keeps the draft backend and
     # sets the sampling per decoding setting.
@@ -66,18 +71,36 @@ def resolve_options(args) -> argparse.Namespace:
 
 
 def bench_config(args) -> BenchConfig:
-    return BenchConfig(tasks=_names(args.tasks, TASKS, "task"), settings=_names(args.settings, SETTINGS, "setting"),
-                       prompts=args.prompts, max_new_tokens=args.max_new_tokens, chat=args.chat, seed=args.seed,
-                       parity_prompts=args.parity_prompts if args.parity else 0,
-                       parity_max_new_tokens=args.parity_max_new_tokens)
+    tasks = _names(args.tasks, TASKS, "task")
+    default, counts = parse_prompts(args.prompts, tasks)
+    return BenchConfig(tasks=tasks, settings=_names(args.settings, SETTINGS, "setting"), prompts=counts,
+                       default_prompts=default, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                       parity_prompts=args.parity_prompts if args.parity else 0)
+
+
+def parse_prompts(text: str, tasks: tuple[str, ...]) -> tuple[int, dict[str, int]]:
+    """"8" -> (8, {}); "humaneval=8,copy=4" -> (8, {"humaneval": 8, "copy": 4}): a
+    task not named gets the largest count given."""
+    from ..cli import UsageError
+
+    counts = {}
+    try:
+        if "=" not in text:
+            return int(text), {}
+        for item in text.split(","):
+            task, n = item.split("=")
+            counts[task.strip()] = int(n)
+    except ValueError:
+        raise UsageError(f"--prompts takes N or task=N,...; got {text!r}") from None
+    unknown = set(counts) - set(tasks)
+    if unknown:
+        raise UsageError(f"--prompts names tasks not being run: {', '.join(sorted(unknown))}")
+    return max(counts.values()), counts
 
 
 def cmd_bench(args) -> int:
-    from tqdm import tqdm
-
     from ..cli import UsageError, load_models
-    from .costs import measure_cost_curve
-    from .report import machine_description, write_report
+    from .bandwidth import measure_read_bandwidth, weight_bytes
 
     args = resolve_options(args)
     load_at_start = os.getloadavg()[0]
@@ -88,34 +111,96 @@ def cmd_bench(args) -> int:
         raise UsageError("K must be >= 1")
     target, drafter = load_models(args, need_draft=args.draft != "ngram")
     draft = getattr(drafter, "backend", None)
-    prompts = prepare(target, config.tasks, config.prompts, config.chat)
-    parity_prompts = prepare(target, ("humaneval",), config.parity_prompts, config.chat)["humaneval"] if config.parity_prompts else []
-    longest = max(len(p.ids) for group in list(prompts.values()) + [parity_prompts] for p in group)
-    n_ctx = longest + max(config.max_new_tokens, config.parity_max_new_tokens) + max(ks + [args.peer_k]) + 16
-    gguf = _target_gguf(args) if (args.target_backend or args.backend) == "llamacpp" else None
-    modes, notes = build_modes(families, ks, args.peer_k, target, draft, target_gguf=gguf, ngram_max=args.ngram_max, n_ctx=n_ctx)
-    notes = [f"not run: {n}" for n in notes]
-    parity_modes = _parity_modes(target, draft, args.parity_k) if parity_prompts else []
-    if config.parity_prompts and not parity_modes:
-        notes.append("parity: skipped, no draft model")
+    read_bandwidth = measure_read_bandwidth()
+    counts = {t: config.prompt_count(t) for t in config.tasks}
+    prompts = prepare(target, config.tasks, counts)
+    parity_prompts = prepare(target, ("humaneval",), {"humaneval": config.parity_prompts})["humaneval"] if config.parity_prompts else []
+    curve = _cost_curve(target, draft, prompts, max(ks) + 1 if "spec" in families else 1, args.cost_reps)
 
-    curve = None
-    if draft is not None and any(m.family == "spec" for m in modes):
-        context = next(iter(prompts.values()))[0].ids
-        print(f"specsample: measuring the cost curve at {len(context)} tokens of context", file=sys.stderr)
-        curve = measure_cost_curve(target, draft, context, max(ks) + 1, reps=args.cost_reps)
+    longest = max(len(p.ids) for group in list(prompts.values()) + [parity_prompts] for p in group)
+    most_tokens = max(config.new_tokens(t) for t in config.tasks + ("humaneval",))
+    n_ctx = longest + most_tokens + max(ks + [args.peer_k]) + 16
+    gguf = _target_gguf(args) if _is_llamacpp(target) else None
+    server = _start_server(args, families, n_ctx, max(ks + [args.peer_k]))
+    try:
+        modes, notes = build_modes(families, ks, args.peer_k, target, draft, target_gguf=gguf, ngram_max=args.ngram_max,
+                                   n_ctx=n_ctx, server=server)
+        notes = [f"not run: {n}" for n in notes]
+        parity_modes = _parity_modes(target, draft, args.parity_k) if parity_prompts else []
+        if config.parity_prompts and not parity_modes:
+            notes.append("parity: skipped, no draft model")
+        prompts, parity_prompts = _plan(args, config, curve, modes, prompts, parity_prompts, len(parity_modes), notes)
+        records = _run(modes, prompts, config, parity_modes, parity_prompts)
+    finally:
+        if server is not None and not isinstance(server, str):
+            server.close()
+    machine = machine_description("gguf" if _is_llamacpp(target) else args.dtype, _threads(args))
+    # Other work on the machine skews every timing: say how busy it was.
+    machine += f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
+    command = shlex.join(["specsample"] + sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "specsample bench (library call)"
+    table = write_report(args.out, records, curve, command=command, machine=machine, notes=notes, plots=args.plots,
+                         weight_bytes=weight_bytes(target, gguf), read_bandwidth=read_bandwidth)
+    print(table)
+    print(f"specsample: wrote {args.out}/records.jsonl and {args.out}/summary.md", file=sys.stderr)
+    return 0
+
+
+def _cost_curve(target, draft, prompts, max_tokens: int, reps: int):
+    """The cost curve when spec runs; else the 1-token point alone (the estimate's rate)."""
+    context = next(iter(prompts.values()))[0].ids
+    print(f"specsample: measuring the cost curve at {len(context)} tokens of context", file=sys.stderr)
+    return measure_cost_curve(target, draft if max_tokens > 1 else None, context, max_tokens, reps=reps)
+
+
+def _plan(args, config, curve, modes, prompts, parity_prompts, n_parity_modes: int, notes: list[str]):
+    """Print the time estimate; trim prompts to --budget-minutes."""
+    cells = {task: Cell(len(group), len(modes) * len(config.settings), config.new_tokens(task),
+                        sum(len(p.ids) for p in group) / len(group)) for task, group in prompts.items()}
+    if parity_prompts:
+        cells["parity"] = Cell(len(parity_prompts), n_parity_modes, config.new_tokens("humaneval"),
+                               sum(len(p.ids) for p in parity_prompts) / len(parity_prompts))
+    rates = (curve.target_cost[0], curve.prefill_seconds / curve.context_tokens)
+    estimate = estimate_seconds(cells, *rates)
+    print(f"specsample: estimated at most {format_duration(estimate)} ({len(modes)} modes; every answer priced at its "
+          f"task's token limit and the autoregressive rate of {1 / rates[0]:.1f} tokens/s)", file=sys.stderr)
+    if args.budget_minutes and estimate > 60 * args.budget_minutes:
+        kept = trim_to_budget(cells, *rates, 60 * args.budget_minutes)
+        prompts = {task: group[: kept[task]] for task, group in prompts.items()}
+        parity_prompts = parity_prompts[: kept.get("parity", 0)]
+        trimmed = ", ".join(f"{task} {cells[task].prompts}->{n}" for task, n in kept.items())
+        notes.append(f"--budget-minutes {args.budget_minutes:g} trimmed prompts: {trimmed}")
+        print(f"specsample: trimmed to fit {args.budget_minutes:g} minutes: {trimmed}; now at most "
+              f"{format_duration(estimate_seconds({t: replace(c, prompts=kept[t]) for t, c in cells.items()}, *rates))}",
+              file=sys.stderr)
+    return prompts, parity_prompts
+
+
+def _run(modes, prompts, config, parity_modes, parity_prompts) -> list[dict]:
+    from tqdm import tqdm
+
     steps = total_steps(modes, prompts, config, len(parity_modes), len(parity_prompts))
     with tqdm(total=steps, file=sys.stderr, desc="bench", unit="gen") as progress:
         records = run_bench(modes, prompts, config, progress)
         records += run_parity(parity_modes, parity_prompts, config, progress) if parity_modes else []
-    machine = machine_description(args.dtype if (args.target_backend or args.backend) == "hf" else "gguf", _threads(args))
-    # Other work on the machine skews every timing: say how busy it was.
-    machine += f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
-    command = shlex.join(["specsample"] + sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "specsample bench (library call)"
-    table = write_report(args.out, records, curve, command=command, machine=machine, notes=notes, plots=args.plots)
-    print(table)
-    print(f"specsample: wrote {args.out}/records.jsonl and {args.out}/summary.md", file=sys.stderr)
-    return 0
+    return records
+
+
+def _start_server(args, families, n_ctx: int, k_max: int):
+    """A running llama-server for the native peer, or the one-line reason there is none."""
+    if not {"llamacpp-spec", "llamacpp-server"} & set(families):
+        return None
+    from ..models import resolve
+
+    if args.draft == "ngram":
+        return "needs a draft model"
+    target, draft = resolve(args.target), resolve(args.draft)
+    if target.gguf_path is None or draft.gguf_path is None:
+        return "needs GGUF files for target and draft"
+    try:
+        binary = ensure_server(build=args.build, jobs=min(2, os.cpu_count() or 1))
+        return LlamaServer(binary, target.gguf_path, draft.gguf_path, threads=_threads(args), n_ctx=n_ctx, k_max=k_max)
+    except NativeUnavailable as e:
+        return str(e)
 
 
 def _parity_modes(target, draft, k: int) -> list:
@@ -134,6 +219,10 @@ def _names(text: str, allowed, what: str) -> tuple[str, ...]:
     if not names:
         raise UsageError(f"no {what} given")
     return names
+
+
+def _is_llamacpp(target) -> bool:
+    return hasattr(target, "threads")  # LlamaCppBackend; HF backends hold a torch `model`
 
 
 def _target_gguf(args):

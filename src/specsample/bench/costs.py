@@ -66,31 +66,49 @@ class CostCurve:
     draft_step: float | None  # seconds; None without a draft model
     target_cost: list[float]  # [n - 1]: seconds of one target call scoring n tokens
     reps: int
+    prefill_seconds: float = 0.0  # the target's prefill of the context, once
+    alternating: bool = True  # draft and target calls interleaved, as in a real round
 
 
 def measure_cost_curve(target, draft, context: list[int], max_tokens: int, reps: int = 5) -> CostCurve:
-    """Median time of target calls scoring 1..max_tokens tokens, and of one 1-token
-    draft call, after a warm-up, each on top of `context` (rolled back every time)."""
-    target_cost = _median_calls(target, context, range(1, max_tokens + 1), reps)
-    draft_step = _median_calls(draft, context, [1], reps)[0] if draft is not None else None
-    return CostCurve(len(context), draft_step, target_cost, reps)
+    """Median time of target calls scoring 1..max_tokens tokens, and of a 1-token
+    draft call, each on top of `context` and rolled back after.
 
-
-def _median_calls(backend, context: list[int], sizes, reps: int) -> list[float]:
-    backend.rollback(0)
-    backend.score(context, num_logits=1)  # prefill once, not timed
-    base = backend.length
-    medians = []
-    for n in sizes:
+    Both models stay loaded and take turns, one draft step then one target call, as
+    in a speculative round: measured alone, each model would find its weights still
+    in cache from its own previous call, which a real round never does. The first
+    pair of calls at each size is a warm-up."""
+    t0 = time.perf_counter()
+    target_base = _prefill(target, context)
+    prefill_seconds = time.perf_counter() - t0
+    draft_base = _prefill(draft, context) if draft is not None else 0
+    target_cost, draft_times = [], []
+    for n in range(1, max_tokens + 1):
         tokens = (context * (n // len(context) + 1))[-n:]  # real tokens; any will do
         times = []
         for i in range(reps + 1):
-            t0 = time.perf_counter()
-            backend.score(tokens, num_logits=n)
-            elapsed = time.perf_counter() - t0
-            backend.rollback(base)
-            if i:  # the first call is the warm-up
-                times.append(elapsed)
-        medians.append(statistics.median(times))
+            if draft is not None:
+                elapsed = _timed_call(draft, context[-1:], draft_base)
+                draft_times += [elapsed] if i else []
+            elapsed = _timed_call(target, tokens, target_base)
+            times += [elapsed] if i else []
+        target_cost.append(statistics.median(times))
+    for backend in (target, draft):
+        if backend is not None:
+            backend.rollback(0)
+    draft_step = statistics.median(draft_times) if draft_times else None
+    return CostCurve(len(context), draft_step, target_cost, reps, prefill_seconds)
+
+
+def _prefill(backend, context: list[int]) -> int:
     backend.rollback(0)
-    return medians
+    backend.score(context, num_logits=1)
+    return backend.length
+
+
+def _timed_call(backend, tokens: list[int], base: int) -> float:
+    t0 = time.perf_counter()
+    backend.score(tokens, num_logits=len(tokens))
+    elapsed = time.perf_counter() - t0
+    backend.rollback(base)
+    return elapsed

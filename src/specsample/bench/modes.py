@@ -13,12 +13,20 @@ import torch
 from ..drafters import ModelDrafter, NgramDrafter
 from ..generate import GenerationConfig, generate
 from ..sampling import SamplingConfig
+from .native import completion_request, parse_completion
+from .tasks import first_stop
 
 SETTINGS = {
     "greedy": SamplingConfig(temperature=0.0),
     "sample": SamplingConfig(temperature=0.8, top_k=0, top_p=0.95),
 }
-FAMILIES = ("ar", "spec", "ngram", "hf-generate", "hf-assisted", "llamacpp-ar", "llamacpp-lookup")
+FAMILIES = ("ar", "spec", "ngram", "hf-generate", "hf-assisted", "hf-assisted-default", "llamacpp-ar",
+            "llamacpp-lookup", "llamacpp-server", "llamacpp-spec")
+# transformers' own defaults for an assistant model (GenerationConfig in 5.x): up to
+# 20 drafts, cut short when the assistant's confidence falls below a threshold that
+# it tunes as it goes (and keeps across calls).
+HF_ASSISTANT_DEFAULTS = dict(num_assistant_tokens=20, num_assistant_tokens_schedule="constant",
+                             assistant_confidence_threshold=0.4)
 
 
 @dataclass
@@ -36,55 +44,80 @@ class OurMode:
         self.name, self.family, self.k = name, family, k
         self.target, self.draft, self.ngram_max = target, draft, ngram_max
 
-    def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig, seed: int) -> Outcome:
+    def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=()) -> Outcome:
         if self.family == "spec":
             drafter = ModelDrafter(self.draft, sampling)
         elif self.family == "ngram":
             drafter = NgramDrafter(max_ngram=self.ngram_max)
         else:
             drafter = None
-        config = GenerationConfig(max_new_tokens=max_new_tokens, k=self.k or 1, sampling=sampling, seed=seed)
+        config = GenerationConfig(max_new_tokens=max_new_tokens, k=self.k or 1, sampling=sampling, seed=seed,
+                                  stop_strings=tuple(stop_strings))
         result = generate(self.target, prompt_ids, config, drafter)
         return Outcome(result.token_ids, result.text, result.stop_reason, result.stats.as_dict())
 
 
 class HFGenerateMode:
-    """transformers' own `generate`, plain or with an assistant model (its assisted
-    decoding, with a constant K and no confidence-based early stop)."""
+    """transformers' own `generate`, plain or with an assistant model: either fixed
+    (K drafts every round, no confidence stop: the configuration our spec-kK mirrors)
+    or with transformers' defaults, as a user gets it."""
 
     def __init__(self, name: str, target, assistant=None, k: int | None = None):
         self.name, self.k = name, k
-        self.family = "hf-assisted" if assistant is not None else "hf-generate"
         self.target, self.assistant = target, assistant
-        if assistant is not None:
-            config = assistant.model.generation_config
-            config.num_assistant_tokens = k
-            config.num_assistant_tokens_schedule = "constant"
-            config.assistant_confidence_threshold = 0.0
+        if assistant is None:
+            self.family, self.assistant_settings = "hf-generate", {}
+        elif k is None:
+            self.family, self.assistant_settings = "hf-assisted-default", dict(HF_ASSISTANT_DEFAULTS)
+        else:
+            self.family = "hf-assisted"
+            self.assistant_settings = dict(num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
+                                           assistant_confidence_threshold=0.0)
 
     @torch.inference_mode()
-    def run(self, prompt_ids, max_new_tokens, sampling, seed) -> Outcome:
+    def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=()) -> Outcome:
         model = self.target.model
         input_ids = torch.tensor([prompt_ids], device=self.target.device)  # [1, prompt]
         eos = sorted(self.target.eos_token_ids)
         kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=eos, pad_token_id=eos[0],
                       repetition_penalty=1.0, attention_mask=torch.ones_like(input_ids))
+        if stop_strings:
+            # Our own criterion, not `stop_strings=`: transformers hands that on to the
+            # assistant's generate, which then fails for want of a tokenizer.
+            kwargs["stopping_criteria"] = [_StopStrings(self.target.tokenizer, len(prompt_ids), stop_strings)]
         if sampling.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         else:
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
         if self.assistant is not None:
             kwargs["assistant_model"] = self.assistant.model
+            self._swap_assistant_settings()
         torch.manual_seed(seed)
-        with _CallCounter(model) as target_calls, _CallCounter(self.assistant and self.assistant.model) as draft_calls:
-            out = model.generate(input_ids, **kwargs)  # [1, prompt + new]
+        try:
+            with _CallCounter(model) as target_calls, _CallCounter(self.assistant and self.assistant.model) as draft_calls:
+                out = model.generate(input_ids, **kwargs)  # [1, prompt + new]
+        finally:
+            if self.assistant is not None:
+                self._swap_assistant_settings()
         new = out[0, len(prompt_ids):].tolist()
         stats = {"new_tokens": len(new), "target_calls": target_calls.n}
         if self.assistant is not None:
             # Each target call is one round that emits its accepted drafts plus one token.
             stats.update(draft_calls=draft_calls.n, drafted=draft_calls.n, accepted=max(0, len(new) - target_calls.n))
+        text = _decode(self.target, new)
         stop = "eos" if new and new[-1] in self.target.eos_token_ids else "length"
-        return Outcome(new, _decode(self.target, new), stop, stats)
+        cut = first_stop(text, stop_strings)
+        if cut is not None:
+            text, stop = text[:cut], "stop_string"
+        return Outcome(new, text, stop, stats)
+
+    def _swap_assistant_settings(self) -> None:
+        # The assistant's generation config is shared by every mode using it, and
+        # transformers tunes the confidence threshold in place: each mode keeps its own.
+        config = self.assistant.model.generation_config
+        for key, value in self.assistant_settings.items():
+            self.assistant_settings[key] = getattr(config, key, None)
+            setattr(config, key, value)
 
 
 class LlamaCppMode:
@@ -124,7 +157,7 @@ class LlamaCppMode:
 
         return propose
 
-    def run(self, prompt_ids, max_new_tokens, sampling, seed) -> Outcome:
+    def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=()) -> Outcome:
         self.llm.reset()
         self.llm.set_seed(seed)
         self.calls = self.drafted = 0
@@ -136,6 +169,11 @@ class LlamaCppMode:
             if token in self.eos_token_ids:
                 stop = "eos"
                 break
+            # Llama.generate has no stop strings; stop where create_completion would,
+            # so the peer is timed on the same answer length as our loop.
+            if stop_strings and first_stop(self.tokenizer.decode(new), stop_strings) is not None:
+                stop = "stop_string"
+                break
             if len(new) >= max_new_tokens:
                 break
         tokens.close()
@@ -143,7 +181,34 @@ class LlamaCppMode:
         stats = {"new_tokens": len(new), "target_calls": self.calls}
         if self.k:
             stats.update(drafted=self.drafted, accepted=max(0, len(new) - self.calls))
-        return Outcome(new, self.tokenizer.decode(new) if self.tokenizer else "", stop, stats)
+        text = self.tokenizer.decode(new) if self.tokenizer else ""
+        cut = first_stop(text, stop_strings)
+        return Outcome(new, text if cut is None else text[:cut], stop, stats)
+
+
+class LlamaServerMode:
+    """llama.cpp's own speculative decoding (llama-server with a draft model), or the
+    same server decoding plainly (k None): see native.py for what it measures."""
+
+    def __init__(self, name: str, server, k: int | None = None):
+        self.name, self.server, self.k = name, server, k
+        self.family = "llamacpp-spec" if k else "llamacpp-server"
+
+    def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=()) -> Outcome:
+        body = completion_request(prompt_ids, max_new_tokens, sampling, seed, stop_strings, self.k)
+        parsed = parse_completion(self.server.complete(body))
+        return Outcome(parsed["token_ids"], parsed["text"], parsed["stop_reason"], parsed["stats"])
+
+
+class _StopStrings:
+    """A transformers stopping criterion: True once the new text holds a stop string."""
+
+    def __init__(self, tokenizer, prompt_length: int, stop_strings):
+        self.tokenizer, self.prompt_length, self.stop_strings = tokenizer, prompt_length, tuple(stop_strings)
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:  # input_ids [1, prompt + new]
+        text = self.tokenizer.decode(input_ids[0, self.prompt_length:].tolist())
+        return torch.tensor([first_stop(text, self.stop_strings) is not None])
 
 
 class _CallCounter:
@@ -169,10 +234,13 @@ def _decode(backend, ids: list[int]) -> str:
     return backend.tokenizer.decode(ids) if backend.tokenizer is not None else ""
 
 
-def build_modes(families, ks, peer_k, target, draft=None, *, target_gguf=None, ngram_max=3, n_ctx=2048):
-    """The modes to run, and a note for every requested family that cannot run here."""
+def build_modes(families, ks, peer_k, target, draft=None, *, target_gguf=None, ngram_max=3, n_ctx=2048, server=None):
+    """The modes to run, and a note for every requested family that cannot run here.
+
+    server: a running native.LlamaServer for the llamacpp-spec and llamacpp-server
+    families, or the one-line reason (a str) why there is none."""
     modes, skipped = [], []
-    hf_target = hasattr(target, "model")
+    hf_target, hf_draft = hasattr(target, "model"), hasattr(draft, "model")
     for family in families:
         if family == "ar":
             modes.append(OurMode("ar", "ar", target))
@@ -181,6 +249,8 @@ def build_modes(families, ks, peer_k, target, draft=None, *, target_gguf=None, n
                 skipped.append("spec: no draft model")
                 continue
             modes += [OurMode(f"spec-k{k}", "spec", target, k, draft) for k in ks]
+            # Issue 8 plugs in here: OurMode("spec-kauto", "spec", target, "auto", draft)
+            # once GenerationConfig accepts k="auto".
         elif family == "ngram":
             modes.append(OurMode(f"ngram-k{peer_k}", "ngram", target, peer_k, ngram_max=ngram_max))
         elif family == "hf-generate":
@@ -188,11 +258,12 @@ def build_modes(families, ks, peer_k, target, draft=None, *, target_gguf=None, n
                 skipped.append("hf-generate: the target is not an hf backend")
                 continue
             modes.append(HFGenerateMode("hf-generate", target))
-        elif family == "hf-assisted":
-            if not (hf_target and hasattr(draft, "model")):
-                skipped.append("hf-assisted: needs hf backends for both target and draft")
+        elif family in ("hf-assisted", "hf-assisted-default"):
+            if not (hf_target and hf_draft):
+                skipped.append(f"{family}: needs hf backends for both target and draft")
                 continue
-            modes.append(HFGenerateMode(f"hf-assisted-k{peer_k}", target, draft, peer_k))
+            k = peer_k if family == "hf-assisted" else None
+            modes.append(HFGenerateMode(f"hf-assisted-k{peer_k}" if k else family, target, draft, k))
         elif family in ("llamacpp-ar", "llamacpp-lookup"):
             if target_gguf is None or not hasattr(target, "threads"):
                 skipped.append(f"{family}: the target is not a llamacpp backend")
@@ -201,6 +272,12 @@ def build_modes(families, ks, peer_k, target, draft=None, *, target_gguf=None, n
             name = f"llamacpp-lookup-k{peer_k}" if k else "llamacpp-ar"
             modes.append(LlamaCppMode(name, target_gguf, target.tokenizer, target.eos_token_ids,
                                       threads=target.threads, n_ctx=n_ctx, k=k, ngram_max=ngram_max))
+        elif family in ("llamacpp-server", "llamacpp-spec"):
+            if server is None or isinstance(server, str):
+                skipped.append(f"{family}: {server or 'needs GGUF files for target and draft'}")
+                continue
+            k = peer_k if family == "llamacpp-spec" else None
+            modes.append(LlamaServerMode(f"llamacpp-spec-k{peer_k}" if k else family, server, k))
         else:
             raise ValueError(f"unknown mode {family!r}; choose from {', '.join(FAMILIES)}")
     return modes, skipped

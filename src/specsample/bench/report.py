@@ -11,7 +11,8 @@ from pathlib import Path
 
 from .costs import CostCurve, Prediction, predict, recommend
 from .parity import PassRate
-from .stats import ModeSummary
+from .bandwidth import effective_bandwidth
+from .stats import ModeSummary, two_proportion_z_test
 
 
 def write_records(path: Path, records: list[dict]) -> None:
@@ -20,15 +21,25 @@ def write_records(path: Path, records: list[dict]) -> None:
             f.write(json.dumps(r) + "\n")
 
 
-def main_table(summaries: list[ModeSummary]) -> str:
-    rows = [["task", "setting", "mode", "K", "seqs", "tokens", "tokens/s", "speedup vs ar", "decode tokens/s", "decode speedup", "acceptance",
-             "tokens/target call", "P50 s", "P90 s", "P99 s"]]
+def main_table(summaries: list[ModeSummary], weight_bytes: int | None = None, read_bandwidth: float | None = None) -> str:
+    rows = [["task", "setting", "mode", "K", "seqs", "tokens", "tokens/s", "speedup vs ar", "ms/token", "decode tokens/s",
+             "decode speedup", "eff. GB/s (% of read)", "acceptance", "tokens/target call", "P50 s", "P90 s", "P99 s"]]
     for s in summaries:
         rows.append([s.task, s.setting, s.mode, _f(s.k, "d"), str(s.sequences), str(s.new_tokens),
-                     _f(s.tokens_per_second, ".2f"), _f(s.speedup, ".2f"), _f(s.decode_tokens_per_second, ".2f"), _f(s.decode_speedup, ".2f"), _f(s.acceptance_rate, ".2f"),
+                     _f(s.tokens_per_second, ".2f"), _f(s.speedup, ".2f"), _f(s.ms_per_token, ".0f"),
+                     _f(s.decode_tokens_per_second, ".2f"), _f(s.decode_speedup, ".2f"),
+                     _bandwidth_cell(weight_bytes, s.decode_tokens_per_second, read_bandwidth), _f(s.acceptance_rate, ".2f"),
                      _f(s.tokens_per_target_call, ".2f"), _f(s.latency(50), ".2f"), _f(s.latency(90), ".2f"),
                      _f(s.latency(99), ".2f")])
     return markdown_table(rows)
+
+
+def _bandwidth_cell(weight_bytes: int | None, decode_rate: float | None, read_bandwidth: float | None) -> str:
+    effective = effective_bandwidth(weight_bytes, decode_rate)
+    if effective is None:
+        return "–"
+    share = f" ({100 * effective / read_bandwidth:.0f}%)" if read_bandwidth else ""
+    return f"{effective / 1e9:.1f}{share}"
 
 
 def cost_table(curve: CostCurve) -> str:
@@ -93,11 +104,13 @@ def greedy_identity(records: list[dict]) -> list[list[str]]:
     return [["mode", "greedy outputs identical to ar"]] + [[m, f"{a}/{n}"] for m, (a, n) in counts.items()]
 
 
-def parity_table(rates: list[PassRate]) -> str:
-    rows = [["mode", "passed", "pass@1", "95% CI (Wilson)"]]
+def parity_table(rates: list[PassRate], baseline: str = "ar") -> str:
+    rows = [["mode", "passed", "pass@1", "95% CI (Wilson)", "z vs ar", "p-value"]]
+    base = next((r for r in rates if r.mode == baseline), None)
     for r in rates:
         lo, hi = r.interval
-        rows.append([r.mode, f"{r.passed}/{r.total}", f"{r.rate:.2f}", f"[{lo:.2f}, {hi:.2f}]"])
+        z, pvalue = (None, None) if base is None or r is base else two_proportion_z_test(r.passed, r.total, base.passed, base.total)
+        rows.append([r.mode, f"{r.passed}/{r.total}", f"{r.rate:.2f}", f"[{lo:.2f}, {hi:.2f}]", _f(z, ".2f"), _f(pvalue, ".2f")])
     return markdown_table(rows)
 
 
@@ -130,7 +143,8 @@ def _f(value, fmt: str) -> str:
 
 
 def write_report(out: Path, records: list[dict], curve: CostCurve | None, *, command: str, machine: str,
-                 notes: list[str] = (), plots: bool = True) -> str:
+                 notes: list[str] = (), plots: bool = True, weight_bytes: int | None = None,
+                 read_bandwidth: float | None = None) -> str:
     """records.jsonl, summary.md and plots in `out`; returns the main table."""
     from .parity import pass_rates
     from .plots import write_plots
@@ -143,27 +157,19 @@ def write_report(out: Path, records: list[dict], curve: CostCurve | None, *, com
     main = [r for r in records if r["phase"] == "main"]
     summaries = summarise(main)
     predictions = predictions_by_group(summaries, curve)
-    table = main_table(summaries)
+    table = main_table(summaries, weight_bytes, read_bandwidth)
     parts = ["# specsample bench", f"Command: `{command}`", f"Machine: {machine}", "## Throughput and latency",
-             "tokens/s = all new tokens / all wall time of the mode (prompt prefill included); speedup is over "
-             "`ar` (our autoregressive loop) in the same run. decode tokens/s and decode speedup leave out the target's prompt prefill "
-             "(our loops only: peers do not report it; a model draft's own prefill stays in). Acceptance is per draft token; for peers it is "
-             "estimated from their call counts.", table]
+             THROUGHPUT_NOTE + _bandwidth_note(weight_bytes, read_bandwidth), table]
     parts += ["## Greedy exactness", markdown_table(greedy_identity(main))]
     if curve is not None:
         parts += ["## Cost curve", f"Median of {curve.reps} calls after a warm-up, at a cache of "
-                  f"{curve.context_tokens} tokens.", cost_table(curve)]
+                  f"{curve.context_tokens} tokens, with both models loaded and taking turns (one draft step, then "
+                  "one target call) as in a speculative round.", cost_table(curve)]
     if predictions:
-        parts += ["## Analytic prediction",
-                  "E(K) = (1 - alpha^(K+1)) / (1 - alpha) tokens per round, assuming draft tokens are accepted "
-                  "independently with the measured per-token rate alpha (real acceptances are correlated); "
-                  "predicted time per token = (K * draft step + target cost(K+1)) / E(K); predicted speedup = "
-                  "target cost(1) / that. The prediction ignores prefill and loop overheads.",
-                  prediction_section(summaries, predictions)]
+        parts += ["## Analytic prediction", PREDICTION_NOTE, prediction_section(summaries, predictions)]
     rates = pass_rates([r for r in records if r["phase"] == "parity"])
     if rates:
-        parts += ["## HumanEval parity (pass@1)", "Exact speculative sampling leaves the output distribution "
-                  "unchanged, so pass@1 should agree within the intervals.", parity_table(rates)]
+        parts += ["## HumanEval parity (pass@1)", PARITY_NOTE, parity_table(rates)]
     if notes:
         parts += ["## Notes", "\n".join(f"- {n}" for n in notes)]
     if plots:
@@ -174,3 +180,35 @@ def write_report(out: Path, records: list[dict], curve: CostCurve | None, *, com
         parts += ["## Plots", "\n".join(f"![{p.stem}]({p.name})" for p in images)]
     (out / "summary.md").write_text("\n\n".join(parts) + "\n")
     return table
+
+
+THROUGHPUT_NOTE = (
+    "Every figure in a row comes from its `seqs` sequences (one per prompt). tokens/s = all new tokens / all wall time "
+    "of the mode (prompt prefill included); speedup is that over `ar` (our autoregressive loop) on the same prompts; "
+    "ms/token is its inverse. P50/P90/P99 are per-sequence latencies over the row's sequences (with fewer than 100 "
+    "sequences P99 sits close to the slowest one). decode tokens/s and decode speedup leave out the target's prompt "
+    "prefill (modes that report it: our loops and llama-server; a model draft's own prefill stays in). Acceptance is "
+    "per draft token; for llama-cpp-python and transformers peers it is estimated from their call counts. "
+)
+PREDICTION_NOTE = (
+    "E(K) = (1 - alpha^(K+1)) / (1 - alpha) tokens per round, assuming draft tokens are accepted independently with "
+    "the measured per-token rate alpha (real acceptances are correlated); predicted time per token = (K * draft step "
+    "+ target cost(K+1)) / E(K); predicted speedup = target cost(1) / that, from the cost curve above. The prediction "
+    "ignores prefill and loop overheads, so it is set against the measured decode speedup."
+)
+PARITY_NOTE = (
+    "HumanEval completions (the standard protocol: raw prompt, stop sequences) sampled at the parity setting. Exact "
+    "speculative sampling leaves the output distribution unchanged, so pass@1 should agree within the intervals; the "
+    "z-test compares each mode with `ar` (pooled two-proportion test, two-sided)."
+)
+
+
+def _bandwidth_note(weight_bytes: int | None, read_bandwidth: float | None) -> str:
+    if not weight_bytes:
+        return ""
+    note = (f"eff. GB/s = target weights ({weight_bytes / 1e9:.2f} GB) x decode tokens/s, the bandwidth plain decoding "
+            "would need for that rate")
+    if read_bandwidth:
+        note += (f"; the machine's read bandwidth, measured in this run, is {read_bandwidth / 1e9:.1f} GB/s, the ceiling "
+                 "of autoregressive decoding (only speculation can pass 100%)")
+    return note + "."

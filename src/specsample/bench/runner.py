@@ -8,24 +8,23 @@ Each mode first runs one short warm-up generation that is not recorded.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .modes import SETTINGS
 from .parity import build_program, run_program
-from .tasks import Prompt, load_task
+from .tasks import TASKS, Prompt, Task, load_task
 
 
 @dataclass
 class BenchConfig:
-    tasks: tuple[str, ...] = ("humaneval", "prose", "copy")
+    tasks: tuple[str, ...] = ("humaneval", "summarize", "copy")
     settings: tuple[str, ...] = ("greedy", "sample")
-    prompts: int = 1  # per task
-    max_new_tokens: int = 64
-    chat: bool = True
+    prompts: dict[str, int] = field(default_factory=dict)  # per task; a task not named gets default_prompts
+    default_prompts: int = 8
+    max_new_tokens: int | None = None  # None: each task's own limit (an override for quick smoke runs)
     seed: int = 0  # prompt i uses seed + i in every mode
     warmup_tokens: int = 8
     parity_prompts: int = 0  # HumanEval problems for the pass@1 check; 0 skips it
-    parity_max_new_tokens: int = 192
     parity_setting: str = "sample"
     parity_timeout: float = 10.0
 
@@ -33,23 +32,36 @@ class BenchConfig:
         for setting in self.settings + (self.parity_setting,):
             if setting not in SETTINGS:
                 raise ValueError(f"unknown setting {setting!r}; choose from {', '.join(SETTINGS)}")
-        if self.prompts < 1 or self.max_new_tokens < 1:
-            raise ValueError("--prompts and --max-new-tokens must be >= 1")
+        for task in self.tasks:
+            if task not in TASKS:
+                raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
+        if min([self.default_prompts, *self.prompts.values()]) < 1:
+            raise ValueError("--prompts must be >= 1")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError("--max-new-tokens must be >= 1")
+
+    def prompt_count(self, task: str) -> int:
+        return self.prompts.get(task, self.default_prompts)
+
+    def new_tokens(self, task: str) -> int:
+        return self.max_new_tokens or TASKS[task].max_new_tokens
 
 
 @dataclass
 class PreparedPrompt:
     prompt: Prompt
+    task: Task
     ids: list[int]
 
 
-def prepare(target, tasks: tuple[str, ...], n: int, chat: bool) -> dict[str, list[PreparedPrompt]]:
-    """Token ids of the first n prompts of each task, chat-templated or plain."""
+def prepare(target, tasks: tuple[str, ...], counts: dict[str, int]) -> dict[str, list[PreparedPrompt]]:
+    """Token ids of the first counts[task] prompts of each task, asked as the task asks."""
     out = {}
-    for task in tasks:
-        prompts = load_task(task, n)
-        tok = target.tokenizer
-        out[task] = [PreparedPrompt(p, tok.chat_prompt(p.text(chat)) if chat else tok.encode(p.text(chat))) for p in prompts]
+    tok = target.tokenizer
+    for name in tasks:
+        task = TASKS[name]
+        out[name] = [PreparedPrompt(p, task, tok.chat_prompt(p.text) if task.chat else tok.encode(p.text))
+                     for p in load_task(name, counts[name])]
     return out
 
 
@@ -65,19 +77,19 @@ def run_bench(modes, prompts: dict[str, list[PreparedPrompt]], config: BenchConf
         for setting in config.settings:
             for i, prepared in enumerate(task_prompts):
                 for mode in _rotated(modes, turn):
-                    records.append(_run_one(mode, prepared, task, setting, i, config.max_new_tokens, config.seed + i))
+                    records.append(_run_one(mode, prepared, setting, i, config.new_tokens(task), config.seed + i))
                     _tick(progress, f"{task} {setting} {mode.name}")
                 turn += 1
     return records
 
 
 def run_parity(modes, prompts: list[PreparedPrompt], config: BenchConfig, progress=None) -> list[dict]:
-    """Sample HumanEval answers with every given mode and execute them (sandboxed)."""
+    """Sample HumanEval completions with every given mode and execute them (sandboxed)."""
     records = []
     for i, prepared in enumerate(prompts):
         for mode in _rotated(modes, i):
-            record = _run_one(mode, prepared, "humaneval", config.parity_setting, i,
-                              config.parity_max_new_tokens, config.seed + i, phase="parity")
+            record = _run_one(mode, prepared, config.parity_setting, i, config.new_tokens(prepared.task.name),
+                              config.seed + i, phase="parity")
             program = build_program(prepared.prompt.problem, record["text"])
             execution = run_program(program, timeout=config.parity_timeout)
             record.update(passed=execution.passed, outcome=execution.outcome)
@@ -86,16 +98,16 @@ def run_parity(modes, prompts: list[PreparedPrompt], config: BenchConfig, progre
     return records
 
 
-def _run_one(mode, prepared: PreparedPrompt, task: str, setting: str, index: int, max_new_tokens: int,
+def _run_one(mode, prepared: PreparedPrompt, setting: str, index: int, max_new_tokens: int,
              seed: int, phase: str = "main") -> dict:
     t0 = time.perf_counter()
-    outcome = mode.run(prepared.ids, max_new_tokens, SETTINGS[setting], seed)
+    outcome = mode.run(prepared.ids, max_new_tokens, SETTINGS[setting], seed, prepared.task.stop_strings)
     latency = time.perf_counter() - t0
     return {
-        "phase": phase, "task": task, "setting": setting, "prompt_id": prepared.prompt.id, "prompt_index": index,
-        "prompt_tokens": len(prepared.ids), "mode": mode.name, "family": mode.family, "k": mode.k, "seed": seed,
-        "max_new_tokens": max_new_tokens, "latency_seconds": latency, "stop_reason": outcome.stop_reason,
-        "stats": outcome.stats, "token_ids": outcome.token_ids, "text": outcome.text,
+        "phase": phase, "task": prepared.task.name, "setting": setting, "prompt_id": prepared.prompt.id,
+        "prompt_index": index, "prompt_tokens": len(prepared.ids), "mode": mode.name, "family": mode.family,
+        "k": mode.k, "seed": seed, "max_new_tokens": max_new_tokens, "latency_seconds": latency,
+        "stop_reason": outcome.stop_reason, "stats": outcome.stats, "token_ids": outcome.token_ids, "text": outcome.text,
     }
 
 

@@ -32,6 +32,20 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def two_proportion_z_test(successes_a: int, n_a: int, successes_b: int, n_b: int) -> tuple[float, float]:
+    """(z, two-sided p-value) of the pooled two-proportion z-test of a == b.
+
+    40/100 vs 50/100: pooled 0.45, standard error 0.0704, z = -1.42, p = 0.16."""
+    if not n_a or not n_b:
+        return 0.0, 1.0
+    pooled = (successes_a + successes_b) / (n_a + n_b)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / n_a + 1 / n_b))
+    if se == 0:
+        return 0.0, 1.0  # both all-pass or all-fail: no evidence of a difference
+    z = (successes_a / n_a - successes_b / n_b) / se
+    return z, math.erfc(abs(z) / math.sqrt(2))
+
+
 @dataclass
 class ModeSummary:
     task: str
@@ -57,6 +71,10 @@ class ModeSummary:
     @property
     def decode_tokens_per_second(self) -> float | None:
         return self.new_tokens / self.decode_seconds if self.decode_seconds else None
+
+    @property
+    def ms_per_token(self) -> float | None:
+        return 1000 * self.seconds / self.new_tokens if self.new_tokens else None
 
     @property
     def acceptance_rate(self) -> float | None:

