@@ -1,7 +1,6 @@
 """`specsample serve` parses into the server's settings and serves a tiny HF model;
 tokenizers render multi-turn chats."""
 
-import argparse
 
 import httpx
 import pytest
@@ -10,7 +9,8 @@ from transformers import PreTrainedTokenizerFast
 
 from specsample.backends.hf import HFTokenizer
 from specsample.cli import main
-from specsample.serve.cli import draft_length
+from specsample.cli import draft_length
+from specsample.generate import GenerationConfig
 
 from serve_helpers import running
 from test_cli import WORDS, save_tiny
@@ -22,11 +22,11 @@ def tiny_target(tmp_path_factory):
     return save_tiny(tmp_path_factory.mktemp("serve-model") / "target", 0, words)
 
 
-def test_draft_length_is_auto_or_a_positive_integer():
+def test_draft_length_is_auto_or_an_integer_and_bad_ones_are_refused():
     assert draft_length("auto") == "auto" and draft_length("3") == 3
     for bad in ("0", "-2", "many"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            draft_length(bad)
+        with pytest.raises(ValueError, match="k must be"):
+            GenerationConfig(k=draft_length(bad))
 
 
 @pytest.mark.parametrize("args,message", [

@@ -7,12 +7,14 @@ import json
 import sys
 from pathlib import Path
 
-from .backends import BACKENDS, load_backend
+from .backends import BACKENDS, load_backend, pick_backend
 from .backends.base import check_same_vocabulary
 from .backends.hf import DTYPES
-from .drafters import ModelDrafter, NgramDrafter
+from .backends.requantize import QUANT_TYPES
+from .control import AdaptiveController, cost_cache_path
+from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from .generate import GenerationConfig, stream
-from .models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, ModelError, fetch_default
+from .models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, ModelError, cache_dir, fetch_default
 from .sampling import SamplingConfig
 
 
@@ -22,18 +24,40 @@ class UsageError(Exception):
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="short name, .gguf file, model directory or hub id")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help="a model like --target, or 'ngram' for prompt lookup")
-    p.add_argument("--backend", choices=BACKENDS, default="hf", help="engine for target and draft (default hf)")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="a model like --target, or 'ngram' for prompt lookup alone")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="engine for target and draft (default auto: llamacpp for GGUF files on the CPU, else hf)")
     p.add_argument("--target-backend", choices=BACKENDS, help="engine for the target alone (overrides --backend)")
     p.add_argument("--draft-backend", choices=BACKENDS, help="engine for the draft alone (overrides --backend)")
+    p.add_argument("--draft-quant", default="q4_0", choices=["none"] + list(QUANT_TYPES),
+                   help="llamacpp draft: requantize it to this type, cached (default q4_0: faster kernels; "
+                        "the draft's quality moves acceptance only, never the output distribution)")
+    p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
+                   help="beside a draft model, propose from context lookup when it is expected to pay (default on)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="hf backend weights (default float32)")
     p.add_argument("--device", default="cpu", help="hf backend device: cpu, cuda, cuda:1 ...")
     p.add_argument("--threads", type=int, help="CPU threads for torch and llama.cpp (default: all cores)")
-    p.add_argument("--ngram-max", type=int, default=3, help="longest n-gram the ngram drafter matches")
+    p.add_argument("--ngram-max", type=int, default=3, help="longest n-gram the lookup matches")
+
+
+def draft_length(value: str) -> int | str:
+    """-k: "auto" or an integer; GenerationConfig says what is wrong with anything else,
+    so that a bad value gets the same one-line error as every other bad input."""
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
+def add_draft_length_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-k", type=draft_length, default="auto",
+                   help="draft tokens per round, or 'auto' (default): chosen each round from measured costs and "
+                        "acceptance, 0 (a plain step) when drafting does not pay")
+    p.add_argument("--k-max", type=int, default=8, help="the most drafts -k auto proposes in a round (default 8)")
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-k", type=int, default=4, help="draft tokens per round (default 4)")
+    add_draft_length_arguments(p)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
@@ -72,13 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
 def generation_config(args) -> GenerationConfig:
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     return GenerationConfig(
-        max_new_tokens=args.max_new_tokens, k=args.k, sampling=sampling, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, k=args.k, k_max=args.k_max, sampling=sampling, seed=args.seed,
         stop_strings=tuple(getattr(args, "stop", ())),
     )
 
 
 def load_models(args, need_draft: bool):
     """Target backend and drafter (None when not needed) from the model arguments."""
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.threads:
         import torch
 
@@ -89,9 +115,23 @@ def load_models(args, need_draft: bool):
         return target, None
     if args.draft == "ngram":
         return target, NgramDrafter(max_ngram=args.ngram_max)
-    draft = load_backend(args.draft, args.draft_backend or args.backend, **kw)
+    draft_engine = pick_backend(args.draft, args.draft_backend or args.backend, args.device)
+    quant = args.draft_quant if draft_engine == "llamacpp" and args.draft_quant != "none" else None
+    draft = load_backend(args.draft, draft_engine, quant=quant, **kw)
     check_same_vocabulary(target, draft)  # before any prompt work
-    return target, ModelDrafter(draft, SamplingConfig(args.temperature, args.top_k, args.top_p))
+    model = ModelDrafter(draft, SamplingConfig(args.temperature, args.top_k, args.top_p))
+    if getattr(args, "lookup", False):
+        return target, HybridDrafter(model, NgramDrafter(max_ngram=args.ngram_max))
+    return target, model
+
+
+def make_policy_for(args, target, drafter):
+    """The draft-length policy for a run; the adaptive one keeps its measured costs in
+    the cache, per machine and model pair, so later runs start warm."""
+    if args.k != "auto" or drafter is None:
+        return None  # stream() builds a fixed-K policy from the config
+    backend = getattr(drafter, "model_backend", None)
+    return AdaptiveController(args.k_max, cost_cache=cost_cache_path(cache_dir(), target, backend))
 
 
 def prompt_ids(args, target) -> list[int]:
@@ -114,7 +154,7 @@ def cmd_generate(args) -> int:
         raise UsageError("the prompt is empty")
     target, drafter = load_models(args, need_draft=not args.autoregressive)
     ids = prompt_ids(args, target)
-    s = stream(target, ids, config, drafter)
+    s = stream(target, ids, config, drafter, make_policy_for(args, target, drafter))
     for chunk in s:
         if not args.json:
             sys.stdout.write(chunk.text)
@@ -137,7 +177,12 @@ def format_stats(stats, speculative: bool) -> str:
         rate = "n/a" if stats.acceptance_rate is None else f"{stats.acceptance_rate:.2f}"
         line += f", {stats.draft_calls} draft calls, acceptance {rate}, " \
                 f"{stats.mean_tokens_per_target_call:.2f} tokens per target call, " \
-                f"accepted-per-round histogram {stats.accepted_histogram}"
+                f"accepted-per-round histogram {stats.accepted_histogram}, " \
+                f"draft-length histogram {stats.draft_length_histogram} ({stats.plain_rounds} plain steps)"
+        if stats.sources:
+            line += ", by source " + ", ".join(f"{k}: {r} rounds {a}/{d} accepted" for k, (r, d, a) in stats.sources.items())
+    if stats.calibration_seconds:
+        line += f", cost calibration {stats.calibration_seconds:.2f} s"
     return line + f" (prefill {stats.prefill_seconds:.2f} s, draft {stats.draft_seconds:.2f} s, " \
                   f"target {stats.target_seconds:.2f} s, other {stats.other_seconds:.2f} s)"
 

@@ -55,14 +55,36 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tenso
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     # Keep the smallest prefix of tokens (by descending probability) whose mass
-    # reaches top_p; the token that crosses the threshold is kept.
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    mass_before = sorted_probs.cumsum(-1) - sorted_probs  # [n, vocab]
-    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
-    filtered = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    # reaches top_p; the token that crosses the threshold is kept. Sorting a 152k
+    # vocabulary costs ~11 ms a row on our CPU, so look at the top 256 first and widen
+    # only when they hold less than top_p (with a margin, so that rounding cannot
+    # decide whether the next token would have been kept).
+    vocab = probs.shape[-1]
+    k = min(vocab, 256)
+    while True:
+        top, index = probs.topk(k, dim=-1)  # [n, k], descending
+        mass = top.cumsum(-1)  # [n, k]
+        if k == vocab or bool((mass[:, -1] > top_p + 1e-6).all()):
+            break
+        k = min(vocab, k * 8)
+    top = top.masked_fill(mass - top >= top_p, 0.0)
+    filtered = torch.zeros_like(probs).scatter_(-1, index, top)
     return filtered / filtered.sum(-1, keepdim=True)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token id per row. probs: [n, vocab] -> [n] int64."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """One token id per row, by inverting the cumulative distribution.
+
+    probs: [n, vocab] -> [n] int64. torch.multinomial takes ~2.6 ms per row over a
+    152k vocabulary on our CPU (a tenth of a llama.cpp decoding step); a float64
+    cumsum and a binary search take ~0.2 ms. float64 keeps the rounding error of the
+    running sum (~1e-11 over 152k terms) far below anything a test could see.
+    Zero-probability tokens are never chosen: their cumulative value equals the one
+    before them, and the search returns the first index whose value exceeds u.
+    """
+    top, index = probs.max(-1)  # [n], [n]
+    if bool((top >= 1.0).all()):  # one-hot rows (greedy): nothing to draw
+        return index
+    cdf = probs.double().cumsum(-1)  # [n, vocab]
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]  # [n, 1]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)

@@ -7,6 +7,7 @@ the deprecated "final length" form, removed in 5.18. We only ever pass negatives
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import sys
 from pathlib import Path
@@ -137,7 +138,11 @@ def load_hf(
     if gguf_file is not None and converted_dir is not None:
         _save_dequantised(model, tokenizer, converted_dir)
     model.to(device)
-    return HFBackend(model, HFTokenizer(tokenizer), name=name or Path(gguf_file or path_or_id).name)
+    backend = HFBackend(model, HFTokenizer(tokenizer), name=name or Path(gguf_file or path_or_id).name)
+    # Identifies this model, dtype, device and thread count in the controller's cost cache.
+    where = hashlib.sha256(str(Path(path_or_id).resolve() if Path(path_or_id).exists() else path_or_id).encode())
+    backend.cost_key = f"hf-{backend.name}-{where.hexdigest()[:12]}-{dtype}-{device}-t{torch.get_num_threads()}"
+    return backend
 
 
 def _save_dequantised(model, tokenizer, directory: Path) -> None:

@@ -106,6 +106,8 @@ class LlamaCppBackend:
         self.vocab_size = trim_padding(self._n_vocab, lambda t: (lib.llama_vocab_get_text(self._vocab, t) or b"").decode("utf-8", "replace"))
         self.eos_token_ids = frozenset(t for t in range(self._n_vocab) if lib.llama_vocab_is_eog(self._vocab, t))
         self._length = 0
+        # Identifies this engine, file and thread count in the controller's cost cache.
+        self.cost_key = f"llamacpp-{Path(path).name}-{Path(path).stat().st_size}-t{threads}"
 
     @property
     def length(self) -> int:

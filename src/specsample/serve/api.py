@@ -34,7 +34,9 @@ from .worker import Job, QueueFull, Worker
 @dataclass
 class Settings:
     model_name: str  # the id clients pass as "model"
-    k: int | str = 4  # draft tokens per round, or "auto"
+    k: int | str = "auto"  # draft tokens per round, or "auto"
+    k_max: int = 8  # the most drafts "auto" proposes in a round
+    policy: object | None = None  # one adaptive controller for all requests (keeps its measurements)
     api_key: str | None = None
     max_queue: int = 16  # requests waiting for the model; one more gets 429
     queue_timeout: float = 120.0  # seconds a request may wait for the model
@@ -164,19 +166,18 @@ def generation_config(request: _Request, max_tokens: int | None, settings: Setti
         temperature=1.0 if request.temperature is None else request.temperature,
         top_k=request.top_k or 0, top_p=1.0 if request.top_p is None else request.top_p,
     )
-    return GenerationConfig(max_new_tokens=max_tokens or settings.max_tokens, k=settings.k, sampling=sampling,
-                            seed=request.seed, stop_strings=tuple(stop))
+    return GenerationConfig(max_new_tokens=max_tokens or settings.max_tokens, k=settings.k, k_max=settings.k_max,
+                            sampling=sampling, seed=request.seed, stop_strings=tuple(stop))
 
 
-def _draft_reserve(k) -> int:
+def _draft_reserve(config: GenerationConfig) -> int:
     # Positions a round may score past the emitted text (stream() checks the same).
-    # "auto" picks k per round; 16 bounds it generously.
-    return (k if isinstance(k, int) else 16) + 1
+    return (config.k if isinstance(config.k, int) else config.k_max) + 1
 
 
 def fit_context(config: GenerationConfig, requested: int | None, prompt_len: int, context: int, param: str) -> None:
     """Default max_tokens to what fits; a prompt or max_tokens that cannot fit is a 400."""
-    reserve = _draft_reserve(config.k)
+    reserve = _draft_reserve(config)
     room = context - prompt_len - reserve
     if room < 1:
         raise APIError(400, f"the prompt has {prompt_len} tokens, but this model's context of {context} tokens "
@@ -471,7 +472,7 @@ def create_app(target, make_drafter, drafter_name: str | None, settings: Setting
     """make_drafter(sampling) -> a Drafter or None (autoregressive), built per request."""
     if target.tokenizer is None:
         raise ValueError(f"{target.name} has no tokenizer; the server needs one")
-    worker = Worker(target, settings.max_queue)
+    worker = Worker(target, settings.max_queue, settings.policy)
     server = Server(target, make_drafter, drafter_name, settings, worker,
                     Metrics(queue_depth=lambda: worker.depth))
 

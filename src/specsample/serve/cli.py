@@ -6,27 +6,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..cli import UsageError, add_model_arguments, load_models
+from ..cli import UsageError, add_draft_length_arguments, add_model_arguments, load_models, make_policy_for
 from ..generate import GenerationConfig
-
-
-def draft_length(value: str) -> int | str:
-    """-k: "auto" or a positive integer, as GenerationConfig.k takes it."""
-    if value == "auto":
-        return value
-    try:
-        k = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {value!r}") from None
-    if k < 1:
-        raise argparse.ArgumentTypeError(f"k must be >= 1, got {k}")
-    return k
 
 
 def add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the models over an OpenAI-compatible HTTP API")
     add_model_arguments(p)
-    p.add_argument("-k", type=draft_length, default=4, help="draft tokens per round, or 'auto' (default 4)")
+    add_draft_length_arguments(p)
     p.add_argument("--autoregressive", action="store_true", help="serve the target alone (the baseline)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
@@ -47,17 +34,15 @@ def cmd_serve(args) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
-    try:  # fail now rather than on every request
-        GenerationConfig(k=args.k)
-    except (TypeError, ValueError):
-        raise UsageError(f"-k {args.k} is not supported by this version of the generation loop") from None
+    GenerationConfig(k=args.k, k_max=args.k_max)  # a bad -k fails now, not on every request
     import uvicorn
 
     from .api import Settings, create_app
     from .worker import drafter_factory
 
     target, drafter = load_models(args, need_draft=not args.autoregressive)
-    settings = Settings(model_name=target.name, k=args.k, api_key=args.api_key, max_queue=args.max_queue,
+    settings = Settings(model_name=target.name, k=args.k, k_max=args.k_max,
+                        policy=make_policy_for(args, target, drafter), api_key=args.api_key, max_queue=args.max_queue,
                         queue_timeout=args.queue_timeout, max_body_bytes=args.max_body_bytes,
                         max_tokens=args.max_tokens)
     app = create_app(target, drafter_factory(drafter), drafter.name if drafter else None, settings)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..drafters import Drafter, ModelDrafter
+from ..drafters import Drafter, HybridDrafter, ModelDrafter
 from ..generate import GenerationConfig, stream
 from ..sampling import SamplingConfig
 
@@ -46,8 +46,9 @@ class Job:
 
 
 class Worker:
-    def __init__(self, target, max_queue: int):
+    def __init__(self, target, max_queue: int, policy=None):
         self.target = target
+        self.policy = policy  # for -k auto; None: each stream makes its own from the config
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._run, name="specsample-worker", daemon=True)
         self.busy = False
@@ -96,7 +97,8 @@ class Worker:
     def _generate(self, job: Job) -> None:
         # Every job ends with exactly one of "done", "error" or "cancelled".
         try:
-            s = stream(self.target, job.prompt_ids, job.config, job.make_drafter())  # checks the request
+            policy = self.policy if job.config.k == "auto" else None
+            s = stream(self.target, job.prompt_ids, job.config, job.make_drafter(), policy)  # checks the request
             job.emit("started")
             for chunk in s:
                 job.emit("chunk", chunk)
@@ -115,4 +117,6 @@ def drafter_factory(drafter: Drafter | None) -> Callable[[SamplingConfig], Draft
     draft backend, which is cheap; the others have no sampling and are shared."""
     if isinstance(drafter, ModelDrafter):
         return lambda sampling: ModelDrafter(drafter.backend, sampling)
+    if isinstance(drafter, HybridDrafter):
+        return lambda sampling: HybridDrafter(ModelDrafter(drafter.model.backend, sampling), drafter.ngram)
     return lambda sampling: drafter
