@@ -185,3 +185,27 @@ def test_ngram_drafter_proposes_continuation_of_latest_match():
     # falls back to a shorter n-gram, prefers the most recent occurrence
     assert d.propose([7, 1, 8, 5, 1, 9, 6, 1], 2, None).tokens.tolist() == [9, 6]
     assert d.propose([1, 2, 3], 4, None).tokens.tolist() == []
+
+
+def test_ngram_index_agrees_with_a_plain_scan():
+    """The incremental index must find what scanning the context finds, including
+    after the context is replaced by another sequence."""
+    import random
+
+    def scan(context, k, max_ngram, min_ngram):
+        for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
+            for start in range(len(context) - n - 1, -1, -1):
+                if context[start : start + n] == context[-n:]:
+                    return context[start + n : start + n + k], n
+        return [], 0
+
+    rng = random.Random(0)
+    for _ in range(200):
+        d = NgramDrafter(max_ngram=rng.randint(1, 4), min_ngram=1)
+        context = [rng.randint(0, 4) for _ in range(rng.randint(1, 5))]
+        for _ in range(30):
+            k = rng.randint(1, 5)
+            assert d.lookup(context, k) == scan(context, k, d.max_ngram, d.min_ngram)
+            context = context + [rng.randint(0, 4) for _ in range(rng.randint(1, 3))]
+            if rng.random() < 0.05:
+                context = context[: rng.randint(1, len(context))]

@@ -151,6 +151,7 @@ class Ema:
 
 
 CONFIDENCE_BINS = 10
+DEFAULT_PRIORS = {MODEL: 0.7, "ngram1": 0.3, "ngram2": 0.5, "ngram3": 0.75}
 
 
 @dataclass
@@ -237,14 +238,17 @@ class AdaptiveController:
     tokens per second. One instance may serve many sequences: its cost and acceptance
     estimates carry over (the per-sequence state is reset by `begin`)."""
 
-    def __init__(self, k_max: int = 8, *, decay: float = 0.9, idle_decay: float = 0.97,
-                 model_prior: float = 0.7, ngram_prior: float = 0.5, calibrate: bool = True,
+    def __init__(self, k_max: int = 8, *, decay: float = 0.9, idle_decay: float = 0.995,
+                 priors: dict[str, float] | None = None, calibrate: bool = True,
                  cost_cache: Path | None = None, clock=time.perf_counter):
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max = k_max
         self.decay, self.idle_decay = decay, idle_decay
-        self.priors = {MODEL: model_prior, "ngram": ngram_prior}
+        # Prior acceptance per source: a longer lookup match is a better guess. A
+        # source that fails is tried again once its evidence has decayed (idle_decay
+        # per round it sits out: ~250 rounds from one failure back to a probe).
+        self.priors = dict(DEFAULT_PRIORS, **(priors or {}))
         self.sources: dict[str, SourceModel] = {}
         self.costs = Costs()
         self.calibrate, self.cost_cache, self.clock = calibrate, cost_cache, clock
@@ -385,7 +389,8 @@ class AdaptiveController:
 
     def _source(self, source: str) -> SourceModel:
         if source not in self.sources:
-            self.sources[source] = SourceModel(self.priors[MODEL if source == MODEL else "ngram"])
+            prior = self.priors.get(source, self.priors[ngram_source(3)] if source.startswith("ngram") else 0.5)
+            self.sources[source] = SourceModel(prior)
         return self.sources[source]
 
 

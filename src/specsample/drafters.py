@@ -139,6 +139,10 @@ class NgramDrafter:
     The draft has no distribution: verification treats it as one-hot. Each match
     length is its own source for the policy ("ngram2"): longer matches are better
     guesses.
+
+    An index maps every n-gram that is followed by at least one token to its latest
+    start, and grows with the context, so a lookup costs O(max_ngram), not a scan
+    of the context (which a long answer would make quadratic).
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
@@ -148,23 +152,34 @@ class NgramDrafter:
         self.min_ngram = min_ngram
         self.name = f"ngram(n={min_ngram}..{max_ngram})"
         self.calls = 0  # no model
+        self._indexed: list[int] = []  # the context the index describes
+        self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> latest start followed by a token
 
     def lookup(self, context: list[int], k: int) -> tuple[list[int], int]:
         """Up to k tokens that followed the longest matching suffix, and its length."""
+        self._index(context)
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
-            suffix = context[-n:]
-            # Most recent earlier occurrence first; it must be followed by something.
-            for start in range(len(context) - n - 1, -1, -1):
-                if context[start : start + n] == suffix:
-                    return context[start + n : start + n + k], n
+            start = self._latest.get(tuple(context[-n:]))
+            if start is not None:
+                return context[start + n : start + n + k], n
         return [], 0
+
+    def _index(self, context: list[int]) -> None:
+        done = len(self._indexed)
+        if len(context) < done or context[:done] != self._indexed:  # another sequence
+            self._latest, done = {}, 0
+        # New n-grams are those whose follower is a new token: starts j with
+        # done - n <= j <= len(context) - n - 1.
+        for end in range(max(done, 1), len(context)):  # end: index of the follower
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                self._latest[tuple(context[end - n : end])] = end - n
+        self._indexed = list(context)
 
     def propose(self, context, k, generator, policy=None) -> Draft:
         tokens, n = self.lookup(context, k)
         options = {ngram_source(n): len(tokens)} if tokens else {}
         source, m = (policy or FixedK(k)).choose(options, 0)
         return lookup_draft(tokens[:m], source)
-
 
 def lookup_draft(tokens: list[int], source: str | None) -> Draft:
     if not tokens:

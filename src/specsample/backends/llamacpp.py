@@ -81,6 +81,7 @@ class LlamaCppBackend:
         lib = _llama()
         self._lib = lib
         self.name = name or Path(path).name
+        self.path = Path(path)
         params = lib.llama_model_default_params()
         self._model = lib.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:

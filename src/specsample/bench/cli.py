@@ -26,7 +26,7 @@ DEFAULTS = dict(tasks="humaneval,summarize,humaneval-chat,copy", settings="greed
 PRESETS = {
     # `make demo`: HumanEval completions to the end of the function on the llama.cpp
     # backend, well under 15 minutes on a fresh 2-core machine.
-    "demo": dict(tasks="humaneval", settings="greedy", modes="ar,spec,ngram,llamacpp-spec", ks="3", prompts="4",
+    "demo": dict(tasks="humaneval", settings="greedy", modes="ar,spec-auto,spec,llamacpp-spec", ks="3", prompts="4",
                  parity=False, plots=False),
 }
 
@@ -37,7 +37,7 @@ def add_bench_parser(subparsers) -> None:
     b = subparsers.add_parser("bench", help="measure speedups, acceptance and parity against peers",
                               description="Reproduce the speculative sampling measurements on your models and hardware.")
     add_model_arguments(b)
-    b.add_argument("--preset", choices=list(PRESETS), help="demo: humaneval, 4 prompts, greedy, ar/spec-k3/ngram/llamacpp-spec")
+    b.add_argument("--preset", choices=list(PRESETS), help="demo: humaneval, 4 prompts, greedy, ar/spec-auto/spec-k3/llamacpp-spec")
     b.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory (default results/bench)")
     tasks = ", ".join(f"{t.name} ({'chat' if t.chat else 'raw prompt'}, <= {t.max_new_tokens} tokens)" for t in TASKS.values())
     b.add_argument("--tasks", help=f"comma list of {tasks} (default all)")
@@ -110,7 +110,7 @@ def cmd_bench(args) -> int:
     if min(ks) < 1 or args.peer_k < 1:
         raise UsageError("K must be >= 1")
     target, drafter = load_models(args, need_draft=args.draft != "ngram")
-    draft = getattr(drafter, "backend", None)
+    draft = getattr(drafter, "model_backend", None)
     read_bandwidth = measure_read_bandwidth()
     counts = {t: config.prompt_count(t) for t in config.tasks}
     prompts = prepare(target, config.tasks, counts)
@@ -121,7 +121,7 @@ def cmd_bench(args) -> int:
     most_tokens = max(config.new_tokens(t) for t in config.tasks + ("humaneval",))
     n_ctx = longest + most_tokens + max(ks + [args.peer_k]) + 16
     gguf = _target_gguf(args) if _is_llamacpp(target) else None
-    server = _start_server(args, families, n_ctx, max(ks + [args.peer_k]))
+    server = _start_server(args, families, n_ctx, max(ks + [args.peer_k]), draft)
     try:
         modes, notes = build_modes(families, ks, args.peer_k, target, draft, target_gguf=gguf, ngram_max=args.ngram_max,
                                    n_ctx=n_ctx, server=server)
@@ -185,7 +185,7 @@ def _run(modes, prompts, config, parity_modes, parity_prompts) -> list[dict]:
     return records
 
 
-def _start_server(args, families, n_ctx: int, k_max: int):
+def _start_server(args, families, n_ctx: int, k_max: int, loaded_draft=None):
     """A running llama-server for the native peer, or the one-line reason there is none."""
     if not {"llamacpp-spec", "llamacpp-server"} & set(families):
         return None
@@ -198,7 +198,9 @@ def _start_server(args, families, n_ctx: int, k_max: int):
         return "needs GGUF files for target and draft"
     try:
         binary = ensure_server(build=args.build, jobs=min(2, os.cpu_count() or 1))
-        return LlamaServer(binary, target.gguf_path, draft.gguf_path, threads=_threads(args), n_ctx=n_ctx, k_max=k_max)
+        # The peer gets the very files our modes use (the draft as requantized by --draft-quant).
+        draft_path = getattr(loaded_draft, "path", None) or draft.gguf_path
+        return LlamaServer(binary, target.gguf_path, draft_path, threads=_threads(args), n_ctx=n_ctx, k_max=k_max)
     except NativeUnavailable as e:
         return str(e)
 

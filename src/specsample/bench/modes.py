@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..drafters import ModelDrafter, NgramDrafter
+from ..control import AdaptiveController
+from ..drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from ..generate import GenerationConfig, generate
 from ..sampling import SamplingConfig
 from .native import completion_request, parse_completion
@@ -20,7 +21,7 @@ SETTINGS = {
     "greedy": SamplingConfig(temperature=0.0),
     "sample": SamplingConfig(temperature=0.8, top_k=0, top_p=0.95),
 }
-FAMILIES = ("ar", "spec", "ngram", "hf-generate", "hf-assisted", "hf-assisted-default", "llamacpp-ar",
+FAMILIES = ("ar", "spec-auto", "spec", "ngram", "hf-generate", "hf-assisted", "hf-assisted-default", "llamacpp-ar",
             "llamacpp-lookup", "llamacpp-server", "llamacpp-spec")
 # transformers' own defaults for an assistant model (GenerationConfig in 5.x): up to
 # 20 drafts, cut short when the assistant's confidence falls below a threshold that
@@ -38,22 +39,29 @@ class Outcome:
 
 
 class OurMode:
-    """specsample's own loop: autoregressive, model draft, or n-gram draft."""
+    """specsample's own loop: autoregressive, model draft, n-gram draft, or the
+    default `-k auto` (the adaptive controller over the hybrid drafter, or over
+    lookup alone without a draft model). The adaptive controller lives as long as
+    the mode, as it would in a server: its measurements carry across prompts."""
 
-    def __init__(self, name: str, family: str, target, k: int | None = None, draft=None, ngram_max: int = 3):
+    def __init__(self, name: str, family: str, target, k: int | str | None = None, draft=None, ngram_max: int = 3,
+                 k_max: int = 8):
         self.name, self.family, self.k = name, family, k
         self.target, self.draft, self.ngram_max = target, draft, ngram_max
+        self.policy = AdaptiveController(k_max) if family == "spec-auto" else None
 
     def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=()) -> Outcome:
-        if self.family == "spec":
+        if self.family == "spec-auto" and self.draft is not None:
+            drafter = HybridDrafter(ModelDrafter(self.draft, sampling), NgramDrafter(max_ngram=self.ngram_max))
+        elif self.family == "spec":
             drafter = ModelDrafter(self.draft, sampling)
-        elif self.family == "ngram":
+        elif self.family in ("ngram", "spec-auto"):
             drafter = NgramDrafter(max_ngram=self.ngram_max)
         else:
             drafter = None
         config = GenerationConfig(max_new_tokens=max_new_tokens, k=self.k or 1, sampling=sampling, seed=seed,
                                   stop_strings=tuple(stop_strings))
-        result = generate(self.target, prompt_ids, config, drafter)
+        result = generate(self.target, prompt_ids, config, drafter, self.policy)
         return Outcome(result.token_ids, result.text, result.stop_reason, result.stats.as_dict())
 
 
@@ -244,13 +252,13 @@ def build_modes(families, ks, peer_k, target, draft=None, *, target_gguf=None, n
     for family in families:
         if family == "ar":
             modes.append(OurMode("ar", "ar", target))
+        elif family == "spec-auto":
+            modes.append(OurMode("spec-auto", "spec-auto", target, "auto", draft, ngram_max=ngram_max))
         elif family == "spec":
             if draft is None:
                 skipped.append("spec: no draft model")
                 continue
             modes += [OurMode(f"spec-k{k}", "spec", target, k, draft) for k in ks]
-            # Issue 8 plugs in here: OurMode("spec-kauto", "spec", target, "auto", draft)
-            # once GenerationConfig accepts k="auto".
         elif family == "ngram":
             modes.append(OurMode(f"ngram-k{peer_k}", "ngram", target, peer_k, ngram_max=ngram_max))
         elif family == "hf-generate":

@@ -25,7 +25,7 @@ def main_table(summaries: list[ModeSummary], weight_bytes: int | None = None, re
     rows = [["task", "setting", "mode", "K", "seqs", "tokens", "tokens/s", "speedup vs ar", "ms/token", "decode tokens/s",
              "decode speedup", "eff. GB/s (% of read)", "acceptance", "tokens/target call", "P50 s", "P90 s", "P99 s"]]
     for s in summaries:
-        rows.append([s.task, s.setting, s.mode, _f(s.k, "d"), str(s.sequences), str(s.new_tokens),
+        rows.append([s.task, s.setting, s.mode, "-" if s.k is None else str(s.k), str(s.sequences), str(s.new_tokens),
                      _f(s.tokens_per_second, ".2f"), _f(s.speedup, ".2f"), _f(s.ms_per_token, ".0f"),
                      _f(s.decode_tokens_per_second, ".2f"), _f(s.decode_speedup, ".2f"),
                      _bandwidth_cell(weight_bytes, s.decode_tokens_per_second, read_bandwidth), _f(s.acceptance_rate, ".2f"),

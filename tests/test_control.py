@@ -1,0 +1,140 @@
+"""The draft-length policies, on fake costs: what they choose and why."""
+
+import json
+
+import pytest
+
+from specsample.control import MODEL, AdaptiveController, FixedK, RoundReport, DraftCall, cost_cache_path
+
+from toy import CostedBackend, FakeClock, TrigramBackend, random_table
+
+
+def controller(target_costs, draft_step, accept=None, **kw):
+    """A calibrated controller: target_costs[n - 1] seconds for n tokens."""
+    c = AdaptiveController(k_max=len(target_costs) - 1, calibrate=False, **kw)
+    c._seed(target_costs, draft_step, draft_step / 10)
+    if accept is not None:
+        for i in range(c.k_max):
+            rate = c._source(MODEL).at(i)
+            rate.hits, rate.trials = accept * 50, 50
+    return c
+
+
+FLAT = [1.0, 1.05, 1.1, 1.12, 1.2, 1.3, 1.4, 1.5, 1.6]  # memory-bound: drafts are nearly free to verify
+LINEAR = [1.0, 1.7, 2.2, 2.8, 3.4, 3.9, 4.5, 4.8, 5.4]  # compute-bound: this project's CPU on llama.cpp
+
+
+def test_drafts_long_when_verification_is_flat_and_acceptance_high():
+    source, m = controller(FLAT, 0.1, accept=0.9).choose({MODEL: 8}, lag=1)
+    assert source == MODEL and m >= 4
+
+
+def test_draft_length_falls_with_acceptance_and_reaches_plain_steps():
+    lengths = [controller(FLAT, 0.3, accept=a).choose({MODEL: 8}, lag=1)[1] for a in (0.95, 0.8, 0.6, 0.4, 0.1)]
+    assert lengths == sorted(lengths, reverse=True)
+    assert lengths[0] >= 3 and lengths[-1] == 0
+
+
+def test_no_drafting_when_verification_costs_grow_linearly():
+    # Scoring n tokens costs ~0.55 n single calls and a draft step 0.4 of one: at
+    # 90% acceptance no draft length pays (at 100% the best is about even).
+    assert controller(LINEAR, 0.4, accept=0.9).choose({MODEL: 8}, lag=1) == (None, 0)
+
+
+def test_free_lookup_pays_where_the_model_does_not():
+    c = controller(LINEAR, 0.4, accept=0.9)
+    for i in range(8):
+        rate = c._source("ngram3").at(i)
+        rate.hits, rate.trials = 0.97 * 50, 50
+    source, m = c.choose({MODEL: 8, "ngram3": 8}, lag=1)
+    assert source == "ngram3" and m >= 4
+
+
+def test_confidence_cuts_a_round_short_before_the_token_is_drawn():
+    c = controller(FLAT, 0.3, accept=0.9)
+    bins = c._source(MODEL)
+    for b in range(10):  # acceptance tracks confidence
+        rate = bins.given_confidence((b + 0.5) / 10)
+        rate.hits, rate.trials = (b + 0.5) / 10 * 50, 50
+    _, m = c.choose({MODEL: 8}, lag=1)
+    assert m >= 2
+    assert c.extent(MODEL, 0, 0.97) > 0  # sure: keep drafting
+    assert c.extent(MODEL, 1, 0.05) == 1  # unsure at position 1: end with one draft
+
+
+def test_draft_prefill_is_paid_only_when_the_answer_is_long_enough():
+    c = controller(FLAT, 0.3, accept=0.9)
+    c._seed(FLAT, 0.3, 0.2)  # each unseen token costs the draft 0.2 of a target call
+    c.begin(None, None, [], max_new_tokens=6)
+    assert c.choose({MODEL: 5}, lag=200)[1] == 0  # 40 target calls of prefill for 6 tokens
+    c.begin(None, None, [], max_new_tokens=2000)
+    assert c.choose({MODEL: 8}, lag=200)[1] > 0
+
+
+def test_a_failing_source_sits_out_then_is_probed_again():
+    c = controller(FLAT, 0.3)
+    report = RoundReport([MODEL] * 3, [0.5] * 3, 0, 4, 1.12, [DraftCall(1, 0.3)] * 3, 2.1, 1)
+    for _ in range(30):  # every draft rejected
+        c.choose({MODEL: 8}, lag=1)
+        c.observe(report)
+    assert c.choose({MODEL: 8}, lag=1) == (None, 0)
+    rounds = 0
+    while c.choose({MODEL: 8}, lag=1) == (None, 0):
+        rounds += 1
+        assert rounds < 5000
+    assert rounds > 50  # not at once: a probe is not free
+
+
+def test_costs_follow_the_rounds_and_the_load():
+    c = controller(FLAT, 0.3)
+    for _ in range(40):  # the machine got twice as slow
+        c.observe(RoundReport([], [], 0, 1, 2.0, [], 2.0, 1))
+    assert c.costs.target_call(1) == pytest.approx(2.0, rel=0.01)
+    assert c.costs.target_call(4) == pytest.approx(2.0 * 1.12, rel=0.01)  # the shape is kept
+
+
+def test_unmeasured_sizes_are_interpolated():
+    c = AdaptiveController(k_max=8, calibrate=False)
+    c._seed([1.0, 2.0, 3.0], None, None)
+    assert c.costs.target_call(5) == pytest.approx(5.0)
+
+
+def test_calibration_is_measured_once_then_read_from_the_cache(tmp_path):
+    clock = FakeClock()
+    target = CostedBackend(TrigramBackend(random_table(5, 0)), clock, lambda n: 1.0 + 0.5 * (n - 1))
+    draft = CostedBackend(TrigramBackend(random_table(5, 1)), clock, lambda n: 0.2 + 0.05 * (n - 1))
+    target.score([1, 2, 3], 1)
+    cache = tmp_path / "costs.json"
+
+    class Drafter:
+        model_backend = draft
+
+    c = AdaptiveController(k_max=3, cost_cache=cache, clock=clock)
+    c.begin(target, Drafter(), [1, 2, 3], 10)
+    assert c.costs.target_call(3) == pytest.approx(2.0) and c.costs.draft_step.value == pytest.approx(0.2)
+    assert c.costs.draft_token.value == pytest.approx(0.05)
+    assert target.length == 3 and draft.length == 0  # measurements leave the caches as they were
+    assert json.loads(cache.read_text())["target"] == pytest.approx([1.0, 1.5, 2.0, 2.5])
+    calls = target.calls
+    again = AdaptiveController(k_max=3, cost_cache=cache, clock=clock)
+    again.begin(target, Drafter(), [1, 2, 3], 10)
+    assert target.calls == calls and again.costs.target_call(2) == pytest.approx(1.5)
+
+
+def test_cost_cache_is_keyed_by_both_models_and_needs_a_key(tmp_path):
+    class B:
+        def __init__(self, key):
+            self.cost_key = key
+
+    a = cost_cache_path(tmp_path, B("t1"), B("d1"))
+    assert a != cost_cache_path(tmp_path, B("t1"), B("d2"))
+    assert cost_cache_path(tmp_path, B("t1"), object()) is None
+
+
+def test_fixed_k_prefers_a_lookup_and_respects_its_length():
+    policy = FixedK(4)
+    assert policy.choose({MODEL: 6, "ngram2": 2}, lag=1) == ("ngram2", 2)
+    assert policy.choose({MODEL: 6}, lag=1) == (MODEL, 4)
+    assert policy.extent(MODEL, 3, 0.0) == 4
+    with pytest.raises(ValueError):
+        FixedK(-1)
