@@ -14,7 +14,7 @@ def test_demo_preset_and_an_explicit_override():
     assert config.tasks == ("humaneval",) and config.settings == ("greedy",)
     assert config.prompt_count("humaneval") == 2  # explicit option beats the preset
     assert config.new_tokens("humaneval") == 384  # full answers: the task's own limit
-    assert args.modes == "ar,spec,ngram,llamacpp-spec" and args.ks == "3" and config.parity_prompts == 0
+    assert args.modes == "ar,spec-auto,spec,llamacpp-spec" and args.ks == "3" and config.parity_prompts == 0
 
 
 def test_defaults_run_every_task_on_enough_prompts():

@@ -68,7 +68,7 @@ class RoundReport:
     sources: list[str]  # source of each drafted position
     confidences: list[float | None]  # draft confidence per position (None: no distribution)
     num_accepted: int
-    target_tokens: int  # tokens the verify call scored
+    target_tokens: int  # tokens the verify call scored (0: no call)
     target_seconds: float
     draft_calls: list[DraftCall]
     round_seconds: float  # wall time of the whole round
@@ -368,7 +368,8 @@ class AdaptiveController:
     def observe(self, report: RoundReport) -> None:
         c = self.costs
         m = len(report.sources)
-        c.observe_target(report.target_tokens, report.target_seconds)
+        if report.target_tokens:  # 0: the first token came from the prompt's prefill
+            c.observe_target(report.target_tokens, report.target_seconds)
         draft_seconds = 0.0
         for call in report.draft_calls:
             draft_seconds += call.seconds

@@ -173,11 +173,12 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
     stats = GenerationStats()
     start = clock()
 
-    # Prefill all but the last prompt token: every round then feeds the last emitted
-    # token ("pending") plus the drafts, and gets K+1 distributions back.
+    # Prefill the prompt. Its last row is the distribution of the first new token, so
+    # the first round feeds only its drafts; every later round feeds the last emitted
+    # token ("pending", never scored yet) plus the drafts. Either way a round gets one
+    # distribution per draft plus one.
     target.rollback(0)
-    if len(prompt_ids) > 1:
-        target.score(prompt_ids[:-1], num_logits=1)
+    carried = target.score(prompt_ids, num_logits=1)  # [1, vocab]
     stats.prefill_seconds = clock() - start
     context = list(prompt_ids)
     if drafter is not None:
@@ -205,16 +206,21 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
         # 2. Score pending token + drafts in one target call: m+1 distributions.
         base = target.length
         m = len(draft)
-        logits = target.score([context[-1]] + draft.tokens.tolist(), num_logits=m + 1)
+        pending = [context[-1]] if carried is None else []
+        fed = pending + draft.tokens.tolist()
+        logits = target.score(fed, num_logits=len(fed)) if fed else None  # [len(fed), vocab]
+        if carried is not None:
+            logits = carried if logits is None else torch.cat([carried, logits])
+            carried = None
         t2 = clock()
-        stats.target_calls += 1
+        stats.target_calls += bool(fed)
         stats.target_seconds += t2 - t1
 
         # 3. Accept a prefix of the drafts, then one recovered or bonus token.
         target_probs = logits_to_probs(logits, config.sampling)  # [m + 1, vocab]
         verdict = verify(draft.tokens, draft.probs, target_probs, generator)
         # Keep pending + accepted drafts; the new last token is fed next round.
-        target.rollback(base + 1 + verdict.num_accepted)
+        target.rollback(base + len(pending) + verdict.num_accepted)
 
         # 4. Emit, stopping at EOS, the token budget or a stop string.
         emitted = []
@@ -233,7 +239,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
 
         # 5. Tell the policy what this round cost and how its drafts fared.
         if drafter is not None:
-            policy.observe(RoundReport(draft.sources, draft.confidences, verdict.num_accepted, m + 1, t2 - t1,
+            policy.observe(RoundReport(draft.sources, draft.confidences, verdict.num_accepted, len(fed), t2 - t1,
                                        draft.calls, clock() - t0, len(emitted)))
         stats.total_seconds = clock() - start
         yield Chunk(emitted, text.take())
