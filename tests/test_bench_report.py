@@ -31,14 +31,15 @@ def _backend(seed, name):
 def test_small_run_writes_records_summary_and_plots(tmp_path):
     target, draft = _backend(0, "target"), _backend(0, "draft")  # same table: drafts mostly accepted
     modes = [OurMode("ar", "ar", target), OurMode("spec-k1", "spec", target, 1, draft),
-             OurMode("spec-k2", "spec", target, 2, draft), OurMode("ngram-k2", "ngram", target, 2)]
+             OurMode("spec-k2", "spec", target, 2, draft), OurMode("ngram-k2", "ngram", target, 2),
+             OurMode("spec-auto", "spec-auto", target, "auto", draft)]
     config = BenchConfig(tasks=("humaneval", "copy"), settings=("greedy", "sample"), default_prompts=2, max_new_tokens=12)
     prompts = prepare(target, config.tasks, {"humaneval": 2, "copy": 2})
     records = run_bench(modes, prompts, config)
     assert len(records) == 2 * 2 * 2 * len(modes)
     # Interleaving: the first mode run rotates from prompt to prompt.
     firsts = [records[i]["mode"] for i in range(0, len(records), len(modes))]
-    assert firsts[:4] == ["ar", "spec-k1", "spec-k2", "ngram-k2"]
+    assert firsts[:5] == ["ar", "spec-k1", "spec-k2", "ngram-k2", "spec-auto"]
 
     curve = measure_cost_curve(target, draft, prompts["humaneval"][0].ids, 3, reps=2)
     assert len(curve.target_cost) == 3 and curve.draft_step > 0 and curve.alternating
@@ -58,7 +59,13 @@ def test_small_run_writes_records_summary_and_plots(tmp_path):
     for section in ("Command: `specsample bench --test`", "Cost curve", "Analytic prediction", "Greedy exactness"):
         assert section in summary
     # Exactness: greedy speculative output equals greedy autoregressive output.
-    assert "| spec-k2 | 4/4 |" in summary and "| ngram-k2 | 4/4 |" in summary
+    assert "| spec-k2 | 4/4 |" in summary and "| ngram-k2 | 4/4 |" in summary and "| spec-auto | 4/4 |" in summary
+    # What the adaptive mode chose, with its rounds and sources.
+    assert "## What -k auto chose" in summary
+    section = summary.split("## What -k auto chose")[1]
+    auto_row = next(row for row in section.splitlines() if row.startswith("| humaneval | greedy | spec-auto | "))
+    cells = [c.strip() for c in auto_row.split("|")[1:-1]]
+    assert int(cells[3]) == sum(int(x) for x in cells[5].split(", "))
     for png in ("speedup_vs_k.png", "tokens_per_call_vs_k.png", "latency.png"):
         assert (tmp_path / png).stat().st_size > 1000
 

@@ -1,11 +1,12 @@
 """Exact speculative sampling (Chen et al. 2023) for Hugging Face and llama.cpp models."""
 
-from .drafters import ModelDrafter, NgramDrafter
+from .control import AdaptiveController, FixedK
+from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from .generate import GenerationConfig, GenerationResult, GenerationStats, generate, stream
 from .sampling import SamplingConfig, logits_to_probs
 from .verify import verify
 
 __all__ = [
-    "GenerationConfig", "GenerationResult", "GenerationStats", "ModelDrafter", "NgramDrafter",
-    "SamplingConfig", "generate", "logits_to_probs", "stream", "verify",
+    "AdaptiveController", "FixedK", "GenerationConfig", "GenerationResult", "GenerationStats", "HybridDrafter",
+    "ModelDrafter", "NgramDrafter", "SamplingConfig", "generate", "logits_to_probs", "stream", "verify",
 ]

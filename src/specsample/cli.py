@@ -32,6 +32,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-quant", default="q4_0", choices=["none"] + list(QUANT_TYPES),
                    help="llamacpp draft: requantize it to this type, cached (default q4_0: faster kernels; "
                         "the draft's quality moves acceptance only, never the output distribution)")
+    p.add_argument("--draft-vocab", type=int, default=0,
+                   help="hf draft: score only its N most frequent tokens (FR-Spec; 0 = all, the default)")
     p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
                    help="beside a draft model, propose from context lookup when it is expected to pay (default on)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="hf backend weights (default float32)")
@@ -117,8 +119,14 @@ def load_models(args, need_draft: bool):
         return target, NgramDrafter(max_ngram=args.ngram_max)
     draft_engine = pick_backend(args.draft, args.draft_backend or args.backend, args.device)
     quant = args.draft_quant if draft_engine == "llamacpp" and args.draft_quant != "none" else None
+    if args.draft_vocab and draft_engine != "hf":
+        raise UsageError("--draft-vocab needs the hf backend for the draft (--draft-backend hf)")
     draft = load_backend(args.draft, draft_engine, quant=quant, **kw)
     check_same_vocabulary(target, draft)  # before any prompt work
+    if args.draft_vocab:
+        from .vocab import restrict_draft_vocabulary
+
+        restrict_draft_vocabulary(draft, args.draft_vocab, cache_dir())
     model = ModelDrafter(draft, SamplingConfig(args.temperature, args.top_k, args.top_p))
     if getattr(args, "lookup", False):
         return target, HybridDrafter(model, NgramDrafter(max_ngram=args.ngram_max))

@@ -68,6 +68,23 @@ class HFBackend:
         self.eos_token_ids = frozenset(_eos_ids(model, tokenizer))
         self.cache = None
         self._length = 0
+        self._kept: torch.Tensor | None = None  # [n] token ids the output layer scores (None: all)
+
+    def restrict_vocabulary(self, keep: list[int]) -> None:
+        """Score only these tokens (a draft-side speed-up, see vocab.py): the output
+        layer is replaced by its rows for `keep`; every other logit is -inf."""
+        head = self.model.get_output_embeddings()
+        kept = torch.tensor(sorted(set(keep)), dtype=torch.long, device=head.weight.device)
+        small = torch.nn.Linear(head.in_features, len(kept), bias=head.bias is not None,
+                                dtype=head.weight.dtype, device=head.weight.device)
+        with torch.no_grad():
+            small.weight.copy_(head.weight[kept])
+            if head.bias is not None:
+                small.bias.copy_(head.bias[kept])
+        # A new module, not a view: with tied embeddings the input side keeps every row.
+        self.model.config.tie_word_embeddings = False
+        self.model.set_output_embeddings(small)
+        self._kept = kept
 
     @property
     def length(self) -> int:
@@ -80,8 +97,14 @@ class HFBackend:
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=num_logits)
         self._length += len(token_ids)
+        logits = out.logits[0, -num_logits:].float().cpu()  # [num_logits, scored]
+        if self._kept is not None:
+            full = torch.full((num_logits, self.vocab_size), float("-inf"))
+            inside = self._kept < self.vocab_size
+            full[:, self._kept[inside].cpu()] = logits[:, inside.cpu()]
+            return full  # [num_logits, vocab]
         # Rows past the tokenizer's vocabulary are padding: never a real token.
-        return out.logits[0, -num_logits:, : self.vocab_size].float().cpu()  # [num_logits, vocab]
+        return logits[:, : self.vocab_size]  # [num_logits, vocab]
 
     def rollback(self, length: int) -> None:
         if length >= self._length:

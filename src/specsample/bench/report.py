@@ -104,6 +104,38 @@ def greedy_identity(records: list[dict]) -> list[list[str]]:
     return [["mode", "greedy outputs identical to ar"]] + [[m, f"{a}/{n}"] for m, (a, n) in counts.items()]
 
 
+def controller_table(records: list[dict]) -> str | None:
+    """Rounds by draft length and by source, per task and setting, for adaptive modes."""
+    groups: dict[tuple, dict] = {}
+    for r in records:
+        st = r["stats"]
+        if r["k"] != "auto" or "draft_length_histogram" not in st:
+            continue
+        g = groups.setdefault((r["task"], r["setting"], r["mode"]), {"lengths": [], "sources": {}})
+        for m, count in enumerate(st["draft_length_histogram"]):
+            g["lengths"].extend([0] * (m + 1 - len(g["lengths"])))
+            g["lengths"][m] += count
+        for source, c in st.get("sources", {}).items():
+            acc = g["sources"].setdefault(source, [0, 0, 0])
+            acc[0], acc[1], acc[2] = acc[0] + c["rounds"], acc[1] + c["drafted"], acc[2] + c["accepted"]
+    if not groups:
+        return None
+    rows = [["task", "setting", "mode", "rounds", "plain steps", "rounds by draft length 0, 1, 2, ...",
+             "source: rounds, accepted/drafted"]]
+    for (task, setting, mode), g in groups.items():
+        rounds = sum(g["lengths"])
+        sources = "; ".join(f"{s}: {n}, {a}/{d}" for s, (n, d, a) in sorted(g["sources"].items())) or "none"
+        rows.append([task, setting, mode, str(rounds), f"{g['lengths'][0] / rounds:.0%}" if rounds else "-",
+                     ", ".join(map(str, g["lengths"])), sources])
+    return markdown_table(rows)
+
+
+CONTROLLER_NOTE = (
+    "Summed over the mode's sequences. A plain step scores one token with the target and drafts nothing; the last "
+    "round of an answer is plain when only one token is left to emit. Sources: the draft model, or a context "
+    "lookup whose suffix match had n tokens (ngram<n>).")
+
+
 def parity_table(rates: list[PassRate], baseline: str = "ar") -> str:
     rows = [["mode", "passed", "pass@1", "95% CI (Wilson)", "z vs ar", "p-value"]]
     base = next((r for r in rates if r.mode == baseline), None)
@@ -161,6 +193,9 @@ def write_report(out: Path, records: list[dict], curve: CostCurve | None, *, com
     parts = ["# specsample bench", f"Command: `{command}`", f"Machine: {machine}", "## Throughput and latency",
              THROUGHPUT_NOTE + _bandwidth_note(weight_bytes, read_bandwidth), table]
     parts += ["## Greedy exactness", markdown_table(greedy_identity(main))]
+    choices = controller_table(main)
+    if choices:
+        parts += ["## What -k auto chose", CONTROLLER_NOTE, choices]
     if curve is not None:
         parts += ["## Cost curve", f"Median of {curve.reps} calls after a warm-up, at a cache of "
                   f"{curve.context_tokens} tokens, with both models loaded and taking turns (one draft step, then "
