@@ -138,3 +138,20 @@ def test_fixed_k_prefers_a_lookup_and_respects_its_length():
     assert policy.extent(MODEL, 3, 0.0) == 4
     with pytest.raises(ValueError):
         FixedK(-1)
+
+
+def test_a_lookup_is_scored_in_the_shadow_of_plain_steps():
+    import torch
+
+    c = controller(LINEAR, 0.4, accept=0.1)
+    before = c._source("ngram2").at(0).value
+    lookup = [3, 4, 5, 6]
+    for i in range(3):  # the emitted text follows the lookup, which the target gives p = 0.9
+        probs = torch.full((8,), 0.1 / 7)
+        probs[lookup[i]] = 0.9
+        c.consider("ngram2", lookup[i:])
+        c.choose({MODEL: 8, "ngram2": 4 - i}, lag=1)
+        c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, 1, probs, (lookup[i],)))
+    model = c._source("ngram2")
+    assert model.at(0).value > before and model.at(1).trials > 0 and model.at(2).trials > 0
+    assert model.at(0).hits == pytest.approx(0.9 * model.at(0).trials / 1.0, rel=0.2)

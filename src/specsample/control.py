@@ -73,6 +73,8 @@ class RoundReport:
     draft_calls: list[DraftCall]
     round_seconds: float  # wall time of the whole round
     emitted: int
+    first_probs: object = None  # [vocab] the target's distribution at the round's first position
+    emitted_tokens: tuple[int, ...] = ()
 
 
 class Policy(Protocol):
@@ -81,6 +83,10 @@ class Policy(Protocol):
     def begin(self, target, drafter, context: list[int], max_new_tokens: int) -> None: ...
 
     def choose(self, options: dict[str, int], lag: int) -> tuple[str | None, int]: ...
+
+    def consider(self, source: str, tokens: list[int]) -> None:
+        """A lookup the drafter found this round (whether or not it is chosen)."""
+        ...
 
     def extent(self, source: str, i: int, confidence: float) -> int: ...
 
@@ -106,6 +112,9 @@ class FixedK:
                 self._planned = min(self.k_max, available)
                 return source, self._planned
         return None, 0
+
+    def consider(self, source, tokens) -> None:
+        pass
 
     def extent(self, source, i, confidence):
         return self._planned
@@ -151,7 +160,10 @@ class Ema:
 
 
 CONFIDENCE_BINS = 10
-DEFAULT_PRIORS = {MODEL: 0.7, "ngram1": 0.3, "ngram2": 0.5, "ngram3": 0.75}
+# (first position, later positions): a later draft is only reached when the earlier
+# ones were accepted, and acceptances come in runs (a lookup that is right tends to
+# stay right), so the later rates start higher.
+DEFAULT_PRIORS = {MODEL: (0.7, 0.8), "ngram1": (0.3, 0.8), "ngram2": (0.5, 0.85), "ngram3": (0.8, 0.9)}
 
 
 @dataclass
@@ -159,13 +171,13 @@ class SourceModel:
     """Acceptance of one draft source: per position in the round (conditional on the
     previous drafts being accepted), and, for the draft model, per confidence bin."""
 
-    prior: float
+    prior: tuple[float, float]  # first position, later positions
     positions: list[Rate] = field(default_factory=list)
     by_confidence: list[Rate] = field(default_factory=list)
 
     def at(self, i: int) -> Rate:
         while len(self.positions) <= i:
-            self.positions.append(Rate(self.prior))
+            self.positions.append(Rate(self.prior[0] if not self.positions else self.prior[1]))
         return self.positions[i]
 
     def given_confidence(self, confidence: float) -> Rate:
@@ -238,8 +250,8 @@ class AdaptiveController:
     tokens per second. One instance may serve many sequences: its cost and acceptance
     estimates carry over (the per-sequence state is reset by `begin`)."""
 
-    def __init__(self, k_max: int = 8, *, decay: float = 0.9, idle_decay: float = 0.995,
-                 priors: dict[str, float] | None = None, calibrate: bool = True,
+    def __init__(self, k_max: int = 8, *, decay: float = 0.9, idle_decay: float = 0.998,
+                 priors: dict[str, tuple[float, float]] | None = None, calibrate: bool = True,
                  cost_cache: Path | None = None, clock=time.perf_counter):
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
@@ -247,7 +259,7 @@ class AdaptiveController:
         self.decay, self.idle_decay = decay, idle_decay
         # Prior acceptance per source: a longer lookup match is a better guess. A
         # source that fails is tried again once its evidence has decayed (idle_decay
-        # per round it sits out: ~250 rounds from one failure back to a probe).
+        # per round it sits out: several hundred rounds from one failure to a probe).
         self.priors = dict(DEFAULT_PRIORS, **(priors or {}))
         self.sources: dict[str, SourceModel] = {}
         self.costs = Costs()
@@ -258,6 +270,8 @@ class AdaptiveController:
         self._remaining = 0
         self._generated = 0
         self._round: dict = {}
+        self._lookup: tuple[str, list[int]] | None = None  # this round's lookup
+        self._shadow: tuple[str, list[int], int] | None = None  # a lookup followed without proposing it
 
     # -- per sequence -------------------------------------------------------
 
@@ -342,6 +356,9 @@ class AdaptiveController:
             remaining = min(remaining, max(8.0, self.typical_length.value - self._generated))
         return max(1.0, remaining)
 
+    def consider(self, source, tokens) -> None:
+        self._lookup = (source, list(tokens))
+
     # -- during model drafting ---------------------------------------------
 
     def extent(self, source, i, confidence):
@@ -386,11 +403,36 @@ class AdaptiveController:
             model.at(i).update(accepted, self.decay)
             if confidence is not None:
                 model.given_confidence(confidence).update(accepted, self.decay)
+        self._shadow_lookup(report)
+        self._lookup = None
         self._generated += report.emitted
+
+    def _shadow_lookup(self, report: RoundReport) -> None:
+        """Learn a lookup's acceptance while not proposing it, from plain steps.
+
+        Proposing a lookup to find out whether it pays costs a wider target call;
+        but in a plain step the target's distribution p at the round's position is
+        known, and a one-hot draft x there would have been accepted with probability
+        p(x). So the lookup's first token is scored for free, and, while the emitted
+        tokens keep following it, its later tokens too (each conditional on the
+        earlier ones being right, as the per-position rates are defined). On text
+        that repeats, the lookup's rates rise until proposing it pays.
+        """
+        if report.sources or report.first_probs is None or len(report.emitted_tokens) != 1:
+            self._shadow = None  # only plain steps move one position at a time
+            return
+        if self._shadow is None and self._lookup is not None:
+            self._shadow = (*self._lookup, 0)
+        if self._shadow is None:
+            return
+        source, tokens, i = self._shadow
+        self._source(source).at(i).update(float(report.first_probs[tokens[i]]), self.decay)
+        follows = report.emitted_tokens[0] == tokens[i] and i + 1 < len(tokens)
+        self._shadow = (source, tokens, i + 1) if follows else None
 
     def _source(self, source: str) -> SourceModel:
         if source not in self.sources:
-            prior = self.priors.get(source, self.priors[ngram_source(3)] if source.startswith("ngram") else 0.5)
+            prior = self.priors.get(source, self.priors[ngram_source(3)] if source.startswith("ngram") else (0.5, 0.5))
             self.sources[source] = SourceModel(prior)
         return self.sources[source]
 

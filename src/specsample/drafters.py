@@ -176,9 +176,13 @@ class NgramDrafter:
         self._indexed = list(context)
 
     def propose(self, context, k, generator, policy=None) -> Draft:
+        policy = policy or FixedK(k)
         tokens, n = self.lookup(context, k)
-        options = {ngram_source(n): len(tokens)} if tokens else {}
-        source, m = (policy or FixedK(k)).choose(options, 0)
+        options = {}
+        if tokens:
+            options[ngram_source(n)] = len(tokens)
+            policy.consider(ngram_source(n), tokens)
+        source, m = policy.choose(options, 0)
         return lookup_draft(tokens[:m], source)
 
 def lookup_draft(tokens: list[int], source: str | None) -> Draft:
@@ -211,6 +215,7 @@ class HybridDrafter:
         options = {MODEL: k}
         if tokens:
             options[ngram_source(n)] = len(tokens)
+            policy.consider(ngram_source(n), tokens)
         source, m = policy.choose(options, self.model.lag(context))
         if not m:
             return Draft.empty()
