@@ -216,4 +216,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m specsample.cli` runs this file as __main__, a second copy of the
+    # module beside the specsample.cli that subcommands import: use that one, so its
+    # UsageError is the one caught.
+    from specsample.cli import main as canonical_main
+
+    sys.exit(canonical_main())
