@@ -73,7 +73,7 @@ def test_draft_prefill_is_paid_only_when_the_answer_is_long_enough():
 
 def test_a_failing_source_sits_out_then_is_probed_again():
     c = controller(FLAT, 0.3)
-    report = RoundReport([MODEL] * 3, [0.5] * 3, 0, 4, 1.12, [DraftCall(1, 0.3)] * 3, 2.1, 1)
+    report = RoundReport([MODEL] * 3, [0.5] * 3, 0, 4, 1.12, [DraftCall(1, 0.3)] * 3, 2.1, (7,))
     for _ in range(30):  # every draft rejected
         c.choose({MODEL: 8}, lag=1)
         c.observe(report)
@@ -88,7 +88,7 @@ def test_a_failing_source_sits_out_then_is_probed_again():
 def test_costs_follow_the_rounds_and_the_load():
     c = controller(FLAT, 0.3)
     for _ in range(40):  # the machine got twice as slow
-        c.observe(RoundReport([], [], 0, 1, 2.0, [], 2.0, 1))
+        c.observe(RoundReport([], [], 0, 1, 2.0, [], 2.0, (7,)))
     assert c.costs.target_call(1) == pytest.approx(2.0, rel=0.01)
     assert c.costs.target_call(4) == pytest.approx(2.0 * 1.12, rel=0.01)  # the shape is kept
 
@@ -151,7 +151,7 @@ def test_a_lookup_is_scored_in_the_shadow_of_plain_steps():
         probs[lookup[i]] = 0.9
         c.consider("ngram2", lookup[i:])
         c.choose({MODEL: 8, "ngram2": 4 - i}, lag=1)
-        c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, 1, probs, (lookup[i],)))
+        c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, (lookup[i],), probs))
     model = c._source("ngram2")
     assert model.at(0).value > before and model.at(1).trials > 0 and model.at(2).trials > 0
     assert model.at(0).hits == pytest.approx(0.9 * model.at(0).trials / 1.0, rel=0.2)

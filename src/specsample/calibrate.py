@@ -15,24 +15,25 @@ import time
 def measure(target, draft, context: list[int], max_tokens: int, clock=time.perf_counter) -> dict:
     base = target.length
     sample = (context * (max_tokens // max(1, len(context)) + 1))[-max_tokens:]
-    _timed(target, sample[:1], clock)  # warm-up: first calls pay one-off costs
-    target.rollback(base)
-    costs = []
-    for n in range(1, max_tokens + 1):
-        costs.append(_timed(target, sample[:n], clock))
-        target.rollback(base)
-    out = {"target": costs}
+    timed_call(target, sample[:1], base, clock)  # warm-up: first calls pay one-off costs
+    out = {"target": [timed_call(target, sample[:n], base, clock) for n in range(1, max_tokens + 1)]}
     if draft is not None:
         draft.rollback(0)
-        steps = [_timed(draft, [t], clock) for t in sample[:4]][1:]
+        draft.score(sample[:1], num_logits=1)
+        draft_base = draft.length
+        steps = [timed_call(draft, [t], draft_base, clock) for t in sample[:4]][1:]
         out["draft_step"] = statistics.median(steps)
         batch = (sample * 16)[:16]
-        out["draft_token"] = max(0.0, (_timed(draft, batch, clock, num_logits=1) - out["draft_step"]) / (len(batch) - 1))
+        seconds = timed_call(draft, batch, draft_base, clock, num_logits=1)
+        out["draft_token"] = max(0.0, (seconds - out["draft_step"]) / (len(batch) - 1))
         draft.rollback(0)
     return out
 
 
-def _timed(backend, tokens: list[int], clock, num_logits: int | None = None) -> float:
+def timed_call(backend, tokens: list[int], base: int, clock=time.perf_counter, num_logits: int | None = None) -> float:
+    """Seconds of one call scoring `tokens` on top of `base` cached tokens, rolled back after."""
     t0 = clock()
     backend.score(tokens, num_logits=num_logits or len(tokens))
-    return clock() - t0
+    elapsed = clock() - t0
+    backend.rollback(base)
+    return elapsed

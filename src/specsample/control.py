@@ -40,13 +40,14 @@ re-made with E - R* T, R* being the best rate found at the start of the round.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from .models import read_cached_json, write_cached_json
 
 MODEL = "model"
 
@@ -72,9 +73,8 @@ class RoundReport:
     target_seconds: float
     draft_calls: list[DraftCall]
     round_seconds: float  # wall time of the whole round
-    emitted: int
+    emitted_tokens: tuple[int, ...]
     first_probs: object = None  # [vocab] the target's distribution at the round's first position
-    emitted_tokens: tuple[int, ...] = ()
 
 
 class Policy(Protocol):
@@ -287,15 +287,15 @@ class AdaptiveController:
             self.calibrated = True
 
     def _load_or_measure(self, target, draft, context) -> None:
-        cached = _read_costs(self.cost_cache)
-        if cached is not None and len(cached["target"]) >= self.k_max + 1:
+        cached = read_cached_json(self.cost_cache)
+        if isinstance(cached, dict) and len(cached.get("target", ())) >= self.k_max + 1:
             self._seed(cached["target"], cached.get("draft_step"), cached.get("draft_token"))
             return
         from .calibrate import measure
 
         measured = measure(target, draft, context, self.k_max + 1, clock=self.clock)
         self._seed(measured["target"], measured.get("draft_step"), measured.get("draft_token"))
-        _write_costs(self.cost_cache, measured)
+        write_cached_json(self.cost_cache, measured)
 
     def _seed(self, target: list[float], draft_step: float | None, draft_token: float | None) -> None:
         self.costs.single.value = target[0]
@@ -319,7 +319,7 @@ class AdaptiveController:
                 best = (source, m, rate)
         source, m, rate = best
         limit = min(options.get(source, 0), self.k_max) if source else 0
-        self._round = {"rate": rate, "reach": 1.0, "source": source, "limit": limit}
+        self._round = {"rate": rate, "reach": 1.0, "limit": limit}
         # Sources left out this round drift back towards their prior (probing).
         for name, model in self.sources.items():
             if name != source:
@@ -405,7 +405,7 @@ class AdaptiveController:
                 model.given_confidence(confidence).update(accepted, self.decay)
         self._shadow_lookup(report)
         self._lookup = None
-        self._generated += report.emitted
+        self._generated += len(report.emitted_tokens)
 
     def _shadow_lookup(self, report: RoundReport) -> None:
         """Learn a lookup's acceptance while not proposing it, from plain steps.
@@ -467,25 +467,3 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "cpu"
-
-
-def _read_costs(path: Path | None) -> dict | None:
-    if path is None or not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data.get("target"), list) else None
-    except (OSError, ValueError):
-        return None
-
-
-def _write_costs(path: Path | None, costs: dict) -> None:
-    if path is None:
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(costs))
-        tmp.replace(path)  # atomic: concurrent writers leave one whole file
-    except OSError:
-        pass  # a cache we cannot write only costs a re-measurement next time

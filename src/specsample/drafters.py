@@ -116,7 +116,8 @@ def draft_confidence(logits: torch.Tensor, probs: torch.Tensor, sampling: Sampli
     """The draft's top probability at this position. Greedy drafts are one-hot, so
     there the plain softmax of the logits says how sure the draft is."""
     if sampling.greedy:
-        return float(torch.softmax(logits.float(), dim=-1).max())
+        logits = logits.float()
+        return float(torch.exp(logits.max() - torch.logsumexp(logits, dim=-1).max()))
     return float(probs.max())
 
 
@@ -175,13 +176,17 @@ class NgramDrafter:
                 self._latest[tuple(context[end - n : end])] = end - n
         self._indexed = list(context)
 
+    def offer(self, context: list[int], k: int, policy: Policy) -> tuple[list[int], dict[str, int]]:
+        """The lookup, shown to the policy, and the option it adds to a round."""
+        tokens, n = self.lookup(context, k)
+        if not tokens:
+            return tokens, {}
+        policy.consider(ngram_source(n), tokens)
+        return tokens, {ngram_source(n): len(tokens)}
+
     def propose(self, context, k, generator, policy=None) -> Draft:
         policy = policy or FixedK(k)
-        tokens, n = self.lookup(context, k)
-        options = {}
-        if tokens:
-            options[ngram_source(n)] = len(tokens)
-            policy.consider(ngram_source(n), tokens)
+        tokens, options = self.offer(context, k, policy)
         source, m = policy.choose(options, 0)
         return lookup_draft(tokens[:m], source)
 
@@ -211,12 +216,8 @@ class HybridDrafter:
 
     def propose(self, context, k, generator, policy=None) -> Draft:
         policy = policy or FixedK(k)
-        tokens, n = self.ngram.lookup(context, k)
-        options = {MODEL: k}
-        if tokens:
-            options[ngram_source(n)] = len(tokens)
-            policy.consider(ngram_source(n), tokens)
-        source, m = policy.choose(options, self.model.lag(context))
+        tokens, lookup = self.ngram.offer(context, k, policy)
+        source, m = policy.choose({MODEL: k, **lookup}, self.model.lag(context))
         if not m:
             return Draft.empty()
         if source == MODEL:

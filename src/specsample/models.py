@@ -9,6 +9,7 @@ and accept the assembled file only if its size and sha256 match.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -63,6 +64,30 @@ class ModelError(ValueError):
 def cache_dir() -> Path:
     root = os.environ.get("SPECSAMPLE_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specsample"
     return Path(root)
+
+
+def read_cached_json(path: Path | None):
+    """A small cache file's contents, or None when absent or unreadable."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_cached_json(path: Path | None, data) -> None:
+    """Best effort and atomic: concurrent writers leave one whole file, and a cache
+    that cannot be written only costs recomputing it next time."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 @dataclass(frozen=True)

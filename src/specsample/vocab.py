@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sysconfig
 from collections import Counter
 from pathlib import Path
+
+from .models import read_cached_json, write_cached_json
 
 CORPUS_CHARS = 4_000_000  # ~1M tokens: enough to rank the first tens of thousands
 
@@ -52,24 +53,15 @@ def _counts(tokenizer, vocab_size: int, cache: Path | None) -> dict[int, int]:
     probe = tokenizer.encode("def main():\n    return {'x': [1, 2.5]}  # héllo")
     key = hashlib.sha256(json.dumps([vocab_size, probe]).encode()).hexdigest()[:16]
     path = None if cache is None else cache / "vocab" / f"counts-{key}.json"
-    if path is not None and path.is_file():
-        try:
-            return {int(t): c for t, c in json.loads(path.read_text()).items()}
-        except (OSError, ValueError):
-            pass
+    cached = read_cached_json(path)
+    if isinstance(cached, dict):
+        return {int(t): c for t, c in cached.items()}
     text = corpus_text()
     # Tokenize in pieces: a tokenizer's cost can grow faster than linearly in length.
     counts = Counter()
     for start in range(0, len(text), 20_000):
         counts.update(tokenizer.encode(text[start : start + 20_000]))
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(counts))
-            tmp.replace(path)
-        except OSError:
-            pass
+    write_cached_json(path, counts)
     return dict(counts)
 
 

@@ -16,6 +16,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from ..calibrate import timed_call
+
 
 def expected_tokens_per_round(alpha: float, k: int) -> float:
     """E(K) above; alpha = 1 gives K + 1 (every draft accepted, plus the bonus)."""
@@ -88,9 +90,9 @@ def measure_cost_curve(target, draft, context: list[int], max_tokens: int, reps:
         times = []
         for i in range(reps + 1):
             if draft is not None:
-                elapsed = _timed_call(draft, context[-1:], draft_base)
+                elapsed = timed_call(draft, context[-1:], draft_base)
                 draft_times += [elapsed] if i else []
-            elapsed = _timed_call(target, tokens, target_base)
+            elapsed = timed_call(target, tokens, target_base)
             times += [elapsed] if i else []
         target_cost.append(statistics.median(times))
     for backend in (target, draft):
@@ -104,11 +106,3 @@ def _prefill(backend, context: list[int]) -> int:
     backend.rollback(0)
     backend.score(context, num_logits=1)
     return backend.length
-
-
-def _timed_call(backend, tokens: list[int], base: int) -> float:
-    t0 = time.perf_counter()
-    backend.score(tokens, num_logits=len(tokens))
-    elapsed = time.perf_counter() - t0
-    backend.rollback(base)
-    return elapsed
