@@ -3,8 +3,8 @@
 The draft's quality moves only the acceptance rate, never the output distribution
 (verification keeps that exactly the target's), so the draft may be requantized
 freely. Q4_0 is the default: llama.cpp repacks it for AVX2/AVX-512 matrix kernels,
-and a draft step of the default 0.5B fell from 15.8 to 10.0 ms on this project's
-2-core machine (and from 34 to 27 ms on another). The file is made once (a few
+and a draft step of the default 0.5B fell from 15.0 to 10.5 ms on this project's
+2-core machine (docs/results/draft-quant-*; issue 8 reports 34 to 27 ms on another). The file is made once (a few
 seconds) and cached beside the other converted models.
 """
 
