@@ -12,9 +12,10 @@ from pathlib import Path
 from .budget import Cell, estimate_seconds, format_duration, trim_to_budget
 from .costs import measure_cost_curve
 from .modes import FAMILIES, SETTINGS, OurMode, build_modes
-from .native import LlamaServer, NativeUnavailable, ensure_server
+from .native import LlamaServer, ensure_server
 from .report import machine_description, write_report
 from .runner import BenchConfig, prepare, run_bench, run_parity, total_steps
+from .servers import ServerUnavailable
 from .tasks import TASKS
 
 # `make bench`: every task, both settings, 8 prompts each, answers to their task's
@@ -29,6 +30,8 @@ PRESETS = {
     "demo": dict(tasks="humaneval", settings="greedy", modes="ar,spec-auto,spec,llamacpp-spec", ks="3", prompts="4",
                  parity=False, plots=False),
 }
+# --serve: HumanEval completions, both settings, 8 requests from 4 clients per server.
+SERVE_DEFAULTS = dict(tasks="humaneval", modes="auto", prompts="8")
 
 
 def add_bench_parser(subparsers) -> None:
@@ -56,6 +59,11 @@ def add_bench_parser(subparsers) -> None:
     b.add_argument("--cost-reps", type=int, default=5, help="timed calls per point of the cost curve (default 5)")
     b.add_argument("--no-build", dest="build", action="store_false", help="skip llamacpp-spec unless llama-server is already built")
     b.add_argument("--no-plots", dest="plots", action="store_false", default=None, help="skip the PNG plots")
+    b.add_argument("--serve", action="store_true",
+                   help="measure serving instead: --clients concurrent streaming clients send each task's prompts to "
+                        "each server in turn (modes: ar, spec-auto, spec, llamacpp-server, llamacpp-spec; default all "
+                        "but spec), writing serve.md and serve.jsonl")
+    b.add_argument("--clients", type=int, default=4, help="--serve: concurrent clients (default 4)")
     # load_models builds a drafter from these; bench only keeps the draft backend and
     # sets the sampling per decoding setting.
     b.set_defaults(func=cmd_bench, temperature=0.0, top_k=0, top_p=1.0)
@@ -63,7 +71,7 @@ def add_bench_parser(subparsers) -> None:
 
 def resolve_options(args) -> argparse.Namespace:
     """Explicit options win over the preset, the preset over the defaults."""
-    preset = PRESETS.get(args.preset, {})
+    preset = {**(SERVE_DEFAULTS if args.serve else {}), **PRESETS.get(args.preset, {})}
     for name, default in DEFAULTS.items():
         if getattr(args, name, None) is None:
             setattr(args, name, preset.get(name, default))
@@ -103,6 +111,8 @@ def cmd_bench(args) -> int:
     from .bandwidth import measure_read_bandwidth, weight_bytes
 
     args = resolve_options(args)
+    if args.serve:
+        return cmd_serve_load(args)
     load_at_start = os.getloadavg()[0]
     config = bench_config(args)  # validates before the slow model loads
     families = list(FAMILIES) if args.modes == "auto" else _names(args.modes, FAMILIES, "mode")
@@ -137,12 +147,61 @@ def cmd_bench(args) -> int:
     machine = machine_description("gguf" if _is_llamacpp(target) else args.dtype, _threads(args))
     # Other work on the machine skews every timing: say how busy it was.
     machine += f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
-    command = shlex.join(["specsample"] + sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "specsample bench (library call)"
-    table = write_report(args.out, records, curve, command=command, machine=machine, notes=notes, plots=args.plots,
+    table = write_report(args.out, records, curve, command=_command(), machine=machine, notes=notes, plots=args.plots,
                          weight_bytes=weight_bytes(target, gguf), read_bandwidth=read_bandwidth)
     print(table)
     print(f"specsample: wrote {args.out}/records.jsonl and {args.out}/summary.md", file=sys.stderr)
     return 0
+
+
+def cmd_serve_load(args) -> int:
+    from ..cli import UsageError, load_models
+    from .serving import DEFAULT_SERVE_FAMILIES, SERVE_FAMILIES, run_serving, served_modes, write_serve_report
+
+    load_at_start = os.getloadavg()[0]
+    config = bench_config(args)
+    families = DEFAULT_SERVE_FAMILIES if args.modes == "auto" else _names(args.modes, SERVE_FAMILIES, "--serve mode")
+    ks = [int(k) for k in args.ks.split(",")]
+    if args.clients < 1 or min(ks) < 1 or args.peer_k < 1:
+        raise UsageError("--clients and K must be >= 1")
+    target, _ = load_models(args, need_draft=False)  # for the tokenizer: prompts go out as token ids
+    prompts = prepare(target, config.tasks, {t: config.prompt_count(t) for t in config.tasks})
+    gguf = _target_gguf(args) if _is_llamacpp(target) else None
+    longest = max(len(p.ids) for group in prompts.values() for p in group)
+    n_ctx = longest + max(config.new_tokens(t) for t in config.tasks) + max(ks + [args.peer_k]) + 16
+    del target  # the servers load their own copies; this process only sends requests
+
+    def llama_server():
+        server = _start_server(args, ["llamacpp-spec"], n_ctx, args.peer_k)
+        if isinstance(server, str):
+            raise ServerUnavailable(server)
+        return server
+
+    records, notes = run_serving(served_modes(families, ks, args.peer_k), prompts, config.settings,
+                                 clients=args.clients, model_argv=serve_argv(args), llama_server=llama_server,
+                                 new_tokens=config.new_tokens)
+    machine = machine_description("gguf" if gguf else args.dtype, _threads(args))
+    machine += f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
+    table = write_serve_report(args.out, records, command=_command(), machine=machine, notes=notes)
+    print(table)
+    print(f"specsample: wrote {args.out}/serve.jsonl and {args.out}/serve.md", file=sys.stderr)
+    return 0
+
+
+def serve_argv(args) -> list[str]:
+    """This run's model arguments for a `specsample serve` child process, with a queue
+    that holds every client and never times out."""
+    argv = ["--max-queue", str(max(16, args.clients)), "--queue-timeout", "3600","--target", args.target, "--draft", args.draft, "--backend", args.backend, "--draft-quant", args.draft_quant,
+            "--draft-vocab", str(args.draft_vocab), "--dtype", args.dtype, "--device", args.device,
+            "--ngram-max", str(args.ngram_max), "--lookup" if args.lookup else "--no-lookup"]
+    for name in ("target_backend", "draft_backend", "threads"):
+        if getattr(args, name):
+            argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return argv
+
+
+def _command() -> str:
+    return shlex.join(["specsample"] + sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "specsample bench (library call)"
 
 
 def _cost_curve(target, draft, prompts, max_tokens: int, reps: int):
@@ -199,10 +258,19 @@ def _start_server(args, families, n_ctx: int, k_max: int, loaded_draft=None):
     try:
         binary = ensure_server(build=args.build, jobs=min(2, os.cpu_count() or 1))
         # The peer gets the very files our modes use (the draft as requantized by --draft-quant).
-        draft_path = getattr(loaded_draft, "path", None) or draft.gguf_path
+        draft_path = getattr(loaded_draft, "path", None) or _draft_file(args, draft.gguf_path)
         return LlamaServer(binary, target.gguf_path, draft_path, threads=_threads(args), n_ctx=n_ctx, k_max=k_max)
-    except NativeUnavailable as e:
+    except ServerUnavailable as e:
         return str(e)
+
+
+def _draft_file(args, gguf: Path) -> Path:
+    """The draft file our llama.cpp modes load: requantized as --draft-quant says."""
+    if args.draft_quant == "none":
+        return gguf
+    from ..backends.requantize import requantized
+
+    return requantized(gguf, args.draft_quant)
 
 
 def _parity_modes(target, draft, k: int) -> list:

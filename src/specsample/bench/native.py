@@ -24,18 +24,15 @@ What its numbers mean (read from tools/server/server.cpp of that tree):
 
 from __future__ import annotations
 
-import json
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from ..models import cache_dir
+from .servers import ServerProcess, ServerUnavailable
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.16"
 SERVER_NAME = f"llama-server-{LLAMA_CPP_PYTHON_VERSION}"
@@ -43,7 +40,7 @@ CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA
                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", "-DGGML_NATIVE=ON")
 
 
-class NativeUnavailable(RuntimeError):
+class NativeUnavailable(ServerUnavailable):
     """The native peer cannot run here; the message is the one-line reason."""
 
 
@@ -127,60 +124,18 @@ def parse_completion(response: dict) -> dict:
     return {"token_ids": tokens, "text": response.get("content", ""), "stop_reason": stop, "stats": stats}
 
 
-class LlamaServer:
+class LlamaServer(ServerProcess):
     """One llama-server process holding the target and draft models, on a local port."""
 
     def __init__(self, binary: Path, target_gguf, draft_gguf, *, threads: int, n_ctx: int, k_max: int):
-        self._tmp = tempfile.TemporaryDirectory(prefix="specsample-server-")
-        self.port = _free_port()
-        self.log_path = Path(self._tmp.name) / "server.log"
-        cmd = [str(binary), "-m", str(target_gguf), "-md", str(draft_gguf), "--host", "127.0.0.1", "--port", str(self.port),
-               "-t", str(threads), "-tb", str(threads), "-td", str(threads), "-tbd", str(threads),
-               "-c", str(n_ctx), "-cd", str(n_ctx), "-np", "1", "-ngl", "0", "-ngld", "0",
-               "--draft-max", str(k_max), "--draft-min", "0", "--draft-p-min", "0",
-               "--slot-save-path", self._tmp.name, "--no-webui"]
-        self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-        self._wait_ready()
-
-    def _wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise NativeUnavailable(f"llama-server exited: {self.log_path.read_text().strip().splitlines()[-1:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        self.close()
-        raise NativeUnavailable("llama-server did not come up within two minutes")
-
-    def post(self, route: str, body: dict) -> dict:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{route}", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=3600) as r:
-            return json.loads(r.read())
+        super().__init__(lambda port, tmp: [
+            str(binary), "-m", str(target_gguf), "-md", str(draft_gguf), "--host", "127.0.0.1", "--port", str(port),
+            "-t", str(threads), "-tb", str(threads), "-td", str(threads), "-tbd", str(threads),
+            "-c", str(n_ctx), "-cd", str(n_ctx), "-np", "1", "-ngl", "0", "-ngld", "0",
+            "--draft-max", str(k_max), "--draft-min", "0", "--draft-p-min", "0",
+            "--slot-save-path", tmp, "--no-webui"], name="llama-server")
 
     def complete(self, body: dict) -> dict:
         # A fresh prefill every time, as our loops do: forget the previous prompt.
-        self.post("/slots/0?action=erase", {})
-        return self.post("/completion", body)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self._log.close()
-        self._tmp.cleanup()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        self.request("/slots/0?action=erase", {})
+        return self.request("/completion", body)

@@ -152,6 +152,11 @@ def _check_range(name: str, value, low, high, low_open: bool = False) -> None:
         raise APIError(400, f"{name} must be in {interval}, got {value}", param=name, code="invalid_value")
 
 
+# OpenAI takes 4; the HumanEval completion protocol needs 5, and vLLM and llama-server
+# set no limit. Each stop string is searched in the text after every round.
+MAX_STOP_STRINGS = 16
+
+
 def generation_config(request: _Request, max_tokens: int | None, settings: Settings) -> GenerationConfig:
     """The request's settings; max_new_tokens is fitted to the prompt later."""
     _check_range("temperature", request.temperature, 0, 2)
@@ -160,8 +165,9 @@ def generation_config(request: _Request, max_tokens: int | None, settings: Setti
     _check_range("max_tokens", max_tokens, 1, settings.max_tokens)
     _check_range("seed", request.seed, -(1 << 63), (1 << 64) - 1)  # what torch's manual_seed takes
     stop = [request.stop] if isinstance(request.stop, str) else request.stop or []
-    if len(stop) > 4 or not all(stop):
-        raise APIError(400, "stop takes at most 4 non-empty strings", param="stop", code="invalid_value")
+    if len(stop) > MAX_STOP_STRINGS or not all(stop):
+        raise APIError(400, f"stop takes at most {MAX_STOP_STRINGS} non-empty strings", param="stop",
+                       code="invalid_value")
     sampling = SamplingConfig(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_k=request.top_k or 0, top_p=1.0 if request.top_p is None else request.top_p,

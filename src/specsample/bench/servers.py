@@ -1,0 +1,88 @@
+"""Servers the benchmark starts as processes of their own: llama-server (native.py)
+and `specsample serve`, each on a free loopback port, logging to a temporary file."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+
+class ServerUnavailable(RuntimeError):
+    """A server could not start; the message is the one-line reason."""
+
+
+class ServerProcess:
+    """`command(port, tmp_dir)` run until /health answers 200."""
+
+    def __init__(self, command: Callable[[int, str], list[str]], name: str, ready_timeout: float = 300.0):
+        self.name = name
+        self._tmp = tempfile.TemporaryDirectory(prefix="specsample-server-")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(self._tmp.name) / "server.log"
+        self._log = open(self.log_path, "w")
+        self.process = subprocess.Popen(command(self.port, self._tmp.name), stdout=self._log, stderr=subprocess.STDOUT)
+        self._wait_ready(ready_timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                last = self.log_path.read_text().strip().splitlines()[-1:] or ["no output"]
+                self.close()
+                raise ServerUnavailable(f"{self.name} exited: {last[0]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.close()
+        raise ServerUnavailable(f"{self.name} did not come up within {timeout:.0f} s")
+
+    def request(self, route: str, body: dict | None = None) -> dict:
+        """GET route, or POST body to it."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.url}{route}", data=data, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=3600) as r:
+            return json.loads(r.read())
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if not self._log.closed:
+            self._log.close()
+        self._tmp.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def specsample_server(model_argv: list[str], extra: list[str], name: str) -> ServerProcess:
+    """`specsample serve` with the bench's own model arguments, in a child process:
+    it loads its models as a user's server would, and its threads never share a
+    process with the load's client."""
+    return ServerProcess(lambda port, tmp: [sys.executable, "-m", "specsample", "serve", *model_argv, *extra,
+                                            "--host", "127.0.0.1", "--port", str(port)], name=name)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
