@@ -1,6 +1,7 @@
 """`bench --serve`: the load client against a toy server, the report, the server
 processes and the command line."""
 
+import json
 import sys
 
 import pytest
@@ -10,7 +11,7 @@ from specsample.bench.cli import resolve_options, serve_argv
 from specsample.bench.load import RequestTiming, run_load, summarise_load
 from specsample.bench.modes import SETTINGS
 from specsample.bench.servers import ServerProcess, ServerUnavailable
-from specsample.bench.serving import ServedMode, greedy_identity, serve_table, served_modes
+from specsample.bench.serving import ServedMode, greedy_identity, serve_table, served_modes, write_serve_report
 from specsample.cli import build_parser
 
 from serve_helpers import WordTokenizer, running, toy_app
@@ -67,6 +68,14 @@ def test_serve_table_compares_each_server_with_ar_and_counts_identical_greedy_an
     assert "| 10.00 | 1.00 |" in ar_row  # 20 tokens in 2 s
     assert "| 20.00 | 2.00 |" in spec_row and spec_row.endswith("| 0.67 |")  # 8 of 12 drafts accepted
     assert greedy_identity(records)[1] == ["spec-auto", "1/2"]
+
+
+def test_the_serve_report_keeps_every_request_and_the_command(tmp_path):
+    records = [_record("ar", "greedy", "p0", "a", 10), _record("spec-auto", "greedy", "p0", "a", 10, error="boom")]
+    table = write_serve_report(tmp_path, records, command="specsample bench --serve", machine="m", notes=["a note"])
+    report = (tmp_path / "serve.md").read_text()
+    assert table in report and "`specsample bench --serve`" in report and "- a note" in report
+    assert [json.loads(line)["mode"] for line in (tmp_path / "serve.jsonl").read_text().splitlines()] == ["ar", "spec-auto"]
 
 
 def test_served_modes_and_their_request_bodies():

@@ -157,9 +157,7 @@ def greedy_identity(records: list[dict]) -> list[list[str]]:
 
 def write_serve_report(out: Path, records: list[dict], *, command: str, machine: str, notes: list[str]) -> str:
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "serve.jsonl", "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+    write_records(out / "serve.jsonl", records)
     table = serve_table(records)
     parts = ["# specsample bench --serve", f"Command: `{command}`", f"Machine: {machine}", "## Serving load", SERVE_NOTE,
              table, "## Greedy exactness through the server", markdown_table(greedy_identity(records))]
