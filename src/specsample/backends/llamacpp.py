@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .base import trim_padding
+from .cpushare import SHARED
 
 _quiet_logger = None  # keep the ctypes callback alive for the process's lifetime
 
@@ -77,7 +78,8 @@ class LlamaCppTokenizer:
 
 
 class LlamaCppBackend:
-    def __init__(self, path: Path, *, name: str | None = None, threads: int | None = None, n_ctx: int = 4096, n_batch: int = 512):
+    def __init__(self, path: Path, *, name: str | None = None, threads: int | None = None, n_ctx: int = 4096,
+                 n_batch: int = 512, share_cores: bool = True):
         lib = _llama()
         self._lib = lib
         self.name = name or Path(path).name
@@ -94,6 +96,9 @@ class LlamaCppBackend:
         cparams.n_batch = cparams.n_ubatch = n_batch
         cparams.n_threads = cparams.n_threads_batch = threads
         self.threads = threads
+        # Run on the cores other processes leave free (cpushare.py), up to `threads`.
+        self._share = SHARED if share_cores else None
+        self._threads_now = threads
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             raise ValueError(f"llama.cpp could not create a context for {path}")
@@ -115,6 +120,8 @@ class LlamaCppBackend:
         return self._length
 
     def score(self, token_ids: list[int], num_logits: int) -> torch.Tensor:
+        if self._share is not None:
+            self._use_threads(self._share.threads(self.threads))
         rows = []
         first_wanted = len(token_ids) - num_logits
         for start in range(0, len(token_ids), self._n_batch):
@@ -134,6 +141,11 @@ class LlamaCppBackend:
                 pointer = self._lib.llama_get_logits_ith(self._ctx, i)
                 rows.append(np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))[: self.vocab_size].copy())
         return torch.from_numpy(np.stack(rows))  # [num_logits, vocab]
+
+    def _use_threads(self, n: int) -> None:
+        if n != self._threads_now:
+            self._lib.llama_set_n_threads(self._ctx, n, n)
+            self._threads_now = n
 
     def rollback(self, length: int) -> None:
         if length >= self._length:

@@ -64,6 +64,9 @@ def add_bench_parser(subparsers) -> None:
                         "each server in turn (modes: ar, spec-auto, spec, llamacpp-server, llamacpp-spec; default all "
                         "but spec), writing serve.md and serve.jsonl")
     b.add_argument("--clients", type=int, default=4, help="--serve: concurrent clients (default 4)")
+    b.add_argument("--contention", action="store_true",
+                   help="measure instead how two model processes at once slow each other, with and without "
+                        "specsample's core sharing, writing contention.md")
     # load_models builds a drafter from these; bench only keeps the draft backend and
     # sets the sampling per decoding setting.
     b.set_defaults(func=cmd_bench, temperature=0.0, top_k=0, top_p=1.0)
@@ -113,6 +116,8 @@ def cmd_bench(args) -> int:
     args = resolve_options(args)
     if args.serve:
         return cmd_serve_load(args)
+    if args.contention:
+        return cmd_contention(args)
     load_at_start = os.getloadavg()[0]
     config = bench_config(args)  # validates before the slow model loads
     families = list(FAMILIES) if args.modes == "auto" else _names(args.modes, FAMILIES, "mode")
@@ -188,10 +193,28 @@ def cmd_serve_load(args) -> int:
     return 0
 
 
+def cmd_contention(args, reps: int = 6, tokens: int = 32) -> int:
+    from .contention import CONFIGURATIONS, measure, write_contention_report
+
+    results = []
+    for label, env in CONFIGURATIONS:
+        print(f"specsample: contention: {label}", file=sys.stderr, flush=True)
+        results.append(measure(_model_argv(args), label, env, reps=reps, tokens=tokens))
+    machine = machine_description("gguf" if args.backend != "hf" else args.dtype, _threads(args))
+    table = write_contention_report(args.out, results, command=_command(), machine=machine, reps=reps, tokens=tokens)
+    print(table)
+    return 0
+
+
 def serve_argv(args) -> list[str]:
     """This run's model arguments for a `specsample serve` child process, with a queue
     that holds every client and never times out."""
-    argv = ["--max-queue", str(max(16, args.clients)), "--queue-timeout", "3600","--target", args.target, "--draft", args.draft, "--backend", args.backend, "--draft-quant", args.draft_quant,
+    return _model_argv(args) + ["--max-queue", str(max(16, args.clients)), "--queue-timeout", "3600"]
+
+
+def _model_argv(args) -> list[str]:
+    """This run's model arguments, for a child process that loads the models itself."""
+    argv = ["--target", args.target, "--draft", args.draft, "--backend", args.backend, "--draft-quant", args.draft_quant,
             "--draft-vocab", str(args.draft_vocab), "--dtype", args.dtype, "--device", args.device,
             "--ngram-max", str(args.ngram_max), "--lookup" if args.lookup else "--no-lookup"]
     for name in ("target_backend", "draft_backend", "threads"):

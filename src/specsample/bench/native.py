@@ -133,7 +133,10 @@ class LlamaServer(ServerProcess):
             "-t", str(threads), "-tb", str(threads), "-td", str(threads), "-tbd", str(threads),
             "-c", str(n_ctx), "-cd", str(n_ctx), "-np", "1", "-ngl", "0", "-ngld", "0",
             "--draft-max", str(k_max), "--draft-min", "0", "--draft-p-min", "0",
-            "--slot-save-path", tmp, "--no-webui"], name="llama-server")
+            "--slot-save-path", tmp, "--no-webui",
+            # One HTTP thread per waiting client: its default (the core count) left a
+            # fifth streaming client of `bench --serve` with a connection error.
+            "--threads-http", "64"], name="llama-server")
 
     def complete(self, body: dict) -> dict:
         # A fresh prefill every time, as our loops do: forget the previous prompt.

@@ -1,0 +1,92 @@
+"""Threads for a machine shared with other processes.
+
+llama.cpp (and torch) run each call on an OpenMP team whose threads spin at every
+barrier. When another process holds some of the cores, one of our threads gets
+descheduled and its partners spin away the time it needs: on 2 cores, two model
+processes each running 2 threads made every call 4 to 100x slower. Waiting
+passively instead (OMP_WAIT_POLICY=PASSIVE) keeps a pair fair but costs a lone
+process a third of its speed (docs/results/contention).
+
+So we ask how many cores the others use and run on what is left: a lone process
+keeps all its threads, and two processes settle at one thread each on two cores,
+where no thread waits for a descheduled partner. The others' share comes from
+/proc: busy time of all cores less this process's own, over the last quarter
+second. Elsewhere than Linux, the configured threads are used as they are, and
+SPECSAMPLE_SHARE_CORES=0 turns this off (as `bench --contention` does to compare).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def read_proc() -> tuple[int, int] | None:
+    """(busy ticks of the cores this process may run on, ticks used by this process),
+    or None off Linux."""
+    mine = {f"cpu{c}" for c in _affinity()}
+    busy = 0
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *fields = line.split()
+                if name in mine:
+                    # user nice system idle iowait irq softirq steal: idle and iowait are not busy.
+                    ticks = [int(x) for x in fields[:8]]
+                    busy += sum(ticks) - ticks[3] - ticks[4]
+        with open("/proc/self/stat") as f:
+            own = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces
+    except (OSError, ValueError, IndexError):
+        return None
+    return busy, int(own[11]) + int(own[12])  # utime + stime
+
+
+def _affinity() -> set[int]:
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
+
+
+def available_cores() -> int:
+    return len(_affinity())
+
+
+class CpuShare:
+    """Cores the other processes on this machine are using, re-read every `interval`."""
+
+    def __init__(self, interval: float = 0.25, read=read_proc, clock=time.monotonic, cores: int | None = None,
+                 enabled: bool = True):
+        self.interval = interval
+        self.enabled = enabled
+        self.cores = cores or available_cores()
+        self._read, self._clock = read, clock
+        self._last: tuple[float, int, int] | None = None
+        self.others = 0.0  # cores' worth of CPU time used by other processes lately
+
+    def threads(self, wanted: int) -> int:
+        """Threads to run now: `wanted`, less the cores others use (rounded), at least 1."""
+        if not self.enabled:
+            return wanted
+        self._update()
+        free = self.cores - self.others
+        return max(1, min(wanted, int(free + 0.5)))
+
+    def _update(self) -> None:
+        now = self._clock()
+        if self._last is not None and now - self._last[0] < self.interval:
+            return
+        sample = self._read()
+        if sample is None:
+            return
+        if self._last is not None:
+            wall = now - self._last[0]
+            others = (sample[0] - self._last[1]) - (sample[1] - self._last[2])
+            self.others = max(0.0, others / TICKS / wall)
+        self._last = (now, *sample)
+
+
+# One per process: every backend reads the same measurement.
+SHARED = CpuShare(enabled=os.environ.get("SPECSAMPLE_SHARE_CORES", "1") != "0")

@@ -1,0 +1,133 @@
+"""Two model processes on one machine: how much each slows the other.
+
+A user runs a server beside a notebook, or two jobs at once. OpenMP runtimes spin
+at their barriers, and on a machine with no spare core a spinning thread burns the
+time slice its descheduled partner needs: llama.cpp calls once ran ~100x slower in
+pairs. This measures it: each worker process loads the pair once, waits until all
+workers are loaded, then draws the same speculative samples through the public
+API; we compare the median sample time of a pair of workers with that of one.
+
+`python -m specsample.bench.contention WORKER ...` is the worker (model arguments,
+then --reps and --tokens); the environment passed to it is the configuration
+under test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+
+PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+
+
+@dataclass
+class Contention:
+    label: str
+    lone: float  # median seconds per sample, one worker
+    paired: float  # median over both workers' samples, two at once
+
+    @property
+    def slowdown(self) -> float:
+        return self.paired / self.lone
+
+
+def measure(model_argv: list[str], label: str, env: dict[str, str] | None = None, reps: int = 6,
+            tokens: int = 32) -> Contention:
+    lone = _run_workers(1, model_argv, env, reps, tokens)
+    paired = _run_workers(2, model_argv, env, reps, tokens)
+    return Contention(label, statistics.median(lone), statistics.median(paired))
+
+
+# What `bench --contention` compares: the library as shipped, then the same with its
+# core sharing off (OpenMP's own waits, as other llama.cpp programs run), then
+# passive OpenMP waits, the usual advice for shared machines.
+CONFIGURATIONS = (
+    ("specsample (threads follow the free cores)", {}),
+    ("fixed threads (SPECSAMPLE_SHARE_CORES=0)", {"SPECSAMPLE_SHARE_CORES": "0"}),
+    ("fixed threads, OMP_WAIT_POLICY=PASSIVE", {"SPECSAMPLE_SHARE_CORES": "0", "OMP_WAIT_POLICY": "PASSIVE"}),
+)
+NOTE = ("Each worker process loads the pair, draws one warm-up sample, waits until every worker is loaded, then draws "
+        "{reps} speculative samples (K = 3, T = 0.8, top-p 0.95, {tokens} new tokens each, seeds 0..{last}) from a "
+        "short code prompt. Medians over the samples of one worker alone, and over both workers' samples when two run "
+        "at once.")
+
+
+def write_contention_report(out, results: list[Contention], *, command: str, machine: str, reps: int,
+                            tokens: int) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    table = contention_table(results)
+    parts = ["# specsample bench --contention", f"Command: `{command}`", f"Machine: {machine}",
+             NOTE.format(reps=reps, tokens=tokens, last=reps - 1), table]
+    (out / "contention.md").write_text("\n\n".join(parts) + "\n")
+    return table
+
+
+def contention_table(results: list[Contention]) -> str:
+    from .report import markdown_table
+
+    base = results[0].lone
+    rows = [["configuration", "one process: s/sample", "two at once: s/sample", "slowdown in a pair",
+             "alone, vs the first row"]]
+    rows += [[c.label, f"{c.lone:.3f}", f"{c.paired:.3f}", f"{c.slowdown:.2f}x", f"{c.lone / base:.2f}x"]
+             for c in results]
+    return markdown_table(rows)
+
+
+def _run_workers(n: int, model_argv, env, reps: int, tokens: int) -> list[float]:
+    """Start n workers, release them together once all are loaded, gather sample times."""
+    cmd = [sys.executable, "-m", "specsample.bench.contention", "WORKER", *model_argv, "--reps", str(reps),
+           "--tokens", str(tokens)]
+    full_env = {**os.environ, **(env or {})}
+    workers = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=full_env)
+               for _ in range(n)]
+    try:
+        for w in workers:
+            if w.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a contention worker failed to load (exit {w.wait()})")
+        for w in workers:
+            w.stdin.write("go\n")
+            w.stdin.flush()
+        times = []
+        for w in workers:
+            times += json.loads(w.stdout.readline())
+            w.wait()
+        return times
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+
+
+def _worker(argv: list[str]) -> None:
+    import argparse
+
+    from ..cli import add_model_arguments, load_models
+    from ..generate import GenerationConfig, generate
+    from ..sampling import SamplingConfig
+
+    p = argparse.ArgumentParser()
+    add_model_arguments(p)
+    p.add_argument("--reps", type=int, default=6)
+    p.add_argument("--tokens", type=int, default=32)
+    args = p.parse_args(argv)
+    args.temperature, args.top_k, args.top_p = 0.8, 0, 0.95
+    target, drafter = load_models(args, need_draft=True)
+    ids = target.tokenizer.encode(PROMPT)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+
+    def sample(seed: int) -> float:
+        config = GenerationConfig(max_new_tokens=args.tokens, k=3, sampling=sampling, seed=seed)
+        return generate(target, ids, config, drafter).stats.total_seconds
+
+    sample(-1 % (1 << 32))  # warm-up: first-call costs are not contention
+    print("ready", flush=True)
+    sys.stdin.readline()
+    print(json.dumps([sample(seed) for seed in range(args.reps)]), flush=True)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["WORKER"]:
+    _worker(sys.argv[2:])

@@ -1,0 +1,81 @@
+"""Threads follow the cores other processes leave free."""
+
+import time
+
+import pytest
+
+from specsample.backends.cpushare import TICKS, CpuShare, read_proc
+
+
+class FakeProc:
+    """/proc as a script: each read advances the wall clock by 0.5 s, during which
+    other processes use `others` cores and this one `own` cores."""
+
+    def __init__(self):
+        self.now, self.busy, self.own = 0.0, 0, 0
+        self.others = self.own_cores = 0.0
+
+    def clock(self):
+        return self.now
+
+    def read(self):
+        return self.busy, self.own
+
+    def advance(self, seconds=0.5):
+        self.now += seconds
+        self.busy += int(TICKS * seconds * (self.others + self.own_cores))
+        self.own += int(TICKS * seconds * self.own_cores)
+
+
+def test_a_lone_process_keeps_its_threads_and_a_busy_machine_takes_them_away():
+    proc = FakeProc()
+    share = CpuShare(interval=0.25, read=proc.read, clock=proc.clock, cores=2)
+    proc.own_cores = 2.0
+    assert share.threads(2) == 2  # first sample: nothing measured yet
+    proc.advance()
+    assert share.threads(2) == 2 and share.others == 0.0  # all the busy time is ours
+    proc.others, proc.own_cores = 1.0, 1.0  # a second model process arrives
+    proc.advance()
+    assert share.threads(2) == 1
+    proc.others = 2.0  # a process using both cores: still one thread, never none
+    proc.advance()
+    assert share.threads(2) == 1
+    proc.others = 0.3  # background noise under half a core does not cost a thread
+    proc.advance()
+    assert share.threads(2) == 2
+    assert share.threads(1) == 1  # never more than asked
+
+
+def test_the_measurement_is_reread_only_after_the_interval():
+    proc = FakeProc()
+    share = CpuShare(interval=1.0, read=proc.read, clock=proc.clock, cores=2)
+    share.threads(2)
+    proc.others = 2.0
+    proc.advance(0.5)
+    assert share.threads(2) == 2  # too soon to look again
+    proc.advance(0.5)
+    assert share.threads(2) == 1
+
+
+def test_turned_off_or_off_linux_it_uses_the_threads_asked_for():
+    proc = FakeProc()
+    proc.others = 2.0
+    off = CpuShare(read=proc.read, clock=proc.clock, cores=2, enabled=False)
+    no_proc = CpuShare(read=lambda: None, clock=proc.clock, cores=2)
+    for share in (off, no_proc):
+        share.threads(2)
+        proc.advance()
+        assert share.threads(2) == 2
+
+
+def test_this_process_busy_time_shows_in_its_own_and_the_machines_share():
+    before = read_proc()
+    if before is None:
+        pytest.skip("no /proc here")
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # 0.3 s of CPU in this process
+        pass
+    after = read_proc()
+    own, busy = after[1] - before[1], after[0] - before[0]
+    assert own >= 0.2 * TICKS  # 0.3 s, less the clock's tick granularity
+    assert busy >= own - 2  # the cores' busy time includes ours
