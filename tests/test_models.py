@@ -5,7 +5,7 @@ import zipfile
 import pytest
 
 from specsample import models
-from specsample.models import ChunkedModel, ModelError, fetch_default, resolve
+from specsample.models import ChunkedModel, ModelError, cache_dir, fetch_default, resolve
 
 CHUNKS = [b"first chunk ", b"second chunk ", b"third"]
 
@@ -102,3 +102,14 @@ def test_resolve_paths_and_errors(tmp_path):
         resolve(str(tmp_path / "dir"))
     assert resolve("Qwen/Qwen2.5-0.5B").location == "Qwen/Qwen2.5-0.5B"
 
+
+@pytest.mark.parametrize("xdg", ["", "relative/dir"])
+def test_an_empty_or_relative_xdg_cache_home_counts_as_unset(monkeypatch, tmp_path, xdg):
+    monkeypatch.delenv("SPECSAMPLE_CACHE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+    assert cache_dir() == tmp_path / ".cache" / "specsample"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "specsample"
+    monkeypatch.setenv("SPECSAMPLE_CACHE", "")
+    assert cache_dir() == tmp_path / "xdg" / "specsample"

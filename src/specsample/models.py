@@ -64,8 +64,12 @@ class ModelError(ValueError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("SPECSAMPLE_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specsample"
-    return Path(root)
+    if os.environ.get("SPECSAMPLE_CACHE"):
+        return Path(os.environ["SPECSAMPLE_CACHE"])
+    # The XDG spec: a variable that is empty or holds a relative path counts as unset
+    # (read literally, `XDG_CACHE_HOME=` would put the cache under the working directory).
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "specsample"
 
 
 def read_cached_json(path: Path | None):
