@@ -1,11 +1,17 @@
+import errno
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from specsample import cli
 from specsample.cli import main
 
 from tiny_hf import tiny_model
@@ -95,3 +101,74 @@ def test_error_from_the_console_script_has_no_traceback(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.startswith("specsample: error:") and "Traceback" not in done.stderr
+
+
+def assert_one_line_error(code, err, message):
+    assert code == 2
+    assert err.startswith("specsample: error:") and message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args,cuda_devices,message", [
+    (["--device", "nonsense"], 0, "not a torch device"),
+    (["--device", "cuda"], 0, "no cuda device is available"),  # torch asserted, after the load
+    (["--device", "cuda:1"], 1, "numbered 0 to 0"),
+    (["--threads", "-1"], 0, "--threads must be >= 1"),
+])
+def test_bad_device_or_threads_fail_before_any_model_loads(capsys, monkeypatch, args, cuda_devices, message):
+    monkeypatch.setattr(cli, "load_backend", lambda *a, **kw: pytest.fail("loaded a model"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_devices > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda_devices)
+    code, _, err = run(capsys, "generate", "--prompt", "the cat", *args)
+    assert_one_line_error(code, err, message)
+
+
+def failing(error):
+    def fail(*args, **kwargs):
+        raise error
+    return fail
+
+
+HUB_MISS = OSError("Qwen/Qwen2.5-0.5Bx is not a local folder and is not a valid model identifier listed on "
+                   "'https://huggingface.co/models'\nIf this is a private repository, make sure to pass a token")
+DISK_FULL = OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("command,patched,error,message", [
+    (["generate", "--prompt", "x", "--target", "Qwen/Qwen2.5-0.5Bx"], "load_backend", HUB_MISS, "not a valid model identifier"),
+    (["generate", "--prompt", "x"], "load_backend", DISK_FULL, "No space left on device"),
+    (["fetch"], "fetch_default", DISK_FULL, "No space left on device"),
+])
+def test_load_and_fetch_failures_are_one_line_and_exit_2(capsys, monkeypatch, command, patched, error, message):
+    monkeypatch.setattr(cli, patched, failing(error))
+    code, _, err = run(capsys, *command)
+    assert_one_line_error(code, err, message)
+
+
+def test_an_engine_failure_mid_stream_is_one_line_and_exit_2(capsys, monkeypatch, tiny_dirs):
+    def stream(*args, **kwargs):
+        yield SimpleNamespace(text="the")
+        raise RuntimeError("llama_decode failed at position 4096 (draft)")
+
+    monkeypatch.setattr(cli, "stream", stream)
+    code, out, err = run(capsys, "generate", "--target", tiny_dirs["target"], "--draft", "ngram", "--prompt", "the cat")
+    assert out == "the"
+    assert_one_line_error(code, err, "llama_decode failed")
+
+
+@pytest.mark.parametrize("size", [10, 1 << 20])  # left in the buffer at exit; written while running
+def test_a_closed_stdout_pipe_ends_quietly(size):
+    """`specsample ... | head -c 10`: no BrokenPipeError traceback, no 'Exception ignored'."""
+    script = f"""if True:
+        import sys
+        from specsample import cli
+        sys.stdin.read()  # until the reader has gone
+        cli.fetch_default = lambda spec: "x" * {size}
+        sys.exit(cli.main(["fetch", "qwen2.5-coder-0.5b"]))
+    """
+    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[1])}
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env)
+    child.stdout.close()
+    _, err = child.communicate(b"", timeout=120)
+    assert (child.returncode, err.decode()) == (1, "")

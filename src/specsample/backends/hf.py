@@ -8,12 +8,12 @@ the deprecated "final length" form, removed in 5.18. We only ever pass negatives
 from __future__ import annotations
 
 import hashlib
-import shutil
 import sys
 from pathlib import Path
 
 import torch
 
+from ..files import build_once
 from .base import trim_padding
 
 # Special tokens that end a turn in common instruct models; the ones a vocabulary
@@ -174,8 +174,11 @@ def _save_dequantised(model, tokenizer, directory: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = directory.with_name(directory.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(directory)
+
+    def save(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    # Another process converting the same file at once publishes first; then this
+    # one finds the directory complete and keeps it.
+    build_once(directory, save, ready=lambda d: (d / "config.json").exists())

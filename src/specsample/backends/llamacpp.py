@@ -36,9 +36,26 @@ def _llama():
     return llama_cpp
 
 
+class LoadedModel:
+    """A llama_model, freed when its last holder is gone. The tokenizer holds one too:
+    its vocab pointer lives inside the model, and a tokenizer may outlive its backend."""
+
+    def __init__(self, lib, path: Path):
+        self.lib = lib
+        self.pointer = lib.llama_model_load_from_file(str(path).encode(), lib.llama_model_default_params())
+        if not self.pointer:
+            raise ValueError(f"llama.cpp could not load {path}")
+        self.vocab = lib.llama_model_get_vocab(self.pointer)
+
+    def __del__(self):
+        if getattr(self, "pointer", None):
+            self.lib.llama_model_free(self.pointer)
+
+
 class LlamaCppTokenizer:
     def __init__(self, backend: "LlamaCppBackend"):
         self._lib = backend._lib
+        self._owner = backend._loaded  # keeps self._vocab valid
         self._vocab = backend._vocab
         self._template = backend.chat_template
 
@@ -84,11 +101,8 @@ class LlamaCppBackend:
         self._lib = lib
         self.name = name or Path(path).name
         self.path = Path(path)
-        params = lib.llama_model_default_params()
-        self._model = lib.llama_model_load_from_file(str(path).encode(), params)
-        if not self._model:
-            raise ValueError(f"llama.cpp could not load {path}")
-        self._vocab = lib.llama_model_get_vocab(self._model)
+        self._loaded = LoadedModel(lib, path)  # freed after this backend's context (see __del__)
+        self._model, self._vocab = self._loaded.pointer, self._loaded.vocab
         threads = threads or os.cpu_count() or 1
         cparams = lib.llama_context_default_params()
         self.context_length = min(n_ctx, lib.llama_model_n_ctx_train(self._model))
@@ -162,8 +176,7 @@ class LlamaCppBackend:
             lib.llama_batch_free(self._batch)
         if getattr(self, "_ctx", None):
             lib.llama_free(self._ctx)
-        if getattr(self, "_model", None):
-            lib.llama_model_free(self._model)
+        # The model goes with the last reference to self._loaded: here, or with the tokenizer.
 
 
 def load_llamacpp(path: Path, *, name: str | None = None, threads: int | None = None) -> LlamaCppBackend:

@@ -14,6 +14,7 @@ import ctypes
 import os
 from pathlib import Path
 
+from ..files import build_once
 from ..models import ModelError, cache_dir
 
 QUANT_TYPES = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1",
@@ -31,16 +32,13 @@ def requantized(source: Path, quant: str) -> Path:
     from .llamacpp import _llama
 
     lib = _llama()  # also silences llama.cpp's log
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")  # unique: concurrent runs don't collide
     params = lib.llama_model_quantize_default_params()
     params.ftype = getattr(lib, QUANT_TYPES[quant])
     params.allow_requantize = True
     params.nthread = os.cpu_count() or 1
-    try:
+
+    def quantize(tmp: Path) -> None:
         if lib.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
             raise ModelError(f"llama.cpp could not requantize {source.name} to {quant}")
-        tmp.replace(out)  # atomic: readers see a whole file or none
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
+
+    return build_once(out, quantize, ready=Path.is_file)

@@ -1,0 +1,74 @@
+"""Cache entries that concurrent and interrupted runs cannot corrupt.
+
+The large artifacts in the cache (a fetched model, a converted model directory, a
+requantized draft) are each made by `build_once`: the builder writes into a unique
+temporary sibling that is renamed onto the final path only when complete, so a reader
+sees a whole entry or none. A lock beside the path makes a second process wait for
+the first and then use its result instead of building the same gigabyte again, and
+any failure (an exception, Ctrl-C, a full disk) deletes the temporary.
+
+POSIX only (fcntl), like the engines this package drives.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+
+PARTIAL = ".partial"
+
+
+@contextmanager
+def locked(path: Path, waiting: Callable[[], None] | None = None):
+    """An exclusive lock for `path`, held on `<name>.lock` beside it. The lock file is
+    never deleted: a process that opened it before the deletion would lock an orphan
+    and hold the lock alongside a later one. `waiting` is called if another holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
+
+
+@contextmanager
+def atomic_output(path: Path):
+    """A fresh path, in `path`'s folder, to write a file or a directory to; renamed onto
+    `path` when the block completes, deleted when it raises."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A private folder holds the temporary, so its name is unique and a directory
+    # and a file are cleaned up alike.
+    scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=PARTIAL, dir=path.parent))
+    try:
+        yield scratch / path.name
+        if path.is_dir() and not path.is_symlink():
+            path.rename(scratch / "stale")  # os.replace cannot overwrite a non-empty directory
+        os.replace(scratch / path.name, path)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def build_once(path: Path, build: Callable[[Path], None], ready: Callable[[Path], bool] = Path.exists,
+               waiting: Callable[[], None] | None = None) -> Path:
+    """`path`, made by `build(tmp)` unless `ready(path)`. Concurrent callers build it
+    once: the others wait for the lock, then find it ready."""
+    if ready(path):
+        return path
+    with locked(path, waiting):
+        if not ready(path):
+            # Every builder holds the lock, so temporaries found now were left by a
+            # killed process (SIGKILL, power loss): reclaim their space.
+            for leftover in path.parent.glob(f".{glob.escape(path.name)}.*{PARTIAL}"):
+                shutil.rmtree(leftover, ignore_errors=True)
+            with atomic_output(path) as tmp:
+                build(tmp)
+    return path
