@@ -41,6 +41,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="hf backend device: cpu, cuda, cuda:1 ...")
     p.add_argument("--threads", type=int, help="CPU threads for torch and llama.cpp (default: all cores)")
     p.add_argument("--ngram-max", type=int, default=3, help="longest n-gram the lookup matches")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="llamacpp target: kernels whose logits do not depend on how many tokens a call scores, so "
+                        "speculative and plain decoding see the same numbers to the bit (~30%% slower calls here)")
 
 
 def draft_length(value: str) -> int | str:
@@ -138,7 +141,7 @@ def load_models(args, need_draft: bool):
 
         torch.set_num_threads(args.threads)
     kw = dict(device=args.device, dtype=args.dtype, threads=args.threads)
-    target = load_backend(args.target, args.target_backend or args.backend, **kw)
+    target = load_backend(args.target, args.target_backend or args.backend, batch_invariant=args.batch_invariant, **kw)
     if not need_draft:
         return target, None
     if args.draft == "ngram":

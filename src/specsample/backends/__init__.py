@@ -21,12 +21,15 @@ def pick_backend(name: str, backend: str = "auto", device: str = "cpu") -> str:
 
 
 def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype: str = "float32",
-                 threads: int | None = None, quant: str | None = None):
+                 threads: int | None = None, quant: str | None = None, batch_invariant: bool = False):
     """A ready backend for a model name: short name, .gguf path, directory or hub id.
-    `quant` (llama.cpp only): requantize the GGUF file to this type first (cached)."""
+    `quant` (llama.cpp only): requantize the GGUF file to this type first (cached).
+    `batch_invariant` (llama.cpp only): logits that do not depend on the call's size."""
     backend = pick_backend(name, backend, device)
     model = resolve(name)
     if backend == "hf":
+        if batch_invariant:
+            raise ModelError("--batch-invariant is a llama.cpp setting; the hf backend has none")
         from .hf import load_hf
 
         converted = None
@@ -44,5 +47,5 @@ def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype
             from .requantize import requantized
 
             path, label = requantized(path, quant), f"{model.name}-{quant}"
-        return load_llamacpp(path, name=label, threads=threads)
+        return load_llamacpp(path, name=label, threads=threads, batch_invariant=batch_invariant)
     raise ModelError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")

@@ -40,9 +40,11 @@ class LoadedModel:
     """A llama_model, freed when its last holder is gone. The tokenizer holds one too:
     its vocab pointer lives inside the model, and a tokenizer may outlive its backend."""
 
-    def __init__(self, lib, path: Path):
+    def __init__(self, lib, path: Path, repack: bool = True):
         self.lib = lib
-        self.pointer = lib.llama_model_load_from_file(str(path).encode(), lib.llama_model_default_params())
+        params = lib.llama_model_default_params()
+        params.use_extra_bufts = repack  # weights repacked for faster kernels (llama.cpp's default)
+        self.pointer = lib.llama_model_load_from_file(str(path).encode(), params)
         if not self.pointer:
             raise ValueError(f"llama.cpp could not load {path}")
         self.vocab = lib.llama_model_get_vocab(self.pointer)
@@ -96,12 +98,18 @@ class LlamaCppTokenizer:
 
 class LlamaCppBackend:
     def __init__(self, path: Path, *, name: str | None = None, threads: int | None = None, n_ctx: int = 4096,
-                 n_batch: int = 512, share_cores: bool = True):
+                 n_batch: int = 512, share_cores: bool = True, batch_invariant: bool = False):
         lib = _llama()
         self._lib = lib
         self.name = name or Path(path).name
         self.path = Path(path)
-        self._loaded = LoadedModel(lib, path)  # freed after this backend's context (see __del__)
+        # Batch invariance: llama.cpp's logits for a position move with the number of
+        # tokens in the call (up to 0.5 in a logit, 3% in total variation), because the
+        # repacked weight kernels and the attention path differ by batch size. Without
+        # repacking and with flash attention, 1-, 2-, 4- and 8-token calls agree to the
+        # bit on the default pair (docs/benchmarks.md, "Batch invariance").
+        self.batch_invariant = batch_invariant
+        self._loaded = LoadedModel(lib, path, repack=not batch_invariant)  # freed after the context (see __del__)
         self._model, self._vocab = self._loaded.pointer, self._loaded.vocab
         threads = threads or os.cpu_count() or 1
         cparams = lib.llama_context_default_params()
@@ -109,6 +117,7 @@ class LlamaCppBackend:
         cparams.n_ctx = self.context_length
         cparams.n_batch = cparams.n_ubatch = n_batch
         cparams.n_threads = cparams.n_threads_batch = threads
+        cparams.flash_attn = cparams.flash_attn or batch_invariant
         self.threads = threads
         # Run on the cores other processes leave free (cpushare.py), up to `threads`.
         self._share = SHARED if share_cores else None
@@ -127,7 +136,7 @@ class LlamaCppBackend:
         self.eos_token_ids = frozenset(t for t in range(self._n_vocab) if lib.llama_vocab_is_eog(self._vocab, t))
         self._length = 0
         # Identifies this engine, file and thread count in the controller's cost cache.
-        self.cost_key = f"llamacpp-{Path(path).name}-{Path(path).stat().st_size}-t{threads}"
+        self.cost_key = f"llamacpp-{Path(path).name}-{Path(path).stat().st_size}-t{threads}" + ("-bi" if batch_invariant else "")
 
     @property
     def length(self) -> int:
@@ -179,5 +188,6 @@ class LlamaCppBackend:
         # The model goes with the last reference to self._loaded: here, or with the tokenizer.
 
 
-def load_llamacpp(path: Path, *, name: str | None = None, threads: int | None = None) -> LlamaCppBackend:
-    return LlamaCppBackend(path, name=name, threads=threads)
+def load_llamacpp(path: Path, *, name: str | None = None, threads: int | None = None,
+                  batch_invariant: bool = False) -> LlamaCppBackend:
+    return LlamaCppBackend(path, name=name, threads=threads, batch_invariant=batch_invariant)

@@ -217,6 +217,7 @@ def _model_argv(args) -> list[str]:
     argv = ["--target", args.target, "--draft", args.draft, "--backend", args.backend, "--draft-quant", args.draft_quant,
             "--draft-vocab", str(args.draft_vocab), "--dtype", args.dtype, "--device", args.device,
             "--ngram-max", str(args.ngram_max), "--lookup" if args.lookup else "--no-lookup"]
+    argv += ["--batch-invariant"] if args.batch_invariant else []
     for name in ("target_backend", "draft_backend", "threads"):
         if getattr(args, name):
             argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
