@@ -43,7 +43,8 @@ class LoadedModel:
     def __init__(self, lib, path: Path, repack: bool = True):
         self.lib = lib
         params = lib.llama_model_default_params()
-        params.use_extra_bufts = repack  # weights repacked for faster kernels (llama.cpp's default)
+        if not repack:  # llama.cpp repacks weights for faster kernels by default
+            params.use_extra_bufts = False
         self.pointer = lib.llama_model_load_from_file(str(path).encode(), params)
         if not self.pointer:
             raise ValueError(f"llama.cpp could not load {path}")
