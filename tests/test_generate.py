@@ -179,6 +179,11 @@ def test_empty_prompt_and_bad_k_are_refused():
         GenerationConfig(k=0)
 
 
+def test_empty_stop_string_is_refused():
+    with pytest.raises(ValueError, match="stop strings must not be empty"):
+        GenerationConfig(stop_strings=("end", ""))
+
+
 def test_ngram_drafter_proposes_continuation_of_latest_match():
     d = NgramDrafter(max_ngram=2)
     draft = d.propose([1, 2, 3, 4, 2, 3], 3, None)

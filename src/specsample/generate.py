@@ -107,6 +107,8 @@ class GenerationConfig:
             raise ValueError(f"k-max must be >= 1, got {self.k_max}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if "" in self.stop_strings:  # it would match before the first token
+            raise ValueError("stop strings must not be empty")
 
 
 @dataclass
