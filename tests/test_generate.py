@@ -166,6 +166,14 @@ def test_same_seed_repeats_exactly_and_other_seeds_differ():
     assert run(1) != run(2)
 
 
+def test_tiny_temperature_generates_the_greedy_text():
+    target = tiny_backend(0)
+    sampling = SamplingConfig(temperature=1e-40)
+    config = GenerationConfig(max_new_tokens=20, k=3, sampling=sampling)
+    result = generate(target, PROMPT, config, ModelDrafter(tiny_backend(7), sampling))
+    assert result.token_ids == generate(target, PROMPT, greedy(max_new_tokens=20)).token_ids
+
+
 def test_prompt_longer_than_context_is_refused():
     target = tiny_backend(0)
     with pytest.raises(ValueError, match="context"):
