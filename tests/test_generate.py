@@ -7,7 +7,8 @@ from specsample.sampling import SamplingConfig, logits_to_probs
 
 from tiny_hf import tiny_backend, tiny_model
 from specsample.backends.hf import HFBackend
-from toy import TrigramBackend, random_table
+from specsample.backends.base import BackendError
+from toy import PoisonedBackend, TrigramBackend, random_table
 
 GREEDY = SamplingConfig(temperature=0)
 PROMPT = [5, 17, 3, 60, 42, 8, 11, 5, 17]
@@ -172,6 +173,31 @@ def test_tiny_temperature_generates_the_greedy_text():
     config = GenerationConfig(max_new_tokens=20, k=3, sampling=sampling)
     result = generate(target, PROMPT, config, ModelDrafter(tiny_backend(7), sampling))
     assert result.token_ids == generate(target, PROMPT, greedy(max_new_tokens=20)).token_ids
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampling"])
+def test_non_finite_target_logits_stop_with_the_model_named(value, temperature):
+    target = PoisonedBackend(random_table(6, seed=0), value, after=5, name="broken-target")
+    config = GenerationConfig(max_new_tokens=8, k=2, sampling=SamplingConfig(temperature))
+    with pytest.raises(BackendError, match="broken-target returned NaN or infinite logits"):
+        generate(target, [1, 2], config, NgramDrafter())
+
+
+def test_non_finite_draft_logits_stop_with_the_draft_named():
+    sampling = SamplingConfig(1.0)
+    drafter = ModelDrafter(PoisonedBackend(random_table(6, seed=1), float("nan"), after=4, name="broken-draft"), sampling)
+    with pytest.raises(BackendError, match="broken-draft returned NaN"):
+        generate(TrigramBackend(random_table(6, seed=0)), [1, 2], GenerationConfig(8, k=3, sampling=sampling), drafter)
+
+
+def test_minus_inf_logits_are_ruled_out_tokens_not_an_error():
+    table = random_table(6, seed=0)
+    table[..., 3:] = float("-inf")  # as a truncated draft vocabulary scores them
+    sampling = SamplingConfig(1.0)
+    config = GenerationConfig(12, k=3, sampling=sampling)
+    result = generate(TrigramBackend(table), [1, 2], config, ModelDrafter(TrigramBackend(table), sampling))
+    assert len(result.token_ids) == 12 and max(result.token_ids) < 3
 
 
 def test_prompt_longer_than_context_is_refused():

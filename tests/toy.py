@@ -40,6 +40,21 @@ class TrigramBackend:
         del self.tokens[length:]
 
 
+class PoisonedBackend(TrigramBackend):
+    """Logits that turn to `value` (NaN, inf) once the context reaches `after` tokens,
+    as a float16 model's do when an activation overflows."""
+
+    def __init__(self, table: torch.Tensor, value: float, after: int, name: str = "poisoned"):
+        super().__init__(table, name=name)
+        self.value, self.after = value, after
+
+    def next_logits(self, context: list[int]) -> torch.Tensor:  # [V]
+        logits = super().next_logits(context)
+        if len(context) < self.after:
+            return logits
+        return torch.cat([torch.tensor([self.value]), logits[1:]])
+
+
 def random_table(vocab: int, seed: int, scale: float = 1.5) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(vocab, vocab, vocab, generator=g) * scale

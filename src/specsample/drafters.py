@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-from .backends.base import Backend
+from .backends.base import Backend, finite_logits
 from .control import MODEL, DraftCall, FixedK, Policy, ngram_source
 from .sampling import SamplingConfig, logits_to_probs, sample
 
@@ -91,7 +91,7 @@ class ModelDrafter:
         i = 0
         while i < min(planned, limit):
             t0 = self.clock()
-            logits = self.backend.score(feed, num_logits=1)  # [1, vocab]
+            logits = finite_logits(self.backend.score(feed, num_logits=1), self.name)  # [1, vocab]
             calls.append(DraftCall(len(feed), self.clock() - t0))
             self.calls += 1
             self._cached += feed

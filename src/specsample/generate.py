@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .backends.base import Backend, check_same_vocabulary
+from .backends.base import Backend, check_same_vocabulary, finite_logits
 from .control import Policy, RoundReport, make_policy
 from .drafters import Draft, Drafter
 from .sampling import SamplingConfig, logits_to_probs
@@ -219,7 +219,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
         stats.target_seconds += t2 - t1
 
         # 3. Accept a prefix of the drafts, then one recovered or bonus token.
-        target_probs = logits_to_probs(logits, config.sampling)  # [m + 1, vocab]
+        target_probs = logits_to_probs(finite_logits(logits, target.name), config.sampling)  # [m + 1, vocab]
         verdict = verify(draft.tokens, draft.probs, target_probs, generator)
         # Keep pending + accepted drafts; the new last token is fed next round.
         target.rollback(base + len(pending) + verdict.num_accepted)

@@ -66,6 +66,23 @@ def _is_padding(text: str | None) -> bool:
     return not text or text.startswith(("[PAD", "<pad_"))
 
 
+class BackendError(RuntimeError):
+    """What a backend returned, or holds, cannot be used; the message names the model."""
+
+
+def finite_logits(logits: torch.Tensor, model: str) -> torch.Tensor:
+    """logits [n, vocab], unless a row holds NaN or +inf, or nothing but -inf.
+
+    -inf alone is a token the backend rules out (a truncated draft vocabulary), so
+    only each row's maximum is checked: NaN propagates into it, and it is +inf or
+    -inf exactly when the row is unusable. One reduction, cheap beside the softmax.
+    """
+    if not bool(torch.isfinite(logits.amax(-1)).all()):
+        raise BackendError(f"{model} returned NaN or infinite logits; float16 weights overflow on some inputs: "
+                           f"load the model in bfloat16 or float32")
+    return logits
+
+
 class VocabularyMismatch(ValueError):
     pass
 
