@@ -206,6 +206,18 @@ def test_prompt_longer_than_context_is_refused():
         generate(target, [1] * 500, greedy(max_new_tokens=20))
 
 
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_every_model_context_is_checked_and_named(role):
+    small = TrigramBackend(random_table(6, seed=0), name="small-context")
+    small.context_length = 40
+    big = TrigramBackend(random_table(6, seed=1), name="long-context")
+    target, draft = (small, big) if role == "target" else (big, small)
+    config = GenerationConfig(max_new_tokens=30, k=4, sampling=GREEDY)
+    with pytest.raises(ValueError, match=f"context of the {role} model small-context: 40 tokens"):
+        stream(target, [1, 2, 3, 4, 5, 6], config, ModelDrafter(draft, GREEDY))  # 6 + 30 + 4 + 1 > 40
+    stream(target, [1, 2, 3, 4, 5], config, ModelDrafter(draft, GREEDY))
+
+
 def test_empty_prompt_and_bad_k_are_refused():
     with pytest.raises(ValueError):
         generate(tiny_backend(0), [], greedy())

@@ -151,14 +151,18 @@ def stream(
         raise ValueError("the prompt is empty")
     if policy is None:
         policy = make_policy(config.k, config.k_max)
-    if len(prompt_ids) + config.max_new_tokens + policy.k_max + 1 > target.context_length:
-        raise ValueError(
-            f"prompt of {len(prompt_ids)} tokens plus {config.max_new_tokens} new tokens "
-            f"does not fit the model's context of {target.context_length}"
-        )
     draft_backend = getattr(drafter, "model_backend", None)
     if draft_backend is not None:
         check_same_vocabulary(target, draft_backend)
+    # Every model in the round holds the text so far plus drafts; a llama.cpp draft
+    # (n_ctx 4096) behind a long-context target fails first.
+    for role, backend in (("target", target), ("draft", draft_backend)):
+        if backend is not None and len(prompt_ids) + config.max_new_tokens + policy.k_max + 1 > backend.context_length:
+            raise ValueError(
+                f"prompt of {len(prompt_ids)} tokens plus {config.max_new_tokens} new tokens and "
+                f"{policy.k_max + 1} for drafts does not fit the context of the {role} model "
+                f"{backend.name}: {backend.context_length} tokens"
+            )
     return Stream(_rounds(target, prompt_ids, config, drafter, policy, clock))
 
 
