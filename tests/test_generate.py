@@ -82,6 +82,57 @@ def test_drafter_cache_holds_the_true_context_after_full_accepts():
     assert torch.allclose(got, expected, atol=1e-4)
 
 
+def test_interleaved_streams_on_one_backend_are_refused():
+    target = TrigramBackend(random_table(6, seed=0))
+    first, second = (stream(target, prompt, greedy(max_new_tokens=10, k=2), NgramDrafter()) for prompt in ([1, 2], [3, 4]))
+    a, b = iter(first), iter(second)
+    next(a)
+    next(b)  # takes the backend over: its cache now holds the second prompt
+    with pytest.raises(BackendError, match="trigram: the cache no longer holds this generation's text"):
+        next(a)
+
+
+def test_a_stream_resuming_after_direct_use_of_its_backend_is_refused():
+    target = TrigramBackend(random_table(6, seed=0))
+    rounds = iter(stream(target, [1, 2], greedy(max_new_tokens=10, k=2)))
+    next(rounds)
+    target.score([5], num_logits=1)
+    with pytest.raises(BackendError, match="no longer holds"):
+        next(rounds)
+
+
+def test_sequential_streams_on_one_backend_take_it_over():
+    """As the server runs them: one after another, an abandoned one included."""
+    target = TrigramBackend(random_table(6, seed=0))
+    solo = [generate(TrigramBackend(random_table(6, seed=0)), p, greedy(max_new_tokens=10, k=2)).token_ids
+            for p in ([1, 2], [3, 4])]
+    abandoned = iter(stream(target, [3, 4], greedy(max_new_tokens=10, k=2), NgramDrafter()))
+    next(abandoned)  # a cancelled request: never resumed
+    assert generate(target, [1, 2], greedy(max_new_tokens=10, k=2), NgramDrafter()).token_ids == solo[0]
+    assert generate(target, [3, 4], greedy(max_new_tokens=10, k=2), NgramDrafter()).token_ids == solo[1]
+
+
+def test_a_drafter_on_the_targets_own_backend_is_refused():
+    target = TrigramBackend(random_table(6, seed=0))
+    with pytest.raises(ValueError, match="drafter runs on the target's own backend object"):
+        stream(target, [1, 2], greedy(), ModelDrafter(target, GREEDY))
+
+
+def test_drafters_sharing_a_draft_backend_resync_after_each_other():
+    """Two streams in lockstep leave the shared draft cache at the length each drafter
+    expects, but holding the other's text: only the claim tells them apart."""
+    draft = tiny_backend(0)
+    streams = [stream(tiny_backend(0), prompt, greedy(max_new_tokens=16, k=3), ModelDrafter(draft, GREEDY))
+               for prompt in (PROMPT, PROMPT[::-1])]
+    rounds = [iter(s) for s in streams]
+    for _ in range(4):
+        for r in rounds:
+            next(r)
+    for s, r in zip(streams, rounds):
+        list(r)
+        assert s.result.stats.acceptance_rate == 1.0  # identical draft: every draft was drawn on the right text
+
+
 def test_max_new_tokens_is_never_exceeded():
     target = tiny_backend(0)
     for n in [1, 2, 3, 7, 10]:

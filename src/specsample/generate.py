@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .backends.base import Backend, check_same_vocabulary, finite_logits
+from .backends.base import Backend, check_cache, check_same_vocabulary, claim_cache, finite_logits
 from .control import Policy, RoundReport, make_policy
 from .drafters import Draft, Drafter
 from .sampling import SamplingConfig, logits_to_probs
@@ -152,6 +152,11 @@ def stream(
     if policy is None:
         policy = make_policy(config.k, config.k_max)
     draft_backend = getattr(drafter, "model_backend", None)
+    if draft_backend is target:  # both would write one cache: each would score on the other's tokens
+        raise ValueError(
+            f"the drafter runs on the target's own backend object ({target.name}); load the draft model as a "
+            f"backend of its own (the same model files will do) or draft by n-gram lookup"
+        )
     if draft_backend is not None:
         check_same_vocabulary(target, draft_backend)
     # Every model in the round holds the text so far plus drafts; a llama.cpp draft
@@ -183,6 +188,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
     # the first round feeds only its drafts; every later round feeds the last emitted
     # token ("pending", never scored yet) plus the drafts. Either way a round gets one
     # distribution per draft plus one.
+    claim = claim_cache(target)
     target.rollback(0)
     carried = target.score(prompt_ids, num_logits=1)  # [1, vocab]
     stats.prefill_seconds = clock() - start
@@ -196,6 +202,10 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
     stop_reason = "length"
 
     while stop_reason == "length" and len(new) < config.max_new_tokens:
+        # 0. The target must still hold this stream's text (all but the pending
+        #    token): another stream on the same backend may have run in between.
+        check_cache(target, claim, len(context) - (carried is None))
+
         # 1. Draft: the policy picks the source and how many (0 = a plain target
         #    step), never more than we could still emit.
         t0 = clock()
