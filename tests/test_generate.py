@@ -8,7 +8,7 @@ from specsample.sampling import SamplingConfig, logits_to_probs
 from tiny_hf import tiny_backend, tiny_model
 from specsample.backends.hf import HFBackend
 from specsample.backends.base import BackendError
-from toy import PoisonedBackend, TrigramBackend, random_table
+from toy import ByteTokenizer, PoisonedBackend, ScriptedBackend, TrigramBackend, random_table
 
 GREEDY = SamplingConfig(temperature=0)
 PROMPT = [5, 17, 3, 60, 42, 8, 11, 5, 17]
@@ -186,6 +186,44 @@ def test_stream_yields_chunks_that_add_up_to_the_result():
     assert "".join(c.text for c in chunks) == s.result.text
     assert sum((c.token_ids for c in chunks), []) == s.result.token_ids
     assert len(chunks) >= s.result.stats.target_calls
+
+
+def byte_stream(text, max_new_tokens=None, drafter=None, stop_strings=()):
+    """A stream whose greedy output spells `text` one UTF-8 byte per token."""
+    script = list(text.encode())
+    target = ScriptedBackend(script, 256, prompt_length=2, tokenizer=ByteTokenizer())
+    config = greedy(max_new_tokens=max_new_tokens or len(script), k=3, stop_strings=stop_strings)
+    return target.tokenizer, stream(target, [1, 2], config, drafter)
+
+
+@pytest.mark.parametrize("drafter", [None, NgramDrafter()], ids=["a-token-a-round", "drafted-rounds"])
+def test_streamed_text_joins_characters_split_across_tokens(drafter):
+    text = "héllo wörld € 😀 héllo wörld € 😀"
+    tokenizer, s = byte_stream(text, drafter=drafter)
+    chunks = [c.text for c in s]
+    assert "".join(chunks) == s.result.text == tokenizer.decode(s.result.token_ids) == text
+    assert not any("\ufffd" in c for c in chunks)
+    tokenizer, s = byte_stream(text, max_new_tokens=len("héllo wörld €".encode()) - 1, drafter=drafter)
+    chunks = [c.text for c in s]  # the last character is cut: its bytes decode to "\ufffd"
+    assert "".join(chunks) == s.result.text == tokenizer.decode(s.result.token_ids) == "héllo wörld \ufffd"
+
+
+@pytest.mark.parametrize("drafter", [None, NgramDrafter()], ids=["a-token-a-round", "drafted-rounds"])
+def test_stop_string_found_across_chunks_and_split_characters(drafter):
+    tokenizer, s = byte_stream("abc€def€ghi€d", drafter=drafter, stop_strings=("€g", "zz"))
+    chunks = [c.text for c in s]
+    assert s.result.stop_reason == "stop_string"
+    assert "".join(chunks) == s.result.text == "abc€def"
+    assert tokenizer.decode(s.result.token_ids) == "abc€def€g"  # tokens end with the one completing it
+
+
+@pytest.mark.parametrize("stop_strings", [(), ("zzz",)], ids=["no-stop", "stop-strings"])
+def test_streaming_decodes_each_token_a_bounded_number_of_times(stop_strings):
+    """Decoding the whole output every round, or every token, is quadratic."""
+    tokenizer, s = byte_stream("hé € " * 100, stop_strings=stop_strings)
+    chunks = [c.text for c in s]
+    assert "".join(chunks) == "hé € " * 100
+    assert tokenizer.decoded < 10 * len(s.result.token_ids)
 
 
 def test_stats_are_consistent():

@@ -10,6 +10,7 @@ import torch
 
 from .backends.base import Backend, check_cache, check_same_vocabulary, claim_cache, finite_logits
 from .control import Policy, RoundReport, make_policy
+from .detokenize import TextTracker
 from .drafters import Draft, Drafter
 from .sampling import SamplingConfig, logits_to_probs
 from .verify import verify
@@ -198,7 +199,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
         policy.begin(target, drafter, context, config.max_new_tokens)
         stats.calibration_seconds = getattr(policy, "calibration_seconds", 0.0) - before
     new: list[int] = []
-    text = _TextTracker(target.tokenizer, config.stop_strings)
+    text = TextTracker(target.tokenizer, config.stop_strings)
     stop_reason = "length"
 
     while stop_reason == "length" and len(new) < config.max_new_tokens:
@@ -270,60 +271,3 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
 def _bump(histogram: list[int], index: int) -> None:
     histogram.extend([0] * (index + 1 - len(histogram)))
     histogram[index] += 1
-
-
-class _TextTracker:
-    """Incremental decoding of the new tokens, with stop strings."""
-
-    def __init__(self, tokenizer, stop_strings: tuple[str, ...]):
-        self.tokenizer = tokenizer
-        self.stop_strings = stop_strings
-        self.ids: list[int] = []
-        self.sent = 0  # characters already yielded
-        self.stopped_at: int | None = None
-
-    def add(self, token: int) -> bool:
-        """Append one token; True once a stop string has appeared."""
-        self.ids.append(token)
-        if self.tokenizer is None or not self.stop_strings:
-            return False
-        text = self.tokenizer.decode(self.ids)
-        for stop in self.stop_strings:
-            # Search only where a new match can start.
-            at = text.find(stop, max(0, self.sent - len(stop) + 1))
-            if at != -1 and (self.stopped_at is None or at < self.stopped_at):
-                self.stopped_at = at
-        return self.stopped_at is not None
-
-    def take(self) -> str:
-        """Text not yet handed out that can no longer change."""
-        if self.tokenizer is None:
-            return ""
-        text = self.tokenizer.decode(self.ids)
-        if self.stopped_at is not None:
-            end = self.stopped_at
-        else:
-            # Hold back a trailing partial character, and any tail that could still
-            # grow into a stop string.
-            end = len(text.rstrip("\ufffd"))
-            for stop in self.stop_strings:
-                for j in range(len(stop) - 1, 0, -1):
-                    if text[:end].endswith(stop[:j]):
-                        end -= j
-                        break
-        end = max(end, self.sent)
-        delta = text[self.sent : end]
-        self.sent = end
-        return delta
-
-    def flush(self) -> str:
-        """Whatever was held back, once no more tokens will come."""
-        tail = self.final()[self.sent :]
-        self.sent += len(tail)
-        return tail
-
-    def final(self) -> str:
-        if self.tokenizer is None:
-            return ""
-        text = self.tokenizer.decode(self.ids)
-        return text if self.stopped_at is None else text[: self.stopped_at]
