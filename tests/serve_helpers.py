@@ -62,13 +62,14 @@ class ToyBackend(TrigramBackend):
         return super().score(token_ids, num_logits)
 
 
-def toy_pair(eos: bool = True):
-    return ToyBackend(0, eos=eos, name="toy"), ToyBackend(1, eos=eos, name="toy-draft")
+def toy_pair(eos: bool = True, context_length: int = 256):
+    return (ToyBackend(0, eos=eos, context_length=context_length, name="toy"),
+            ToyBackend(1, eos=eos, context_length=context_length, name="toy-draft"))
 
 
-def toy_app(drafter: str = "model", eos: bool = True, **settings):
+def toy_app(drafter: str = "model", eos: bool = True, context_length: int = 256, **settings):
     """An app over a fresh toy pair; returns (app, target)."""
-    target, draft = toy_pair(eos)
+    target, draft = toy_pair(eos, context_length)
     made = {"model": ModelDrafter(draft, SamplingConfig()), "ngram": NgramDrafter(), "none": None}[drafter]
     settings = Settings(model_name="toy", **{"k": 3, **settings})
     return create_app(target, drafter_factory(made), made.name if made else None, settings), target

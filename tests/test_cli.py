@@ -81,6 +81,7 @@ def test_generate_streams_text_and_prints_stats_to_stderr(capsys, tiny_dirs):
     (["--draft", "SMALL"], "vocabularies differ"),
     (["--prompt", "cat " * 600], "context"),
     (["--prompt-file", "/nonexistent/prompt.txt"], "not found"),
+    (["--stop", "x", "--stop", ""], "stop strings must not be empty"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, tiny_dirs, args, message):
     args = [tiny_dirs["small"] if a == "SMALL" else a for a in args]

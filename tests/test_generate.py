@@ -7,7 +7,8 @@ from specsample.sampling import SamplingConfig, logits_to_probs
 
 from tiny_hf import tiny_backend, tiny_model
 from specsample.backends.hf import HFBackend
-from toy import TrigramBackend, random_table
+from specsample.backends.base import BackendError
+from toy import ByteTokenizer, PoisonedBackend, ScriptedBackend, TrigramBackend, random_table
 
 GREEDY = SamplingConfig(temperature=0)
 PROMPT = [5, 17, 3, 60, 42, 8, 11, 5, 17]
@@ -81,6 +82,57 @@ def test_drafter_cache_holds_the_true_context_after_full_accepts():
     assert torch.allclose(got, expected, atol=1e-4)
 
 
+def test_interleaved_streams_on_one_backend_are_refused():
+    target = TrigramBackend(random_table(6, seed=0))
+    first, second = (stream(target, prompt, greedy(max_new_tokens=10, k=2), NgramDrafter()) for prompt in ([1, 2], [3, 4]))
+    a, b = iter(first), iter(second)
+    next(a)
+    next(b)  # takes the backend over: its cache now holds the second prompt
+    with pytest.raises(BackendError, match="trigram: the cache no longer holds this generation's text"):
+        next(a)
+
+
+def test_a_stream_resuming_after_direct_use_of_its_backend_is_refused():
+    target = TrigramBackend(random_table(6, seed=0))
+    rounds = iter(stream(target, [1, 2], greedy(max_new_tokens=10, k=2)))
+    next(rounds)
+    target.score([5], num_logits=1)
+    with pytest.raises(BackendError, match="no longer holds"):
+        next(rounds)
+
+
+def test_sequential_streams_on_one_backend_take_it_over():
+    """As the server runs them: one after another, an abandoned one included."""
+    target = TrigramBackend(random_table(6, seed=0))
+    solo = [generate(TrigramBackend(random_table(6, seed=0)), p, greedy(max_new_tokens=10, k=2)).token_ids
+            for p in ([1, 2], [3, 4])]
+    abandoned = iter(stream(target, [3, 4], greedy(max_new_tokens=10, k=2), NgramDrafter()))
+    next(abandoned)  # a cancelled request: never resumed
+    assert generate(target, [1, 2], greedy(max_new_tokens=10, k=2), NgramDrafter()).token_ids == solo[0]
+    assert generate(target, [3, 4], greedy(max_new_tokens=10, k=2), NgramDrafter()).token_ids == solo[1]
+
+
+def test_a_drafter_on_the_targets_own_backend_is_refused():
+    target = TrigramBackend(random_table(6, seed=0))
+    with pytest.raises(ValueError, match="drafter runs on the target's own backend object"):
+        stream(target, [1, 2], greedy(), ModelDrafter(target, GREEDY))
+
+
+def test_drafters_sharing_a_draft_backend_resync_after_each_other():
+    """Two streams in lockstep leave the shared draft cache at the length each drafter
+    expects, but holding the other's text: only the claim tells them apart."""
+    draft = tiny_backend(0)
+    streams = [stream(tiny_backend(0), prompt, greedy(max_new_tokens=16, k=3), ModelDrafter(draft, GREEDY))
+               for prompt in (PROMPT, PROMPT[::-1])]
+    rounds = [iter(s) for s in streams]
+    for _ in range(4):
+        for r in rounds:
+            next(r)
+    for s, r in zip(streams, rounds):
+        list(r)
+        assert s.result.stats.acceptance_rate == 1.0  # identical draft: every draft was drawn on the right text
+
+
 def test_max_new_tokens_is_never_exceeded():
     target = tiny_backend(0)
     for n in [1, 2, 3, 7, 10]:
@@ -136,6 +188,44 @@ def test_stream_yields_chunks_that_add_up_to_the_result():
     assert len(chunks) >= s.result.stats.target_calls
 
 
+def byte_stream(text, max_new_tokens=None, drafter=None, stop_strings=()):
+    """A stream whose greedy output spells `text` one UTF-8 byte per token."""
+    script = list(text.encode())
+    target = ScriptedBackend(script, 256, prompt_length=2, tokenizer=ByteTokenizer())
+    config = greedy(max_new_tokens=max_new_tokens or len(script), k=3, stop_strings=stop_strings)
+    return target.tokenizer, stream(target, [1, 2], config, drafter)
+
+
+@pytest.mark.parametrize("drafter", [None, NgramDrafter()], ids=["a-token-a-round", "drafted-rounds"])
+def test_streamed_text_joins_characters_split_across_tokens(drafter):
+    text = "héllo wörld € 😀 héllo wörld € 😀"
+    tokenizer, s = byte_stream(text, drafter=drafter)
+    chunks = [c.text for c in s]
+    assert "".join(chunks) == s.result.text == tokenizer.decode(s.result.token_ids) == text
+    assert not any("\ufffd" in c for c in chunks)
+    tokenizer, s = byte_stream(text, max_new_tokens=len("héllo wörld €".encode()) - 1, drafter=drafter)
+    chunks = [c.text for c in s]  # the last character is cut: its bytes decode to "\ufffd"
+    assert "".join(chunks) == s.result.text == tokenizer.decode(s.result.token_ids) == "héllo wörld \ufffd"
+
+
+@pytest.mark.parametrize("drafter", [None, NgramDrafter()], ids=["a-token-a-round", "drafted-rounds"])
+def test_stop_string_found_across_chunks_and_split_characters(drafter):
+    tokenizer, s = byte_stream("abc€def€ghi€d", drafter=drafter, stop_strings=("€g", "zz"))
+    chunks = [c.text for c in s]
+    assert s.result.stop_reason == "stop_string"
+    assert "".join(chunks) == s.result.text == "abc€def"
+    assert tokenizer.decode(s.result.token_ids) == "abc€def€g"  # tokens end with the one completing it
+
+
+@pytest.mark.parametrize("stop_strings", [(), ("zzz",)], ids=["no-stop", "stop-strings"])
+def test_streaming_decodes_each_token_a_bounded_number_of_times(stop_strings):
+    """Decoding the whole output every round, or every token, is quadratic."""
+    tokenizer, s = byte_stream("hé € " * 100, stop_strings=stop_strings)
+    chunks = [c.text for c in s]
+    assert "".join(chunks) == "hé € " * 100
+    assert tokenizer.decoded < 10 * len(s.result.token_ids)
+
+
 def test_stats_are_consistent():
     target = tiny_backend(0)
     result = generate(target, PROMPT, greedy(max_new_tokens=30, k=3), ModelDrafter(tiny_backend(7), GREEDY))
@@ -166,10 +256,55 @@ def test_same_seed_repeats_exactly_and_other_seeds_differ():
     assert run(1) != run(2)
 
 
+def test_tiny_temperature_generates_the_greedy_text():
+    target = tiny_backend(0)
+    sampling = SamplingConfig(temperature=1e-40)
+    config = GenerationConfig(max_new_tokens=20, k=3, sampling=sampling)
+    result = generate(target, PROMPT, config, ModelDrafter(tiny_backend(7), sampling))
+    assert result.token_ids == generate(target, PROMPT, greedy(max_new_tokens=20)).token_ids
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampling"])
+def test_non_finite_target_logits_stop_with_the_model_named(value, temperature):
+    target = PoisonedBackend(random_table(6, seed=0), value, after=5, name="broken-target")
+    config = GenerationConfig(max_new_tokens=8, k=2, sampling=SamplingConfig(temperature))
+    with pytest.raises(BackendError, match="broken-target returned NaN or infinite logits"):
+        generate(target, [1, 2], config, NgramDrafter())
+
+
+def test_non_finite_draft_logits_stop_with_the_draft_named():
+    sampling = SamplingConfig(1.0)
+    drafter = ModelDrafter(PoisonedBackend(random_table(6, seed=1), float("nan"), after=4, name="broken-draft"), sampling)
+    with pytest.raises(BackendError, match="broken-draft returned NaN"):
+        generate(TrigramBackend(random_table(6, seed=0)), [1, 2], GenerationConfig(8, k=3, sampling=sampling), drafter)
+
+
+def test_minus_inf_logits_are_ruled_out_tokens_not_an_error():
+    table = random_table(6, seed=0)
+    table[..., 3:] = float("-inf")  # as a truncated draft vocabulary scores them
+    sampling = SamplingConfig(1.0)
+    config = GenerationConfig(12, k=3, sampling=sampling)
+    result = generate(TrigramBackend(table), [1, 2], config, ModelDrafter(TrigramBackend(table), sampling))
+    assert len(result.token_ids) == 12 and max(result.token_ids) < 3
+
+
 def test_prompt_longer_than_context_is_refused():
     target = tiny_backend(0)
     with pytest.raises(ValueError, match="context"):
         generate(target, [1] * 500, greedy(max_new_tokens=20))
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_every_model_context_is_checked_and_named(role):
+    small = TrigramBackend(random_table(6, seed=0), name="small-context")
+    small.context_length = 40
+    big = TrigramBackend(random_table(6, seed=1), name="long-context")
+    target, draft = (small, big) if role == "target" else (big, small)
+    config = GenerationConfig(max_new_tokens=30, k=4, sampling=GREEDY)
+    with pytest.raises(ValueError, match=f"context of the {role} model small-context: 40 tokens"):
+        stream(target, [1, 2, 3, 4, 5, 6], config, ModelDrafter(draft, GREEDY))  # 6 + 30 + 4 + 1 > 40
+    stream(target, [1, 2, 3, 4, 5], config, ModelDrafter(draft, GREEDY))
 
 
 def test_empty_prompt_and_bad_k_are_refused():
@@ -177,6 +312,11 @@ def test_empty_prompt_and_bad_k_are_refused():
         generate(tiny_backend(0), [], greedy())
     with pytest.raises(ValueError):
         GenerationConfig(k=0)
+
+
+def test_empty_stop_string_is_refused():
+    with pytest.raises(ValueError, match="stop strings must not be empty"):
+        GenerationConfig(stop_strings=("end", ""))
 
 
 def test_ngram_drafter_proposes_continuation_of_latest_match():

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from specsample.sampling import SamplingConfig, logits_to_probs, sample
+from specsample.sampling import MIN_TEMPERATURE, SamplingConfig, logits_to_probs, sample
 
 
 def test_temperature_one_is_softmax():
@@ -20,6 +20,21 @@ def test_greedy_is_one_hot_at_argmax_lowest_id_on_ties():
     probs = logits_to_probs(logits, SamplingConfig(temperature=0))
     assert probs.dtype == torch.float32
     assert probs.tolist() == [[0, 1, 0, 0], [1, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-6])
+def test_temperature_below_the_floor_is_greedy_not_nan(temperature):
+    logits = torch.tensor([[0.0, 5.0, 5.0, 1.0], [-3.0, 2.0, 1.999, 0.0]])
+    config = SamplingConfig(temperature=temperature)
+    assert config.greedy
+    assert logits_to_probs(logits, config).tolist() == [[0, 1, 0, 0], [0, 1, 0, 0]]
+
+
+def test_temperature_at_the_floor_still_samples():
+    config = SamplingConfig(temperature=MIN_TEMPERATURE)
+    assert not config.greedy
+    probs = logits_to_probs(torch.tensor([[0.0, 1e-4, 1e-4 + 1e-5]]), config)
+    assert torch.isfinite(probs).all() and 0 < probs[0, 1] < probs[0, 2]
 
 
 def test_top_k_keeps_k_largest_and_renormalises():

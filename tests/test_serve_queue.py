@@ -59,8 +59,7 @@ def test_waiting_too_long_gets_a_timeout_error_and_the_worker_goes_on():
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_leaving_mid_generation_frees_the_model(stream):
-    app, target = toy_app(eos=False, k=2)
-    target.context_length = 4096
+    app, target = toy_app(eos=False, k=2, context_length=4096)  # the draft's context is checked too
     target.delay = 0.01  # about 1,000 tokens in 500+ rounds: 5+ s if nobody stopped it
     long = {**BODY, "max_tokens": 1000, "stream": stream}
     with running(app) as url:

@@ -3,7 +3,10 @@
 import pytest
 import torch
 
+from specsample.sampling import sample
 from specsample.verify import residual_distribution, verify
+
+from toy import chi_square_p_value
 
 HI, LO = 100.0, -100.0
 
@@ -61,14 +64,41 @@ def test_acceptance_probability_is_min_one_ratio():
 def test_residual_with_no_mass_falls_back_to_target():
     target = torch.tensor([0.3, 0.7])
     assert torch.equal(residual_distribution(target, target.clone()), target)
-    assert torch.equal(residual_distribution(target, torch.tensor([0.3, 0.7 + 1e-9])), target)
+    # A draft above the target everywhere, by one float32 step: what rounding makes of
+    # a draft equal to the target. The residual clamps to zero.
+    above = torch.nextafter(target, torch.ones(2))
+    assert (above > target).all()
+    assert torch.equal(residual_distribution(target, above), target)
 
 
-def test_verify_never_nans_when_draft_equals_target_in_bfloat16():
-    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    probs = torch.softmax(logits.float(), -1)
+def test_residual_with_a_little_mass_is_still_the_residual():
+    # One float32 step below the target on one token: all the residual's mass is there.
+    target = torch.tensor([0.3, 0.7])
+    draft = torch.stack([target[0], torch.nextafter(target[1], torch.tensor(0.0))])
+    assert torch.equal(residual_distribution(target, draft), torch.tensor([0.0, 1.0]))
+
+
+def test_verify_follows_the_target_when_draft_equals_it_in_bfloat16():
+    """Draft and target from the same logits, one softmax in float32 and one in
+    bfloat16: equal but for rounding, so the rare rejections leave residuals of
+    next to no mass. A recovered token must lie where the target exceeds the draft,
+    and the first emitted token must follow the target row (a chi-square test over
+    N = 20,000 rounds fails at p < 1e-3)."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
+    target = torch.softmax(logits, -1).to(torch.bfloat16)  # [3, 50]
+    draft = torch.softmax(logits.to(torch.bfloat16), -1)  # [3, 50]
     g = torch.Generator().manual_seed(0)
-    for _ in range(200):
-        drafts = torch.multinomial(probs[:2], 1, generator=g).squeeze(-1)
-        v = verify(drafts, probs[:2].to(torch.bfloat16), probs.to(torch.bfloat16), g)
-        assert all(0 <= t < 50 for t in v.tokens)
+    n, counts, rejections = 20_000, {}, 0
+    for _ in range(n):
+        drafts = sample(draft[:2].float(), g)  # [2]
+        verdict = verify(drafts, draft[:2], target, g)
+        first = (verdict.tokens[0],)
+        counts[first] = counts.get(first, 0) + 1
+        if verdict.num_accepted < 2:  # recovered from the residual: a token the target gives more than the draft
+            at, recovered = verdict.num_accepted, verdict.tokens[-1]
+            assert target[at, recovered] > draft[at, recovered]
+            rejections += 1
+    assert rejections > 0  # 9 at these seeds
+    row = target[0].float() / target[0].float().sum()
+    exact = {(token,): float(p) for token, p in enumerate(row)}
+    assert chi_square_p_value(counts, exact, n) > 1e-3

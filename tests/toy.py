@@ -40,6 +40,52 @@ class TrigramBackend:
         del self.tokens[length:]
 
 
+class PoisonedBackend(TrigramBackend):
+    """Logits that turn to `value` (NaN, inf) once the context reaches `after` tokens,
+    as a float16 model's do when an activation overflows."""
+
+    def __init__(self, table: torch.Tensor, value: float, after: int, name: str = "poisoned"):
+        super().__init__(table, name=name)
+        self.value, self.after = value, after
+
+    def next_logits(self, context: list[int]) -> torch.Tensor:  # [V]
+        logits = super().next_logits(context)
+        if len(context) < self.after:
+            return logits
+        return torch.cat([torch.tensor([self.value]), logits[1:]])
+
+
+class ScriptedBackend(TrigramBackend):
+    """Greedy decoding after a prompt of `prompt_length` tokens reads out `script`."""
+
+    def __init__(self, script: list[int], vocab_size: int, prompt_length: int, tokenizer=None):
+        super().__init__(torch.zeros(1, 1, vocab_size), name="scripted")
+        self.script, self.prompt_length, self.tokenizer = script, prompt_length, tokenizer
+
+    def next_logits(self, context: list[int]) -> torch.Tensor:  # [V]
+        logits = torch.zeros(self.vocab_size)
+        logits[self.script[(len(context) - self.prompt_length) % len(self.script)]] = 10.0
+        return logits
+
+
+class ByteTokenizer:
+    """Token i is byte i: a character of several bytes is whole only once all of its
+    tokens are there. Counts the tokens it decodes, all calls together."""
+
+    def __init__(self):
+        self.decoded = 0
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, token_ids: list[int]) -> str:
+        self.decoded += len(token_ids)
+        return bytes(token_ids).decode("utf-8", errors="replace")
+
+    def chat_prompt(self, text: str) -> list[int]:
+        return self.encode(text)
+
+
 def random_table(vocab: int, seed: int, scale: float = 1.5) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(vocab, vocab, vocab, generator=g) * scale

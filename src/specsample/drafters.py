@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-from .backends.base import Backend
+from .backends.base import Backend, claim_cache, finite_logits, holds_cache
 from .control import MODEL, DraftCall, FixedK, Policy, ngram_source
 from .sampling import SamplingConfig, logits_to_probs, sample
 
@@ -52,7 +52,9 @@ class ModelDrafter:
     drafts that were thrown away (rolled back); after a full accept it lacks the last
     draft token, which was sampled but never fed back (the classic off-by-one), and
     the bonus token. Both are fed in the first draft call of the next round, as is
-    any text emitted by plain target steps while the draft sat idle.
+    any text emitted by plain target steps while the draft sat idle. When another
+    user has claimed the backend since (another drafter on it, in an interleaved
+    stream), nothing cached can be trusted and the whole context is fed again.
     """
 
     def __init__(self, backend: Backend, sampling: SamplingConfig):
@@ -62,6 +64,7 @@ class ModelDrafter:
         self.calls = 0
         self.clock = time.perf_counter
         self._cached: list[int] = []  # the tokens in the backend's cache
+        self._claim: object | None = None  # ours on the backend (claim_cache); None: not yet taken
 
     @property
     def model_backend(self) -> Backend:
@@ -69,7 +72,7 @@ class ModelDrafter:
 
     def lag(self, context: list[int]) -> int:
         """Tokens the next draft call must feed before it can draft."""
-        if self.backend.length != len(self._cached):
+        if not holds_cache(self.backend, self._claim, len(self._cached)):
             return len(context)
         return len(context) - min(_common_prefix_length(self._cached, context), len(context) - 1)
 
@@ -80,8 +83,9 @@ class ModelDrafter:
 
     def draft(self, context: list[int], limit: int, planned: int, generator, policy: Policy) -> Draft:
         """Draft up to `limit` tokens, `planned` of them unless the policy revises it."""
-        if self.backend.length != len(self._cached):  # someone else used the backend
+        if not holds_cache(self.backend, self._claim, len(self._cached)):  # someone else used the backend
             self._cached = []
+            self._claim = claim_cache(self.backend)
         # At least one token must be fed to get the next-token logits.
         common = min(_common_prefix_length(self._cached, context), len(context) - 1)
         self.backend.rollback(common)
@@ -91,7 +95,7 @@ class ModelDrafter:
         i = 0
         while i < min(planned, limit):
             t0 = self.clock()
-            logits = self.backend.score(feed, num_logits=1)  # [1, vocab]
+            logits = finite_logits(self.backend.score(feed, num_logits=1), self.name)  # [1, vocab]
             calls.append(DraftCall(len(feed), self.clock() - t0))
             self.calls += 1
             self._cached += feed

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .backends.base import Backend, check_same_vocabulary
+from .backends.base import Backend, check_cache, check_same_vocabulary, claim_cache, finite_logits
 from .control import Policy, RoundReport, make_policy
+from .detokenize import TextTracker
 from .drafters import Draft, Drafter
 from .sampling import SamplingConfig, logits_to_probs
 from .verify import verify
@@ -107,6 +108,8 @@ class GenerationConfig:
             raise ValueError(f"k-max must be >= 1, got {self.k_max}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if "" in self.stop_strings:  # it would match before the first token
+            raise ValueError("stop strings must not be empty")
 
 
 @dataclass
@@ -149,14 +152,23 @@ def stream(
         raise ValueError("the prompt is empty")
     if policy is None:
         policy = make_policy(config.k, config.k_max)
-    if len(prompt_ids) + config.max_new_tokens + policy.k_max + 1 > target.context_length:
-        raise ValueError(
-            f"prompt of {len(prompt_ids)} tokens plus {config.max_new_tokens} new tokens "
-            f"does not fit the model's context of {target.context_length}"
-        )
     draft_backend = getattr(drafter, "model_backend", None)
+    if draft_backend is target:  # both would write one cache: each would score on the other's tokens
+        raise ValueError(
+            f"the drafter runs on the target's own backend object ({target.name}); load the draft model as a "
+            f"backend of its own (the same model files will do) or draft by n-gram lookup"
+        )
     if draft_backend is not None:
         check_same_vocabulary(target, draft_backend)
+    # Every model in the round holds the text so far plus drafts; a llama.cpp draft
+    # (n_ctx 4096) behind a long-context target fails first.
+    for role, backend in (("target", target), ("draft", draft_backend)):
+        if backend is not None and len(prompt_ids) + config.max_new_tokens + policy.k_max + 1 > backend.context_length:
+            raise ValueError(
+                f"prompt of {len(prompt_ids)} tokens plus {config.max_new_tokens} new tokens and "
+                f"{policy.k_max + 1} for drafts does not fit the context of the {role} model "
+                f"{backend.name}: {backend.context_length} tokens"
+            )
     return Stream(_rounds(target, prompt_ids, config, drafter, policy, clock))
 
 
@@ -177,6 +189,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
     # the first round feeds only its drafts; every later round feeds the last emitted
     # token ("pending", never scored yet) plus the drafts. Either way a round gets one
     # distribution per draft plus one.
+    claim = claim_cache(target)
     target.rollback(0)
     carried = target.score(prompt_ids, num_logits=1)  # [1, vocab]
     stats.prefill_seconds = clock() - start
@@ -186,10 +199,14 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
         policy.begin(target, drafter, context, config.max_new_tokens)
         stats.calibration_seconds = getattr(policy, "calibration_seconds", 0.0) - before
     new: list[int] = []
-    text = _TextTracker(target.tokenizer, config.stop_strings)
+    text = TextTracker(target.tokenizer, config.stop_strings)
     stop_reason = "length"
 
     while stop_reason == "length" and len(new) < config.max_new_tokens:
+        # 0. The target must still hold this stream's text (all but the pending
+        #    token): another stream on the same backend may have run in between.
+        check_cache(target, claim, len(context) - (carried is None))
+
         # 1. Draft: the policy picks the source and how many (0 = a plain target
         #    step), never more than we could still emit.
         t0 = clock()
@@ -217,7 +234,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
         stats.target_seconds += t2 - t1
 
         # 3. Accept a prefix of the drafts, then one recovered or bonus token.
-        target_probs = logits_to_probs(logits, config.sampling)  # [m + 1, vocab]
+        target_probs = logits_to_probs(finite_logits(logits, target.name), config.sampling)  # [m + 1, vocab]
         verdict = verify(draft.tokens, draft.probs, target_probs, generator)
         # Keep pending + accepted drafts; the new last token is fed next round.
         target.rollback(base + len(pending) + verdict.num_accepted)
@@ -254,60 +271,3 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
 def _bump(histogram: list[int], index: int) -> None:
     histogram.extend([0] * (index + 1 - len(histogram)))
     histogram[index] += 1
-
-
-class _TextTracker:
-    """Incremental decoding of the new tokens, with stop strings."""
-
-    def __init__(self, tokenizer, stop_strings: tuple[str, ...]):
-        self.tokenizer = tokenizer
-        self.stop_strings = stop_strings
-        self.ids: list[int] = []
-        self.sent = 0  # characters already yielded
-        self.stopped_at: int | None = None
-
-    def add(self, token: int) -> bool:
-        """Append one token; True once a stop string has appeared."""
-        self.ids.append(token)
-        if self.tokenizer is None or not self.stop_strings:
-            return False
-        text = self.tokenizer.decode(self.ids)
-        for stop in self.stop_strings:
-            # Search only where a new match can start.
-            at = text.find(stop, max(0, self.sent - len(stop) + 1))
-            if at != -1 and (self.stopped_at is None or at < self.stopped_at):
-                self.stopped_at = at
-        return self.stopped_at is not None
-
-    def take(self) -> str:
-        """Text not yet handed out that can no longer change."""
-        if self.tokenizer is None:
-            return ""
-        text = self.tokenizer.decode(self.ids)
-        if self.stopped_at is not None:
-            end = self.stopped_at
-        else:
-            # Hold back a trailing partial character, and any tail that could still
-            # grow into a stop string.
-            end = len(text.rstrip("\ufffd"))
-            for stop in self.stop_strings:
-                for j in range(len(stop) - 1, 0, -1):
-                    if text[:end].endswith(stop[:j]):
-                        end -= j
-                        break
-        end = max(end, self.sent)
-        delta = text[self.sent : end]
-        self.sent = end
-        return delta
-
-    def flush(self) -> str:
-        """Whatever was held back, once no more tokens will come."""
-        tail = self.final()[self.sent :]
-        self.sent += len(tail)
-        return tail
-
-    def final(self) -> str:
-        if self.tokenizer is None:
-            return ""
-        text = self.tokenizer.decode(self.ids)
-        return text if self.stopped_at is None else text[: self.stopped_at]

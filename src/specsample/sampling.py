@@ -13,9 +13,17 @@ from dataclasses import dataclass
 import torch
 
 
+# Temperatures below this are greedy (vLLM's threshold too). There softmax(logits / T)
+# keeps only e^-(gap / T) of the mass off the argmax: e^-100 for logits 1e-3 apart,
+# which is the rounding noise of a float16 model's logits, so sampling differs from
+# greedy only at exact ties (greedy takes the lowest id); while dividing by a smaller
+# T overflows float32 (T = 1e-40: every logit inf, the softmax NaN).
+MIN_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
-    temperature: float = 1.0  # 0 means greedy (argmax)
+    temperature: float = 1.0  # 0, or anything below MIN_TEMPERATURE, means greedy (argmax)
     top_k: int = 0  # 0 disables
     top_p: float = 1.0  # 1.0 disables
 
@@ -29,7 +37,7 @@ class SamplingConfig:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < MIN_TEMPERATURE
 
 
 def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:

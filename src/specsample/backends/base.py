@@ -1,6 +1,7 @@
 """The small interface every model engine implements.
 
-A backend owns its KV cache; the generation loop only sees an integer length.
+A backend owns its KV cache; the generation loop only sees an integer length, and
+marks on the backend object who filled the cache last (claim_cache).
 """
 
 from __future__ import annotations
@@ -64,6 +65,52 @@ def trim_padding(size: int, token_text) -> int:
 
 def _is_padding(text: str | None) -> bool:
     return not text or text.startswith(("[PAD", "<pad_"))
+
+
+class BackendError(RuntimeError):
+    """What a backend returned, or holds, cannot be used; the message names the model."""
+
+
+def claim_cache(backend: Backend) -> object:
+    """Take the backend's cache for the caller; returns the claim to check it with.
+
+    A backend's cache holds one sequence. Whoever fills it (a stream for its target,
+    a model drafter for its draft model) claims it first, and the newest claim wins,
+    so a new stream simply takes over a backend that an earlier one left. The claim
+    is kept on the backend object, which gives every engine this check without a
+    change to the protocol.
+    """
+    claim = object()
+    backend._cache_claim = claim
+    return claim
+
+
+def holds_cache(backend: Backend, claim: object | None, length: int) -> bool:
+    """Whether the backend still holds the `length` tokens the claim's owner left:
+    nobody has claimed it since, nor changed its length."""
+    return claim is not None and getattr(backend, "_cache_claim", None) is claim and backend.length == length
+
+
+def check_cache(backend: Backend, claim: object, length: int) -> None:
+    if not holds_cache(backend, claim, length):
+        raise BackendError(
+            f"{backend.name}: the cache no longer holds this generation's text; another generation or drafter "
+            f"used the same backend object in between. A backend holds one sequence: finish (or drop) one "
+            f"stream before starting the next, and give a draft model a backend of its own"
+        )
+
+
+def finite_logits(logits: torch.Tensor, model: str) -> torch.Tensor:
+    """logits [n, vocab], unless a row holds NaN or +inf, or nothing but -inf.
+
+    -inf alone is a token the backend rules out (a truncated draft vocabulary), so
+    only each row's maximum is checked: NaN propagates into it, and it is +inf or
+    -inf exactly when the row is unusable. One reduction, cheap beside the softmax.
+    """
+    if not bool(torch.isfinite(logits.amax(-1)).all()):
+        raise BackendError(f"{model} returned NaN or infinite logits; float16 weights overflow on some inputs: "
+                           f"load the model in bfloat16 or float32")
+    return logits
 
 
 class VocabularyMismatch(ValueError):

@@ -92,7 +92,7 @@ def _run(cmd: list[str]) -> None:
 def completion_request(prompt_ids: list[int], max_new_tokens: int, sampling, seed: int, stop_strings, k: int | None) -> dict:
     """A /completion body that decodes as our loops do: the same tokens, sampling
     and stop strings, with llama.cpp's extra samplers and penalties off."""
-    greedy = sampling.temperature == 0
+    greedy = sampling.greedy
     return {
         "prompt": list(prompt_ids), "n_predict": max_new_tokens, "stop": list(stop_strings), "seed": seed,
         "temperature": 0.0 if greedy else sampling.temperature, "top_k": 1 if greedy else sampling.top_k,
