@@ -8,16 +8,16 @@ from specsample.backends.hf import HFBackend
 VOCAB = 96
 
 
-def tiny_model(seed: int, layers: int = 2) -> Qwen2ForCausalLM:
+def tiny_model(seed: int, layers: int = 2, vocab: int = VOCAB, sharpen: float = 40.0) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
         eos_token_id=None, bos_token_id=None, pad_token_id=None,
     )
     model = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():  # sharper logits than the default init, so drafts get accepted
-        model.lm_head.weight.mul_(40)
+        model.lm_head.weight.mul_(sharpen)
     return model
 
 
@@ -32,11 +32,11 @@ WINDOW = 4  # shorter than every test sequence, so the window is really used
 WINDOWED = ("mistral", "gemma2", "gemma3", "gpt_oss")
 
 
-def tiny_windowed_model(arch: str, seed: int, window: int | None = WINDOW):
+def tiny_windowed_model(arch: str, seed: int, window: int = WINDOW, vocab: int = VOCAB):
     import transformers as tf
 
     torch.manual_seed(seed)
-    sizes = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    sizes = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=512, eos_token_id=None, bos_token_id=None,
                  pad_token_id=None, sliding_window=window)
     if arch != "mistral":
