@@ -154,3 +154,14 @@ def test_cli_refuses_bad_options_with_status_2(capsys, toy_models, args, message
     _, err = capsys.readouterr()
     assert code == 2
     assert message in err
+
+
+def test_cli_end_to_end_on_tiny_transformers_models(capsys, tmp_path):
+    from test_cli import WORDS, save_tiny
+
+    words = ["[UNK]", "[EOS]"] + WORDS + [f"w{i}" for i in range(90 - 2 - len(WORDS))]
+    target, draft = save_tiny(tmp_path / "target", 0, words), save_tiny(tmp_path / "draft", 7, words)
+    code = main(["check", "--target", target, "--draft", draft, "--backend", "hf", "-n", "600"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "PASS" in out and "engine floor" in out
