@@ -8,18 +8,60 @@ from specsample.backends.hf import HFBackend
 VOCAB = 96
 
 
-def tiny_model(seed: int, layers: int = 2) -> Qwen2ForCausalLM:
+def tiny_model(seed: int, layers: int = 2, vocab: int = VOCAB, sharpen: float = 40.0) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
         eos_token_id=None, bos_token_id=None, pad_token_id=None,
     )
     model = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():  # sharper logits than the default init, so drafts get accepted
-        model.lm_head.weight.mul_(40)
+        model.lm_head.weight.mul_(sharpen)
     return model
 
 
 def tiny_backend(seed: int, name: str | None = None) -> HFBackend:
     return HFBackend(tiny_model(seed), name=name or f"tiny-{seed}")
+
+
+WINDOW = 4  # shorter than every test sequence, so the window is really used
+
+# Architectures whose transformers cache has sliding-window layers: all of them (Mistral,
+# Gemma 3 here), or every other one (Gemma 2, gpt-oss).
+WINDOWED = ("mistral", "gemma2", "gemma3", "gpt_oss")
+
+
+def tiny_windowed_model(arch: str, seed: int, window: int = WINDOW, vocab: int = VOCAB):
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    sizes = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=512, eos_token_id=None, bos_token_id=None,
+                 pad_token_id=None, sliding_window=window)
+    if arch != "mistral":
+        sizes["head_dim"] = 8
+    if arch == "gpt_oss":
+        sizes.update(num_local_experts=4, num_experts_per_tok=2)
+    config_class, model_class = {
+        "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+        "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM),
+        "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM),
+        "gpt_oss": (tf.GptOssConfig, tf.GptOssForCausalLM),
+    }[arch]
+    return model_class(config_class(**sizes)).eval()
+
+
+def tiny_recurrent_model(seed: int):
+    """Qwen3-Next: a linear-attention (gated delta rule) layer, then a full one."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3NextConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=512, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=16, shared_expert_intermediate_size=16, linear_num_value_heads=2,
+        linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+        layer_types=["linear_attention", "full_attention"], eos_token_id=None, bos_token_id=None, pad_token_id=None,
+    )
+    return Qwen3NextForCausalLM(config).eval()

@@ -92,10 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=cmd_fetch)
 
     from .bench.cli import add_bench_parser
+    from .check_cli import add_check_parser
     from .serve.cli import add_serve_parser
 
     add_bench_parser(sub)
     add_serve_parser(sub)
+    add_check_parser(sub)
     return parser
 
 

@@ -3,6 +3,15 @@
 Tested with transformers 5.17 (pinned in pyproject). Since 5.x, DynamicCache.crop
 takes the number of tokens to remove as a negative integer; a positive argument is
 the deprecated "final length" form, removed in 5.18. We only ever pass negatives.
+
+Sliding-window layers (Mistral with a window, Gemma 2/3, gpt-oss) get a plain
+full-length cache here, not transformers' windowed one: a windowed layer drops every
+state older than window - 1 tokens, so a crop cannot restore them, and its "past
+recording" mode keeps them only until the next forward call (a longer key tensor
+than the mask it builds). The model's mask applies the window either way, so the
+logits are the same; the price is the memory of full attention on those layers.
+Linear-attention layers (Qwen3-Next, Mamba hybrids) hold a recurrent state that no
+crop restores: those models generate, but refuse a rollback that drops tokens.
 """
 
 from __future__ import annotations
@@ -15,6 +24,10 @@ import torch
 
 from ..files import build_once
 from .base import trim_padding
+
+
+class RollbackUnsupported(ValueError):
+    pass
 
 # Special tokens that end a turn in common instruct models; the ones a vocabulary
 # has are added to the model's own EOS ids (instruct models have several).
@@ -51,9 +64,6 @@ class HFTokenizer:
 
 class HFBackend:
     def __init__(self, model, tokenizer: HFTokenizer | None = None, name: str = "hf-model"):
-        from transformers import DynamicCache
-
-        self._cache_class = DynamicCache
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -67,6 +77,8 @@ class HFBackend:
         self.context_length = getattr(config, "max_position_embeddings", None) or 2048
         self.eos_token_ids = frozenset(_eos_ids(model, tokenizer))
         self.cache = None
+        # False for recurrent models: the loop can refuse a drafter before any output.
+        self._new_cache, self.supports_rollback = _cache_factory(model.config)
         self._length = 0
         self._kept: torch.Tensor | None = None  # [n] token ids the output layer scores (None: all)
 
@@ -93,7 +105,7 @@ class HFBackend:
     @torch.inference_mode()
     def score(self, token_ids: list[int], num_logits: int) -> torch.Tensor:
         if self.cache is None:
-            self.cache = self._cache_class(config=self.model.config)
+            self.cache = self._new_cache()
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=num_logits)
         self._length += len(token_ids)
@@ -111,9 +123,35 @@ class HFBackend:
             return
         if length == 0:
             self.cache = None
+        elif not self.supports_rollback:
+            raise RollbackUnsupported(
+                f"{self.name} keeps a recurrent state (linear-attention layers) that the transformers cache cannot "
+                f"roll back, and speculative decoding must drop rejected drafts: run it autoregressively "
+                f"(--autoregressive), or use a model with attention layers only")
         else:
-            self.cache.crop(length - self._length)  # negative: tokens to remove
+            try:
+                self.cache.crop(length - self._length)  # negative: tokens to remove
+            except RuntimeError as e:  # a cache layer we do not know
+                raise RollbackUnsupported(f"{self.name}: the transformers cache cannot roll back: {e}") from e
         self._length = length
+
+
+# Cache layer kinds with a recurrent or convolution state (mamba, gated delta rule,
+# short convolutions): a crop restores none of it. "moe" and "mlp" layers hold nothing.
+RECURRENT_LAYERS = ("linear_attention", "conv", "hybrid", "hybrid_sliding")
+
+
+def _cache_factory(config):
+    """A function making an empty cache for this model, and whether a crop can roll
+    that cache back. See the module docstring for why windows get full layers."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    layer_types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    recurrent = any(t in RECURRENT_LAYERS for t in layer_types)
+    if not recurrent and any(t in ("sliding_attention", "chunked_attention") for t in layer_types):
+        return DynamicCache, True  # no config: a full DynamicLayer per layer
+    return (lambda: DynamicCache(config=config)), not recurrent
 
 
 def _eos_ids(model, tokenizer: HFTokenizer | None) -> set[int]:

@@ -1,0 +1,167 @@
+"""`specsample check` on toy backends: a correct sampler passes, wrong ones fail, and
+an engine whose logits depend on the call shape passes with its floor reported.
+
+Vocabulary 6, three prompts, N = 2,000 samples in all: each run takes well under a
+second. The verdict's bound is the check's own (the 99th percentile of a perfect
+sampler's TV at the same N); seeds are fixed, so every run is deterministic.
+"""
+
+import importlib
+
+import pytest
+import torch
+
+from specsample.check import CheckConfig, check, total_variation
+from specsample.cli import main
+from specsample.drafters import ModelDrafter
+from specsample.sampling import SamplingConfig, logits_to_probs
+
+from test_distribution import accept_everything, recover_from_target
+from toy import TrigramBackend, random_table
+
+generate_module = importlib.import_module("specsample.generate")
+
+VOCAB = 6
+TARGET = random_table(VOCAB, seed=0)
+DRAFT = random_table(VOCAB, seed=2)  # unrelated: frequent rejections
+PROMPTS = [[1, 2], [3], [4, 5, 0]]
+SAMPLING = SamplingConfig(temperature=1.0)
+CONFIG = CheckConfig(samples=2000, k=2, sampling=SAMPLING)
+
+
+def run_check(target=None, config=CONFIG):
+    drafter = ModelDrafter(TrigramBackend(DRAFT, name="draft"), config.sampling)
+    return check(target or TrigramBackend(TARGET), drafter, PROMPTS, config)
+
+
+def test_a_correct_sampler_passes():
+    result = run_check()
+    assert result.passed
+    assert result.perfect_tv[0] < result.perfect_tv[1] < 0.1
+    assert result.engine_floor == 0.0  # the toy ignores call shapes
+    for p in result.prompts:
+        assert p.samples == 2000 // len(PROMPTS)
+        assert p.cells[-1].tokens is None and len(p.cells) == CONFIG.cells + 1  # likeliest cells, then "other"
+        assert sum(c.exact for c in p.cells) == pytest.approx(1.0)
+        assert sum(c.observed for c in p.cells) == pytest.approx(1.0)
+        assert [c.exact for c in p.cells[:-1]] == sorted((c.exact for c in p.cells[:-1]), reverse=True)
+        assert 0.0 < p.acceptance_rate < 1.0
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_exact_cells_follow_the_target(k):
+    """The reference: P(x1) from the prompt row times P(x2 | x1), for any K."""
+    result = run_check(config=CheckConfig(samples=300, k=k, sampling=SAMPLING))
+    target = TrigramBackend(TARGET)
+    for prompt, p in zip(PROMPTS, result.prompts):
+        for cell in p.cells[:-1]:
+            x1, x2 = cell.tokens
+            first = logits_to_probs(target.next_logits(prompt)[None], SAMPLING)[0]
+            second = logits_to_probs(target.next_logits(prompt + [x1])[None], SAMPLING)[0]
+            assert cell.exact == pytest.approx(float(first[x1] * second[x2]), rel=1e-5)
+
+
+@pytest.mark.parametrize("wrong_verify", [accept_everything, recover_from_target])
+def test_a_wrong_sampler_fails(monkeypatch, wrong_verify):
+    monkeypatch.setattr(generate_module, "verify", wrong_verify)
+    result = run_check()
+    assert not result.passed
+    assert result.tv > result.perfect_tv[1]
+
+
+class CallShapeBackend(TrigramBackend):
+    """Like llama.cpp: rows of a multi-token call differ from a one-token call's (here
+    token 0 gets +0.5 logit), so batched scoring follows its own distribution."""
+
+    def score(self, token_ids, num_logits):
+        logits = super().score(token_ids, num_logits)
+        if len(token_ids) > 1:
+            logits = logits.clone()
+            logits[:, 0] += 0.5
+        return logits
+
+
+def test_an_engine_with_call_shape_dependent_logits_passes_with_its_floor_reported():
+    result = run_check(CallShapeBackend(TARGET))
+    assert result.passed  # the reference is computed in the sampler's own call shapes
+    # The floor is the TV that +0.5 on token 0 makes, at the likeliest first token.
+    expected = []
+    for prompt, p in zip(PROMPTS, result.prompts):
+        row = TrigramBackend(TARGET).next_logits(prompt + [p.cells[0].tokens[0]])  # [vocab]
+        shifted = row.clone()
+        shifted[0] += 0.5
+        expected.append(total_variation(torch.softmax(row, -1), torch.softmax(shifted, -1)))
+    assert result.engine_floor == pytest.approx(max(expected), rel=1e-4)
+    assert result.engine_floor > 0.01
+
+
+def test_a_reference_in_the_wrong_call_shapes_would_fail(monkeypatch):
+    """Why the shapes matter: with the reference from one-token calls (the toy's plain
+    logits), the same correct sampler on the same engine fails."""
+    check_module = importlib.import_module("specsample.check")
+    exact_cells = check_module.exact_cells
+    monkeypatch.setattr(check_module, "exact_cells",
+                        lambda target, prompt, config: exact_cells(TrigramBackend(TARGET), prompt, config))
+    assert not run_check(CallShapeBackend(TARGET)).passed
+
+
+# --- the command line, on the same toys ---------------------------------------
+
+class ToyTokenizer:
+    def encode(self, text):
+        return [len(word) % VOCAB for word in text.split()]
+
+    def decode(self, ids):
+        return "".join(f"<{i}>" for i in ids)
+
+
+@pytest.fixture
+def toy_models(monkeypatch):
+    def load_models(args, need_draft):
+        target = TrigramBackend(TARGET, name="toy-target")
+        target.tokenizer = ToyTokenizer()
+        sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+        return target, ModelDrafter(TrigramBackend(DRAFT, name="toy-draft"), sampling)
+
+    monkeypatch.setattr("specsample.cli.load_models", load_models)
+
+
+def test_cli_prints_a_table_and_passes(capsys, toy_models):
+    code = main(["check", "--target", "toy", "--draft", "toy", "-n", "1500", "-k", "2"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "target toy-target, draft toy-draft, k=2, temperature 1" in out
+    assert "other" in out and "PASS" in out and "engine floor: TV 0.0000" in out
+    assert "'<" in out  # tokens shown through the tokenizer
+
+
+def test_cli_exits_1_on_a_wrong_sampler(capsys, toy_models, monkeypatch):
+    monkeypatch.setattr(generate_module, "verify", accept_everything)
+    code = main(["check", "--target", "toy", "--draft", "toy", "-n", "1500"])
+    out, _ = capsys.readouterr()
+    assert code == 1
+    assert "FAIL" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--temperature", "0"], "temperature > 0"),
+    (["-k", "0"], "-k >= 1"),
+    (["-n", "0"], "samples >= 1"),
+    (["--lookup"], "without --lookup"),
+])
+def test_cli_refuses_bad_options_with_status_2(capsys, toy_models, args, message):
+    code = main(["check", "--target", "toy", "--draft", "toy", *args])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert message in err
+
+
+def test_cli_end_to_end_on_tiny_transformers_models(capsys, tmp_path):
+    from test_cli import WORDS, save_tiny
+
+    words = ["[UNK]", "[EOS]"] + WORDS + [f"w{i}" for i in range(90 - 2 - len(WORDS))]
+    target, draft = save_tiny(tmp_path / "target", 0, words), save_tiny(tmp_path / "draft", 7, words)
+    code = main(["check", "--target", target, "--draft", draft, "--backend", "hf", "-n", "600"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "PASS" in out and "engine floor" in out

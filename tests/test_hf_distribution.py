@@ -1,0 +1,85 @@
+"""Speculative sampling through the transformers backend's real cache crop follows
+the target distribution.
+
+The trigram toy of test_distribution.py has no KV cache; here every rejected draft
+is cropped out of a real DynamicCache (plain, and full-length layers for a sliding
+window of 2, shorter than the sequences). Tiny random models with a vocabulary of 8
+make the exact joint distribution of L = 3 new tokens (512 sequences) enumerable
+with fresh, uncropped scoring. N = 3,000 sequences per check; the same Pearson
+chi-square bound as test_distribution.py: fail when p < 1e-3 (a 1-in-1000 false
+alarm at a given seed for a correct sampler). The negative control, a crop that
+keeps the rejected drafts, fails it by far (p ~ 1e-40 at this N).
+"""
+
+import pytest
+import torch
+
+from specsample.backends.hf import HFBackend
+from specsample.drafters import ModelDrafter
+from specsample.generate import GenerationConfig, generate
+from specsample.sampling import SamplingConfig
+
+from tiny_hf import tiny_model, tiny_windowed_model
+from toy import chi_square_p_value, exact_distribution
+
+VOCAB, LENGTH, N, ALPHA, K = 8, 3, 3_000, 1e-3, 2
+PROMPT = [1, 5, 2]
+SAMPLING = SamplingConfig(temperature=1.0)
+SHARPEN = 24.0  # logits peaked enough that attending to a stale draft shows
+
+
+def models(arch):
+    """Target and draft: two seeds of one architecture, so rounds mix full accepts,
+    partial accepts and rejections."""
+    if arch == "qwen2":
+        return tuple(tiny_model(seed, layers=1, vocab=VOCAB, sharpen=SHARPEN) for seed in (0, 1))
+    pair = tuple(tiny_windowed_model(arch, seed, window=2, vocab=VOCAB) for seed in (0, 1))
+    for model in pair:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(SHARPEN)
+    return pair
+
+
+class FreshScoring:
+    """next_logits for toy.exact_distribution: every context scored from an empty cache."""
+
+    def __init__(self, model):
+        self.backend = HFBackend(model)
+        self.vocab_size = self.backend.vocab_size
+
+    def next_logits(self, context):  # [vocab]
+        self.backend.rollback(0)
+        return self.backend.score(context, num_logits=1)[0]
+
+
+def sample_counts(target_model, draft_model):
+    target = HFBackend(target_model)
+    drafter = ModelDrafter(HFBackend(draft_model), SAMPLING)
+    counts, rolled_back = {}, 0
+    for i in range(N):
+        result = generate(target, PROMPT, GenerationConfig(max_new_tokens=LENGTH, k=K, sampling=SAMPLING, seed=i),
+                          drafter)
+        seq = tuple(result.token_ids)
+        counts[seq] = counts.get(seq, 0) + 1
+        rolled_back += result.stats.accepted < result.stats.drafted
+    assert rolled_back > N // 10  # the crop really was exercised
+    return counts
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "mistral"])
+def test_hf_speculative_sampling_preserves_target_distribution(arch):
+    target_model, draft_model = models(arch)
+    exact = exact_distribution(FreshScoring(target_model), PROMPT, LENGTH, SAMPLING)
+    assert chi_square_p_value(sample_counts(target_model, draft_model), exact, N) > ALPHA
+
+
+def test_negative_control_a_crop_that_keeps_rejected_drafts_fails(monkeypatch):
+    def forgetful_rollback(self, length):
+        if length == 0:
+            self.cache, self._length = None, 0
+        # else: the cache keeps the rejected drafts; the next round attends to them
+
+    target_model, draft_model = models("qwen2")
+    exact = exact_distribution(FreshScoring(target_model), PROMPT, LENGTH, SAMPLING)
+    monkeypatch.setattr(HFBackend, "rollback", forgetful_rollback)
+    assert chi_square_p_value(sample_counts(target_model, draft_model), exact, N) < ALPHA
