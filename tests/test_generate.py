@@ -118,6 +118,16 @@ def test_a_drafter_on_the_targets_own_backend_is_refused():
         stream(target, [1, 2], greedy(), ModelDrafter(target, GREEDY))
 
 
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_a_model_that_cannot_roll_back_is_refused_before_any_text(role):
+    target, draft = TrigramBackend(random_table(6, seed=0)), TrigramBackend(random_table(6, seed=1))
+    stuck = target if role == "target" else draft
+    stuck.supports_rollback = False  # as the hf backend says of recurrent models
+    with pytest.raises(ValueError, match="cannot be rolled back"):
+        stream(target, [1, 2], greedy(), ModelDrafter(draft, GREEDY))
+    assert generate(target, [1, 2], greedy()).token_ids  # alone, it still decodes
+
+
 def test_drafters_sharing_a_draft_backend_resync_after_each_other():
     """Two streams in lockstep leave the shared draft cache at the length each drafter
     expects, but holding the other's text: only the claim tells them apart."""

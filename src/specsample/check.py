@@ -27,7 +27,7 @@ import torch
 from .backends.base import Backend
 from .drafters import Drafter
 from .generate import GenerationConfig, generate
-from .sampling import SamplingConfig, logits_to_probs
+from .sampling import MIN_TEMPERATURE, SamplingConfig, logits_to_probs
 
 FLOOR_CALL_SIZES = (2, 4, 8)  # multi-token calls compared with the one-token call
 
@@ -47,7 +47,8 @@ class CheckConfig:
         if self.samples < 1 or self.cells < 1 or self.simulations < 100:
             raise ValueError("check needs samples >= 1, cells >= 1 and simulations >= 100")
         if self.sampling.greedy:
-            raise ValueError("check compares distributions: use a temperature > 0")
+            raise ValueError(f"check compares distributions: use a temperature of at least {MIN_TEMPERATURE:g} "
+                             "(below it sampling is greedy)")
 
 
 @dataclass

@@ -160,6 +160,11 @@ def stream(
         )
     if draft_backend is not None:
         check_same_vocabulary(target, draft_backend)
+    for backend in (target, draft_backend) if drafter is not None else ():
+        # Refuse now, before any text is streamed, rather than at the first rejection.
+        if backend is not None and not getattr(backend, "supports_rollback", True):
+            raise ValueError(f"{backend.name} keeps recurrent state that cannot be rolled back, so it cannot take part "
+                             "in speculative decoding; run it autoregressively")
     # Every model in the round holds the text so far plus drafts; a llama.cpp draft
     # (n_ctx 4096) behind a long-context target fails first.
     for role, backend in (("target", target), ("draft", draft_backend)):
