@@ -124,38 +124,44 @@ def test_default_auto_on_this_machine_equals_autoregressive(pair, greedy_referen
 def test_sampling_through_llamacpp_scoring_follows_exact_target(pair):
     """The distribution check of test_distribution.py, on this backend's scoring path.
 
-    Target: the real 0.5B with top-k 3 (so two new tokens have at most 9 outcomes);
+    Target: the real 0.5B with top-k 3 (so three new tokens have at most 27 outcomes);
     draft: the same model at temperature 1.6, top-k 6: a different distribution, so
-    rejections and recoveries happen. The exact reference is enumerated with the same
-    backend. The prompt is one token, so no prefill is repeated per sample.
-    N = 800; bound: chi-square p > 1e-3 (with 9 cells, expected counts stay >= 5
-    for any cell above 0.6% probability; rarer ones are pooled).
+    rejections and recoveries happen. With K = 1 and three tokens, a rejection in the
+    first round leaves room for a second drafted round, which then scores on top of a
+    rolled-back cache. The exact reference is enumerated with the same backend. The
+    prompt is one token, so no prefill is repeated per sample. N = 800; bound:
+    chi-square p > 1e-3 (cells expected below 5 are pooled).
     """
     _, model = pair
     from specsample.backends import load_backend
+    from specsample.sampling import logits_to_probs
 
     drafter_backend = load_backend(DEFAULT_DRAFT, "llamacpp")
     sampling = SamplingConfig(temperature=1.0, top_k=3)
     prompt = model.tokenizer.encode("def")
     assert len(prompt) == 1
-    from specsample.sampling import logits_to_probs
+
+    def next_probs(prefix):
+        model.rollback(0)
+        return logits_to_probs(model.score(prompt + prefix, 1), sampling)[0]
 
     exact = {}
-    model.rollback(0)
-    first = logits_to_probs(model.score(prompt, 1), sampling)[0]
+    first = next_probs([])
     for a in torch.nonzero(first).flatten().tolist():
-        model.rollback(len(prompt))
-        second = logits_to_probs(model.score([a], 1), sampling)[0]
+        second = next_probs([a])
         for b in torch.nonzero(second).flatten().tolist():
-            exact[(a, b)] = float(first[a] * second[b])
-    counts, n = {}, 800
+            third = next_probs([a, b])
+            for c in torch.nonzero(third).flatten().tolist():
+                exact[(a, b, c)] = float(first[a] * second[b] * third[c])
+    counts, n, rates, two_drafted_rounds = {}, 800, [], 0
     drafter = ModelDrafter(drafter_backend, SamplingConfig(temperature=1.6, top_k=6))
-    rates = []
     for seed in range(n):
-        result = generate(model, prompt, GenerationConfig(max_new_tokens=2, k=1, sampling=sampling, seed=seed), drafter)
+        result = generate(model, prompt, GenerationConfig(max_new_tokens=3, k=1, sampling=sampling, seed=seed), drafter)
         counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
         rates.append(result.stats.acceptance_rate)
+        two_drafted_rounds += sum(result.stats.draft_length_histogram[1:]) >= 2
     assert 0.05 < sum(rates) / n < 0.95  # both accept and reject paths are exercised
+    assert two_drafted_rounds > n // 10  # and rounds after a rollback
     assert chi_square_p_value(counts, exact, n) > 1e-3
 
 

@@ -97,9 +97,13 @@ def run_load(base_url: str, bodies: list[dict], concurrency: int, api_key: str =
 
 
 async def _load(base_url, bodies, concurrency, api_key, timeout):
+    import httpx
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key, timeout=timeout, max_retries=0)
+    # A new connection per request: a kept-alive one that the server closed while it
+    # sat idle (llama-server closes them after 5 s) fails the next request sent on it.
+    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), timeout=timeout)
+    client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key, timeout=timeout, max_retries=0, http_client=http)
     pending = list(enumerate(bodies))[::-1]
     timings: list[RequestTiming] = []
     start = time.perf_counter()
