@@ -60,3 +60,21 @@ def test_vocabulary_mismatch_names_both_sizes():
     b.vocab_size = 80
     with pytest.raises(VocabularyMismatch, match=f"{VOCAB}.*80"):
         check_same_vocabulary(a, b)
+
+
+def test_cpu_threads_follow_the_cores_other_processes_leave():
+    class Busy:  # another process holds all but one core
+        def threads(self, wanted):
+            return 1
+
+    b = tiny_backend(0)
+    before = torch.get_num_threads()
+    b._share = Busy()
+    try:
+        b.score(PROMPT, num_logits=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    b._share = None  # sharing off: the threads stay as set
+    b.score([1], num_logits=1)
+    assert torch.get_num_threads() == before

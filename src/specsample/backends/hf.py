@@ -24,6 +24,7 @@ import torch
 
 from ..files import build_once
 from .base import trim_padding
+from .cpushare import SHARED
 
 
 class RollbackUnsupported(ValueError):
@@ -81,6 +82,10 @@ class HFBackend:
         self._new_cache, self.supports_rollback = _cache_factory(model.config)
         self._length = 0
         self._kept: torch.Tensor | None = None  # [n] token ids the output layer scores (None: all)
+        # On the CPU, torch's threads follow the cores other processes leave free
+        # (cpushare.py), up to the count set when the model was loaded.
+        self._threads = torch.get_num_threads()
+        self._share = SHARED if self.device.type == "cpu" else None
 
     def restrict_vocabulary(self, keep: list[int]) -> None:
         """Score only these tokens (a draft-side speed-up, see vocab.py): the output
@@ -104,6 +109,10 @@ class HFBackend:
 
     @torch.inference_mode()
     def score(self, token_ids: list[int], num_logits: int) -> torch.Tensor:
+        if self._share is not None:
+            threads = self._share.threads(self._threads)
+            if threads != torch.get_num_threads():
+                torch.set_num_threads(threads)
         if self.cache is None:
             self.cache = self._new_cache()
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
