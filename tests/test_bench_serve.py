@@ -11,7 +11,8 @@ from specsample.bench.cli import resolve_options, serve_argv
 from specsample.bench.load import RequestTiming, run_load, summarise_load
 from specsample.bench.modes import SETTINGS
 from specsample.bench.servers import ServerProcess, ServerUnavailable
-from specsample.bench.serving import ServedMode, greedy_identity, serve_table, served_modes, write_serve_report
+from specsample.bench.report import greedy_identity
+from specsample.bench.serving import SERVED_IDENTITY, ServedMode, serve_table, served_modes, write_serve_report
 from specsample.cli import build_parser
 
 from serve_helpers import WordTokenizer, running, toy_app
@@ -67,7 +68,7 @@ def test_serve_table_compares_each_server_with_ar_and_counts_identical_greedy_an
     ar_row, spec_row = table.splitlines()[2:4]
     assert "| 10.00 | 1.00 |" in ar_row  # 20 tokens in 2 s
     assert "| 20.00 | 2.00 |" in spec_row and spec_row.endswith("| 0.67 |")  # 8 of 12 drafts accepted
-    assert greedy_identity(records)[1] == ["spec-auto", "1/2"]
+    assert greedy_identity(records, **SERVED_IDENTITY)[1] == ["spec-auto", "1/2"]
 
 
 def test_the_serve_report_keeps_every_request_and_the_command(tmp_path):

@@ -160,15 +160,16 @@ def stream(
         )
     if draft_backend is not None:
         check_same_vocabulary(target, draft_backend)
-    for backend in (target, draft_backend) if drafter is not None else ():
+    for role, backend in (("target", target), ("draft", draft_backend)):
+        if backend is None:
+            continue
         # Refuse now, before any text is streamed, rather than at the first rejection.
-        if backend is not None and not getattr(backend, "supports_rollback", True):
+        if drafter is not None and not getattr(backend, "supports_rollback", True):
             raise ValueError(f"{backend.name} keeps recurrent state that cannot be rolled back, so it cannot take part "
                              "in speculative decoding; run it autoregressively")
-    # Every model in the round holds the text so far plus drafts; a llama.cpp draft
-    # (n_ctx 4096) behind a long-context target fails first.
-    for role, backend in (("target", target), ("draft", draft_backend)):
-        if backend is not None and len(prompt_ids) + config.max_new_tokens + policy.k_max + 1 > backend.context_length:
+        # Every model in the round holds the text so far plus drafts; a llama.cpp draft
+        # (n_ctx 4096) behind a long-context target fails first.
+        if len(prompt_ids) + config.max_new_tokens + policy.k_max + 1 > backend.context_length:
             raise ValueError(
                 f"prompt of {len(prompt_ids)} tokens plus {config.max_new_tokens} new tokens and "
                 f"{policy.k_max + 1} for drafts does not fit the context of the {role} model "

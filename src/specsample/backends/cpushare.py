@@ -4,8 +4,8 @@ llama.cpp (and torch) run each call on an OpenMP team whose threads spin at ever
 barrier. When another process holds some of the cores, one of our threads gets
 descheduled and its partners spin away the time it needs: on 2 cores, two model
 processes each running 2 threads made every call 4 to 100x slower. Waiting
-passively instead (OMP_WAIT_POLICY=PASSIVE) keeps a pair fair but costs a lone
-process a third of its speed (docs/results/contention).
+passively instead (OMP_WAIT_POLICY=PASSIVE) keeps a pair fair but made a lone
+llama.cpp process 2.2x slower (docs/results/contention).
 
 So we ask how many cores the others use and run on what is left: a lone process
 keeps all its threads, and two processes settle at one thread each on two cores,

@@ -108,7 +108,7 @@ class LlamaCppBackend:
         # tokens in the call (up to 0.5 in a logit, 3% in total variation), because the
         # repacked weight kernels and the attention path differ by batch size. Without
         # repacking and with flash attention, 1-, 2-, 4- and 8-token calls agree to the
-        # bit on the default pair (docs/benchmarks.md, "Batch invariance").
+        # bit on the default pair (docs/results/numerics).
         self.batch_invariant = batch_invariant
         self._loaded = LoadedModel(lib, path, repack=not batch_invariant)  # freed after the context (see __del__)
         self._model, self._vocab = self._loaded.pointer, self._loaded.vocab

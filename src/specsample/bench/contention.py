@@ -46,7 +46,7 @@ def measure(model_argv: list[str], label: str, env: dict[str, str] | None = None
 # core sharing off (OpenMP's own waits, as other llama.cpp programs run), then
 # passive OpenMP waits, the usual advice for shared machines.
 CONFIGURATIONS = (
-    ("specsample (threads follow the free cores)", {}),
+    ("specsample (threads follow the free cores)", {"SPECSAMPLE_SHARE_CORES": "1"}),
     ("fixed threads (SPECSAMPLE_SHARE_CORES=0)", {"SPECSAMPLE_SHARE_CORES": "0"}),
     ("fixed threads, OMP_WAIT_POLICY=PASSIVE", {"SPECSAMPLE_SHARE_CORES": "0", "OMP_WAIT_POLICY": "PASSIVE"}),
 )

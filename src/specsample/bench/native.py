@@ -134,8 +134,8 @@ class LlamaServer(ServerProcess):
             "-c", str(n_ctx), "-cd", str(n_ctx), "-np", "1", "-ngl", "0", "-ngld", "0",
             "--draft-max", str(k_max), "--draft-min", "0", "--draft-p-min", "0",
             "--slot-save-path", tmp, "--no-webui",
-            # One HTTP thread per waiting client: its default (the core count) left a
-            # fifth streaming client of `bench --serve` with a connection error.
+            # An HTTP thread for every client of `bench --serve` (its default is the
+            # core count), so waiting clients queue in the server, not in its backlog.
             "--threads-http", "64"], name="llama-server")
 
     def complete(self, body: dict) -> dict:

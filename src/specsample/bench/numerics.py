@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+
+from ..calibrate import timed_call
+from ..check import total_variation
 
 # Setting -> (model params, context params) overrides of llama.cpp's defaults.
 SETTINGS = {
@@ -30,8 +32,9 @@ SETTINGS = {
 SIZES = (1, 2, 4, 8)
 
 
-def total_variation(a: torch.Tensor, b: torch.Tensor) -> float:
-    return 0.5 * float((torch.softmax(a.double(), -1) - torch.softmax(b.double(), -1)).abs().sum())
+def softmax_tv(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Total variation between the softmaxes (T = 1) of two logit rows."""
+    return total_variation(torch.softmax(a.double(), -1), torch.softmax(b.double(), -1))
 
 
 def compare_sizes(backend, ids: list[int], positions) -> dict:
@@ -39,27 +42,22 @@ def compare_sizes(backend, ids: list[int], positions) -> dict:
     tv = {size: [] for size in SIZES}
     worst = 0.0
     for n in positions:
+        backend.rollback(0)
+        backend.score(ids[:n], 1)
         rows = {}
         for size in SIZES:
-            backend.rollback(0)
-            backend.score(ids[:n], 1)
+            backend.rollback(n)
             rows[size] = backend.score(ids[n:n + size], size)[0]
         for size in SIZES:
-            tv[size].append(total_variation(rows[size], rows[4]))
+            tv[size].append(softmax_tv(rows[size], rows[4]))
         worst = max(worst, float((rows[1] - rows[4]).abs().max()))
     return {"tv": tv, "max_logit_diff_1_vs_4": worst}
 
 
 def call_ms(backend, ids: list[int], n: int, size: int, reps: int = 7) -> float:
-    times = []
     backend.rollback(0)
     backend.score(ids[:n], 1)
-    for _ in range(reps):
-        backend.rollback(n)
-        start = time.perf_counter()
-        backend.score(ids[n:n + size], size)
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    return 1000 * statistics.median(timed_call(backend, ids[n:n + size], n) for _ in range(reps))
 
 
 def load_with(path, threads: int, model_overrides: dict, context_overrides: dict):

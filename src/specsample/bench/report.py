@@ -90,18 +90,20 @@ def _verdict(preds: list[Prediction], measured: dict, task: str, setting: str) -
     return line
 
 
-def greedy_identity(records: list[dict]) -> list[list[str]]:
-    """Per mode: how many greedy outputs equal the `ar` output token for token."""
-    ar = {(r["task"], r["prompt_id"]): r["token_ids"] for r in records if r["setting"] == "greedy" and r["mode"] == "ar"}
+def greedy_identity(records: list[dict], field: str = "token_ids",
+                    header: tuple[str, str] = ("mode", "greedy outputs identical to ar")) -> list[list[str]]:
+    """Per mode: how many greedy outputs equal the `ar` output (its `field`: token ids,
+    or the text a server streamed). Failed requests (an `error`) are left out."""
+    ar = {(r["task"], r["prompt_id"]): r[field] for r in records if r["setting"] == "greedy" and r["mode"] == "ar"}
     counts: dict[str, list[int]] = {}
     for r in records:
         key = (r["task"], r["prompt_id"])
-        if r["setting"] != "greedy" or r["mode"] == "ar" or key not in ar:
+        if r["setting"] != "greedy" or r["mode"] == "ar" or key not in ar or r.get("error") is not None:
             continue
         c = counts.setdefault(r["mode"], [0, 0])
-        c[0] += r["token_ids"] == ar[key]
+        c[0] += r[field] == ar[key]
         c[1] += 1
-    return [["mode", "greedy outputs identical to ar"]] + [[m, f"{a}/{n}"] for m, (a, n) in counts.items()]
+    return [list(header)] + [[m, f"{a}/{n}"] for m, (a, n) in counts.items()]
 
 
 def controller_table(records: list[dict]) -> str | None:

@@ -18,10 +18,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .load import LoadSummary, run_load, summarise_load
+from .load import LoadSummary, RequestTiming, run_load, summarise_load
 from .modes import SETTINGS
 from .native import completion_request
-from .report import _f, markdown_table, write_records
+from .report import _f, greedy_identity, markdown_table, write_records
 from .servers import ServerProcess, ServerUnavailable, specsample_server
 
 SERVE_FAMILIES = ("ar", "spec-auto", "spec", "llamacpp-server", "llamacpp-spec")
@@ -118,8 +118,6 @@ def _load_one_server(mode, server, prompts, settings, clients, new_tokens, log) 
 
 def summaries(records: list[dict]) -> dict[tuple, LoadSummary]:
     """One LoadSummary per (task, setting, mode), in first-seen order."""
-    from .load import RequestTiming
-
     fields = RequestTiming.__dataclass_fields__
     groups: dict[tuple, list[dict]] = {}
     for r in records:
@@ -142,17 +140,8 @@ def serve_table(records: list[dict]) -> str:
     return markdown_table(rows)
 
 
-def greedy_identity(records: list[dict]) -> list[list[str]]:
-    """Per server: greedy answers whose text equals the autoregressive server's."""
-    ar = {(r["task"], r["prompt_id"]): r["text"] for r in records if r["setting"] == "greedy" and r["mode"] == "ar"}
-    counts: dict[str, list[int]] = {}
-    for r in records:
-        key = (r["task"], r["prompt_id"])
-        if r["setting"] == "greedy" and r["mode"] != "ar" and key in ar and r["error"] is None:
-            c = counts.setdefault(r["mode"], [0, 0])
-            c[0] += r["text"] == ar[key]
-            c[1] += 1
-    return [["server", "greedy answers identical to ar"]] + [[m, f"{a}/{n}"] for m, (a, n) in counts.items()]
+# The greedy exactness table of a serving run: streamed text against the plain server's.
+SERVED_IDENTITY = dict(field="text", header=("server", "greedy answers identical to ar"))
 
 
 def write_serve_report(out: Path, records: list[dict], *, command: str, machine: str, notes: list[str]) -> str:
@@ -160,7 +149,7 @@ def write_serve_report(out: Path, records: list[dict], *, command: str, machine:
     write_records(out / "serve.jsonl", records)
     table = serve_table(records)
     parts = ["# specsample bench --serve", f"Command: `{command}`", f"Machine: {machine}", "## Serving load", SERVE_NOTE,
-             table, "## Greedy exactness through the server", markdown_table(greedy_identity(records))]
+             table, "## Greedy exactness through the server", markdown_table(greedy_identity(records, **SERVED_IDENTITY))]
     if notes:
         parts += ["## Notes", "\n".join(f"- {n}" for n in notes)]
     (out / "serve.md").write_text("\n\n".join(parts) + "\n")
