@@ -57,6 +57,20 @@ def test_the_measurement_is_reread_only_after_the_interval():
     assert share.threads(2) == 1
 
 
+def test_work_that_ended_during_an_idle_spell_costs_no_threads():
+    proc = FakeProc()
+    share = CpuShare(interval=0.25, read=proc.read, clock=proc.clock, cores=2)
+    share.threads(2)
+    proc.others = 2.0
+    proc.advance(1.0)  # another process ran flat out, then stopped while we were idle
+    proc.others = 0.0
+    proc.advance(1.5)
+    assert share.threads(2) == 2  # a 2.5 s window (0.8 cores busy on average) is stale
+    proc.others = 2.0
+    proc.advance(0.5)
+    assert share.threads(2) == 1  # a fresh window still sees a busy machine
+
+
 def test_turned_off_or_off_linux_it_uses_the_threads_asked_for():
     proc = FakeProc()
     proc.others = 2.0

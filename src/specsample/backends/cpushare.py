@@ -21,6 +21,7 @@ import os
 import time
 
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+STALE = 4  # a window longer than this many intervals is too old to go by
 
 
 def read_proc() -> tuple[int, int] | None:
@@ -84,7 +85,11 @@ class CpuShare:
         if self._last is not None:
             wall = now - self._last[0]
             others = (sample[0] - self._last[1]) - (sample[1] - self._last[2])
-            self.others = max(0.0, others / TICKS / wall)
+            # After an idle spell (between requests, between a benchmark's modes) the
+            # window would average in work that has ended: a process that had just
+            # finished made our next call, a whole prompt prefill, run on one thread.
+            # Such a window says nothing about now; start afresh, with every thread.
+            self.others = max(0.0, others / TICKS / wall) if wall <= STALE * self.interval else 0.0
         self._last = (now, *sample)
 
 
