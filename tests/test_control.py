@@ -3,9 +3,13 @@
 import json
 
 import pytest
+import torch
 
 from specsample.calibrate import cost_cache_path
 from specsample.control import MODEL, AdaptiveController, FixedK, RoundReport, DraftCall
+from specsample.drafters import HybridDrafter, ModelDrafter
+from specsample.generate import GenerationConfig, generate
+from specsample.sampling import SamplingConfig
 
 from toy import CostedBackend, FakeClock, TrigramBackend, random_table
 
@@ -113,7 +117,7 @@ def test_calibration_is_measured_once_then_read_from_the_cache(tmp_path):
     c = AdaptiveController(k_max=3, cost_cache=cache, clock=clock)
     c.begin(target, Drafter(), [1, 2, 3], 10)
     assert c.costs.target_call(3) == pytest.approx(2.0) and c.costs.draft_step.value == pytest.approx(0.2)
-    assert c.costs.draft_token.value == pytest.approx(0.05)
+    assert c.costs.draft_token.value == pytest.approx(0.05) and c.costs.draft_first.value == pytest.approx(0.2)
     assert target.length == 3 and draft.length == 0  # measurements leave the caches as they were
     assert json.loads(cache.read_text())["target"] == pytest.approx([1.0, 1.5, 2.0, 2.5])
     calls = target.calls
@@ -156,3 +160,74 @@ def test_a_lookup_is_scored_in_the_shadow_of_plain_steps():
     model = c._source("ngram2")
     assert model.at(0).value > before and model.at(1).trials > 0 and model.at(2).trials > 0
     assert model.at(0).hits == pytest.approx(0.9 * model.at(0).trials / 1.0, rel=0.2)
+
+
+def test_a_capped_warm_up_does_not_make_the_draft_prefill_look_unpayable():
+    # A warm-up (or any request) cut by its token budget says nothing about how long
+    # answers run. Taken as typical, its 8 tokens made the controller spread a long
+    # prompt's draft prefill over 8 tokens, so it never drafted with the model.
+    c = controller(FLAT, 0.3, accept=0.9)
+    c._seed(FLAT, 0.3, 0.02)  # each unseen token costs the draft 0.02 of a target call
+    c.begin(None, None, [], max_new_tokens=8)
+    for _ in range(8):
+        c.choose({MODEL: 8}, lag=1)
+        c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, (7,)))
+    c.begin(None, None, [], max_new_tokens=512)
+    assert c.typical_length.value is None
+    assert c.choose({MODEL: 8}, lag=400)[1] > 0
+
+
+def test_an_answer_longer_than_typical_is_expected_to_keep_going():
+    c = controller(FLAT, 0.3)
+    c.typical_length.value = 10.0
+    c.begin(None, None, [], max_new_tokens=512)
+    assert c._expected_remaining() == 10
+    c._generated = 40
+    assert c._expected_remaining() == 40  # not the floor of 8: it has outrun typical answers
+    c._generated = 500
+    assert c._expected_remaining() == 12  # never past the budget
+
+
+def test_the_first_draft_call_of_a_round_is_priced_apart():
+    c = controller(FLAT, 0.2)
+    for _ in range(40):  # the first call runs cold, after the target's
+        calls = [DraftCall(1, 0.5)] + [DraftCall(1, 0.2)] * 3
+        c.observe(RoundReport([MODEL] * 4, [0.9] * 4, 4, 5, 1.2, calls, 2.3, (1, 2, 3, 4, 5)))
+    assert c.costs.drafting(1) == pytest.approx(0.5, rel=0.01)
+    assert c.costs.drafting(4) == pytest.approx(0.5 + 3 * 0.2, rel=0.01)
+
+
+def memory_bound_pair(clock):
+    """A target whose calls cost little more for more tokens, and a 0.1-cost draft
+    that agrees with it on most tokens."""
+    table = random_table(12, seed=5, scale=4.0)
+    target = CostedBackend(TrigramBackend(table), clock, lambda n: 1.0 + 0.05 * (n - 1))
+    draft = CostedBackend(TrigramBackend(table + 0.3 * random_table(12, seed=6), name="draft"), clock,
+                          lambda n: 0.1 + 0.01 * (n - 1))
+    return target, draft
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0.0), SamplingConfig(temperature=0.8, top_p=0.95)])
+def test_auto_keeps_up_with_the_best_fixed_k_on_a_memory_bound_target_after_a_warm_up(sampling):
+    # As the bench runs it: one controller, a short capped warm-up, then a long prompt.
+    prompt = [int(t) for t in torch.randint(0, 12, (300,), generator=torch.Generator().manual_seed(0))]
+    config = GenerationConfig(max_new_tokens=120, k="auto", sampling=sampling, seed=1)
+
+    def seconds(k):
+        clock = FakeClock()
+        target, draft = memory_bound_pair(clock)
+        policy = AdaptiveController(8, clock=clock) if k == "auto" else FixedK(k)
+        def drafter(s):
+            model = ModelDrafter(draft, s)
+            model.clock = clock
+            return HybridDrafter(model)
+
+        if k == "auto":
+            warm = GenerationConfig(max_new_tokens=8, k="auto", sampling=SamplingConfig(temperature=0.0))
+            generate(target, prompt[:16], warm, drafter(warm.sampling), policy, clock)
+        start = clock.now
+        result = generate(target, prompt, config, drafter(sampling), policy, clock)
+        return (clock.now - start) / result.stats.new_tokens
+
+    best_fixed = min(seconds(k) for k in (2, 4, 6))
+    assert seconds("auto") <= best_fixed / 0.95

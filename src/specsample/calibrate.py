@@ -2,9 +2,11 @@
 per machine, engine, model file and thread count.
 
 Target: one call scoring n tokens for n = 1 .. max_tokens, on top of the real context
-(rolled back after each). Draft: a few 1-token steps and one 16-token call on a short
-context (the per-token cost of catching up on unseen text). One timed call per size:
-the controller keeps refining every estimate from real rounds.
+(rolled back after each). Draft: a few 1-token steps in a row, a few right after a
+target call (as a round's first draft call runs, with its weights pushed out of the
+CPU caches), and one 16-token call on a short context (the per-token cost of catching
+up on unseen text). One timed call per size: the controller keeps refining every
+estimate from real rounds.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ def measure(target, draft, context: list[int], max_tokens: int, clock=time.perf_
         draft_base = draft.length
         steps = [timed_call(draft, [t], draft_base, clock) for t in sample[:4]][1:]
         out["draft_step"] = statistics.median(steps)
+        firsts = []
+        for t in sample[:3]:
+            timed_call(target, sample[:1], base, clock)
+            firsts.append(timed_call(draft, [t], draft_base, clock))
+        out["draft_first"] = statistics.median(firsts)
         batch = (sample * 16)[:16]
         seconds = timed_call(draft, batch, draft_base, clock, num_logits=1)
         out["draft_token"] = max(0.0, (seconds - out["draft_step"]) / (len(batch) - 1))
@@ -49,7 +56,9 @@ def cached_or_measured(cache: Path | None, target, draft, context: list[int], ma
     """The costs cached for this machine and pair when they cover calls of up to
     max_tokens, else measured now (and cached when `cache` is a path)."""
     cached = read_cached_json(cache)
-    if isinstance(cached, dict) and len(cached.get("target", ())) >= max_tokens:
+    # Files written before the cold first draft call was measured lack "draft_first".
+    if (isinstance(cached, dict) and len(cached.get("target", ())) >= max_tokens
+            and (draft is None or "draft_first" in cached)):
         return cached
     measured = measure(target, draft, context, max_tokens, clock=clock)
     write_cached_json(cache, measured)

@@ -33,7 +33,8 @@ recovered-token distribution into p_i instead of the residual).
 The adaptive policy maximises expected tokens per second. A round drafting m tokens
 with per-position acceptance a_1, a_2, ... (each conditional on the previous ones
 being accepted) yields E(m) = 1 + a_1 + a_1 a_2 + ... tokens and costs
-T(m) = m * draft_step + target_call(m + 1) + overhead; m = 0 is a plain target step.
+T(m) = draft_first + (m - 1) * draft_step + target_call(m + 1) + overhead (the first draft
+call of a round runs cold, after the target's call); m = 0 is a plain target step.
 Inside a round the sunk cost of drafts already made is irrelevant, so the choice is
 re-made with E - R* T, R* being the best rate found at the start of the round.
 
@@ -166,7 +167,9 @@ class AdaptiveController:
     # -- per sequence -------------------------------------------------------
 
     def begin(self, target, drafter, context, max_new_tokens) -> None:
-        if self._generated:
+        # The last sequence's length says how long answers run, unless its token
+        # budget cut it (a warm-up, a capped request): that one says nothing.
+        if 0 < self._generated < self._remaining:
             self.typical_length.update(self._generated)
         self._remaining, self._generated = max_new_tokens, 0
         if self.calibrate and not self.calibrated:
@@ -178,9 +181,10 @@ class AdaptiveController:
 
     def _load_or_measure(self, target, draft, context) -> None:
         costs = cached_or_measured(self.cost_cache, target, draft, context, self.k_max + 1, self.clock)
-        self._seed(costs["target"], costs.get("draft_step"), costs.get("draft_token"))
+        self._seed(costs["target"], costs.get("draft_step"), costs.get("draft_token"), costs.get("draft_first"))
 
-    def _seed(self, target: list[float], draft_step: float | None, draft_token: float | None) -> None:
+    def _seed(self, target: list[float], draft_step: float | None, draft_token: float | None,
+              draft_first: float | None = None) -> None:
         self.costs.single.value = target[0]
         for n, seconds in enumerate(target[1:], start=2):
             self.costs.ratio(n)
@@ -189,6 +193,8 @@ class AdaptiveController:
             self.costs.draft_step.value = draft_step
         if draft_token is not None:
             self.costs.draft_token.value = draft_token
+        if draft_first is not None:
+            self.costs.draft_first.value = draft_first
 
     # -- before a round -----------------------------------------------------
 
@@ -225,7 +231,7 @@ class AdaptiveController:
         c = self.costs
         seconds = c.target_call(m + 1) + (c.overhead[m > 0].value or 0.0)
         if m and source == MODEL:
-            seconds += m * (c.draft_step.value or 0.0)
+            seconds += c.drafting(m)
             # Feeding tokens the draft has not seen (its prompt prefill, or text made
             # during plain steps) is paid once and serves the rest of the sequence:
             # charge this round its share of the expected remaining tokens.
@@ -234,9 +240,13 @@ class AdaptiveController:
         return max(seconds, 1e-9)
 
     def _expected_remaining(self) -> float:
+        """Tokens this sequence is still expected to emit: what typical answers have
+        left at this point, or, once this one has outrun them, as many as it has
+        made so far (a long answer tends to keep going); never past the budget."""
         remaining = self._remaining - self._generated
         if self.typical_length.value is not None:
-            remaining = min(remaining, max(8.0, self.typical_length.value - self._generated))
+            expected = max(8.0, self.typical_length.value - self._generated, float(self._generated))
+            remaining = min(remaining, expected)
         return max(1.0, remaining)
 
     def consider(self, source, tokens) -> None:
@@ -271,12 +281,14 @@ class AdaptiveController:
         if report.target_tokens:  # 0: the first token came from the prompt's prefill
             c.observe_target(report.target_tokens, report.target_seconds)
         draft_seconds = 0.0
-        for call in report.draft_calls:
+        for i, call in enumerate(report.draft_calls):
             draft_seconds += call.seconds
-            if call.tokens_fed <= 2:
-                c.draft_step.update(call.seconds)
-            elif c.draft_step.value is not None:
-                c.draft_token.update(max(0.0, call.seconds - c.draft_step.value) / (call.tokens_fed - 1))
+            if call.tokens_fed > 2:  # catching up: what the extra tokens cost beyond a first call
+                first = c.drafting(1)
+                if first:
+                    c.draft_token.update(max(0.0, call.seconds - first) / (call.tokens_fed - 1))
+            else:
+                (c.draft_step if i else c.draft_first).update(call.seconds)
         c.overhead[m > 0].update(max(0.0, report.round_seconds - report.target_seconds - draft_seconds))
         for i, (source, confidence) in enumerate(zip(report.sources, report.confidences)):
             if i > report.num_accepted:
