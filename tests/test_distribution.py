@@ -70,6 +70,18 @@ def test_model_drafter_preserves_target_distribution(kind, k, temperature, top_k
     assert chi_square_p_value(counts, exact, N) > ALPHA
 
 
+@pytest.mark.parametrize("k,temperature", [(3, 1.0), (2, 0.7)])
+def test_windowed_model_drafter_preserves_target_distribution(k, temperature):
+    # Window 1 after a head of 1: from the second round on the trigram draft sees
+    # (first prompt token, last token) instead of the last two, so its proposals
+    # change; what is emitted must not.
+    sampling = SamplingConfig(temperature)
+    exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, sampling)
+    windowed = lambda s: ModelDrafter(TrigramBackend(DRAFTS["close"], name="close"), s, window=1, head=1)
+    counts = empirical(windowed, sampling, k)
+    assert chi_square_p_value(counts, exact, N) > ALPHA
+
+
 @pytest.mark.parametrize("k,top_p", [(2, 1.0), (3, 0.9)])
 def test_ngram_drafter_preserves_target_distribution(k, top_p):
     sampling = SamplingConfig(1.0, 0, top_p)

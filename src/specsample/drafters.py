@@ -55,15 +55,31 @@ class ModelDrafter:
     any text emitted by plain target steps while the draft sat idle. When another
     user has claimed the backend since (another drafter on it, in an interleaved
     stream), nothing cached can be trusted and the whole context is fed again.
+
+    `window` bounds what the draft must read before it can draft: beyond the first
+    `head` tokens of the context (where a chat template puts the system prompt and
+    the instruction), it reads at most the last `window` tokens before the point where
+    it starts, and everything after. Its proposals change; the output distribution
+    does not, since verification only needs the distribution each draft was drawn
+    from. Example with head 2, window 3: a prompt [a b c d e f g] is read as
+    [a b e f g], five tokens instead of seven; later rounds feed only what is new, and
+    when more than 3 unseen tokens pile up (plain target steps while the draft sat
+    idle) the draft reads the head and the last 3 afresh rather than all of them.
     """
 
-    def __init__(self, backend: Backend, sampling: SamplingConfig):
+    def __init__(self, backend: Backend, sampling: SamplingConfig, window: int | None = None, head: int = 0):
+        if window is not None and window < 1:
+            raise ValueError(f"the draft's context window must be >= 1 token, got {window}")
+        if head < 0:
+            raise ValueError(f"the draft's context head must be >= 0 tokens, got {head}")
         self.backend = backend
         self.sampling = sampling
+        self.window, self.head = window, head
         self.name = backend.name
         self.calls = 0
         self.clock = time.perf_counter
-        self._cached: list[int] = []  # the tokens in the backend's cache
+        self._start = 0  # context index where the draft's view resumes after the head
+        self._cached: list[int] = []  # the tokens in the backend's cache: the start of the view
         self._claim: object | None = None  # ours on the backend (claim_cache); None: not yet taken
 
     @property
@@ -72,9 +88,31 @@ class ModelDrafter:
 
     def lag(self, context: list[int]) -> int:
         """Tokens the next draft call must feed before it can draft."""
-        if not holds_cache(self.backend, self._claim, len(self._cached)):
-            return len(context)
-        return len(context) - min(_common_prefix_length(self._cached, context), len(context) - 1)
+        start, common = self._view(context)
+        return len(self._tokens(context, start)) - common
+
+    def _tokens(self, context: list[int], start: int) -> list[int]:
+        """What the draft reads of the context when its view resumes at `start`."""
+        return context[: min(self.head, start)] + context[start:]
+
+    def _view(self, context: list[int]) -> tuple[int, int]:
+        """(start, common): where the view resumes, and how many of its first tokens
+        the cache holds already. The current view is kept while it fits the window
+        and still shows this text; otherwise it restarts at the last `window` tokens."""
+        cached = self._cached if holds_cache(self.backend, self._claim, len(self._cached)) else []
+        over = self.window is not None and len(context) > self.head + self.window
+        restart = len(context) - self.window if over else 0
+        for start in (self._start, restart):
+            if start >= len(context):
+                continue
+            view = self._tokens(context, start)
+            # At least one token must be fed to get the next-token logits.
+            common = min(_common_prefix_length(cached, view), len(view) - 1)
+            fits = self.window is None or len(view) - common <= self.window
+            same_text = start == 0 or common > min(self.head, start)
+            if start == restart or (fits and same_text):
+                return start, common
+        raise AssertionError("unreachable: the restart view always qualifies")
 
     def propose(self, context, k, generator, policy=None) -> Draft:
         policy = policy or FixedK(k)
@@ -83,14 +121,13 @@ class ModelDrafter:
 
     def draft(self, context: list[int], limit: int, planned: int, generator, policy: Policy) -> Draft:
         """Draft up to `limit` tokens, `planned` of them unless the policy revises it."""
+        start, common = self._view(context)
         if not holds_cache(self.backend, self._claim, len(self._cached)):  # someone else used the backend
-            self._cached = []
             self._claim = claim_cache(self.backend)
-        # At least one token must be fed to get the next-token logits.
-        common = min(_common_prefix_length(self._cached, context), len(context) - 1)
         self.backend.rollback(common)
-        feed = list(context[common:])
-        self._cached = self._cached[:common]
+        view = self._tokens(context, start)
+        self._start, self._cached = start, view[:common]
+        feed = view[common:]
         tokens, rows, confidences, calls = [], [], [], []
         i = 0
         while i < min(planned, limit):
