@@ -82,7 +82,7 @@ class FakeQuantizeParams(ctypes.Structure):
 
 
 def requantize_site(root: Path, builds: Path):
-    from specsample.backends import llamacpp, requantize
+    from specsample.backends import llamacpp, reencode
 
     def quantize(source, out, params):
         with open(builds, "a") as f:
@@ -94,7 +94,7 @@ def requantize_site(root: Path, builds: Path):
                           llama_model_quantize=quantize)
     llamacpp._llama = lambda: lib
     source = root / "draft.gguf"
-    path = requantize.requantized(source, "q4_0")
+    path = reencode.reencoded(source, "q4_0")
     assert path.read_bytes() == b"half whole"
 
 
@@ -124,7 +124,7 @@ def convert_site(root: Path, builds: Path):
     assert sorted(os.listdir(directory)) == ["Model.bin", "Tokenizer.bin", "config.json"]
 
 
-SITES = {"fetch": (fetch_site, "models", 3), "requantize": (requantize_site, "requantized", 1),
+SITES = {"fetch": (fetch_site, "models", 3), "reencode": (requantize_site, "requantized", 1),
          "convert": (convert_site, "converted", 2)}
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from .backends import BACKENDS, load_backend, pick_backend
 from .backends.base import check_same_vocabulary
 from .backends.hf import DTYPES
-from .backends.requantize import QUANT_TYPES
+from .backends.reencode import DRAFT_QUANTS
 from .calibrate import cost_cache_path
 from .control import AdaptiveController
 from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
@@ -31,7 +31,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="engine for target and draft (default auto: llamacpp for GGUF files on the CPU, else hf)")
     p.add_argument("--target-backend", choices=BACKENDS, help="engine for the target alone (overrides --backend)")
     p.add_argument("--draft-backend", choices=BACKENDS, help="engine for the draft alone (overrides --backend)")
-    p.add_argument("--draft-quant", default="q4_0", choices=["none"] + list(QUANT_TYPES),
+    p.add_argument("--draft-quant", default="q4_0", choices=["none"] + list(DRAFT_QUANTS),
                    help="llamacpp draft: requantize it to this type, cached (default q4_0: faster kernels; "
                         "the draft's quality moves acceptance only, never the output distribution)")
     p.add_argument("--draft-vocab", type=int, default=0,

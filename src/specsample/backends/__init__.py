@@ -23,7 +23,7 @@ def pick_backend(name: str, backend: str = "auto", device: str = "cpu") -> str:
 def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype: str = "float32",
                  threads: int | None = None, quant: str | None = None, batch_invariant: bool = False):
     """A ready backend for a model name: short name, .gguf path, directory or hub id.
-    `quant` (llama.cpp only): requantize the GGUF file to this type first (cached).
+    `quant` (llama.cpp only): re-encode the GGUF file to this type first (cached).
     `batch_invariant` (llama.cpp only): logits that do not depend on the call's size."""
     backend = pick_backend(name, backend, device)
     model = resolve(name)
@@ -44,8 +44,8 @@ def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype
 
         path, label = model.gguf_path, model.name
         if quant:
-            from .requantize import requantized
+            from .reencode import reencoded
 
-            path, label = requantized(path, quant), f"{model.name}-{quant}"
+            path, label = reencoded(path, quant), f"{model.name}-{quant}"
         return load_llamacpp(path, name=label, threads=threads, batch_invariant=batch_invariant)
     raise ModelError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")

@@ -292,9 +292,9 @@ def _draft_file(args, gguf: Path) -> Path:
     """The draft file our llama.cpp modes load: requantized as --draft-quant says."""
     if args.draft_quant == "none":
         return gguf
-    from ..backends.requantize import requantized
+    from ..backends.reencode import reencoded
 
-    return requantized(gguf, args.draft_quant)
+    return reencoded(gguf, args.draft_quant)
 
 
 def _parity_modes(target, draft, k: int) -> list:
