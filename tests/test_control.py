@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from specsample.control import MODEL, AdaptiveController, FixedK, RoundReport, DraftCall, cost_cache_path
+from specsample.calibrate import cost_cache_path
+from specsample.control import MODEL, AdaptiveController, FixedK, RoundReport, DraftCall
 
 from toy import CostedBackend, FakeClock, TrigramBackend, random_table
 

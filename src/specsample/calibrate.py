@@ -1,4 +1,5 @@
-"""A short measurement of call costs, to warm-start the adaptive controller.
+"""A short measurement of call costs, to warm-start the adaptive controller, cached
+per machine, engine, model file and thread count.
 
 Target: one call scoring n tokens for n = 1 .. max_tokens, on top of the real context
 (rolled back after each). Draft: a few 1-token steps and one 16-token call on a short
@@ -10,6 +11,10 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
+
+from .files import read_cached_json, write_cached_json
+from .machine import fingerprint
 
 
 def measure(target, draft, context: list[int], max_tokens: int, clock=time.perf_counter) -> dict:
@@ -37,3 +42,25 @@ def timed_call(backend, tokens: list[int], base: int, clock=time.perf_counter, n
     elapsed = clock() - t0
     backend.rollback(base)
     return elapsed
+
+
+def cached_or_measured(cache: Path | None, target, draft, context: list[int], max_tokens: int,
+                       clock=time.perf_counter) -> dict:
+    """The costs cached for this machine and pair when they cover calls of up to
+    max_tokens, else measured now (and cached when `cache` is a path)."""
+    cached = read_cached_json(cache)
+    if isinstance(cached, dict) and len(cached.get("target", ())) >= max_tokens:
+        return cached
+    measured = measure(target, draft, context, max_tokens, clock=clock)
+    write_cached_json(cache, measured)
+    return measured
+
+
+def cost_cache_path(cache_root: Path, target, draft) -> Path | None:
+    """One file per (machine, target, draft, threads); None when a model has no stable
+    identity to key on."""
+    keys = [getattr(b, "cost_key", None) for b in (target, draft) if b is not None]
+    if not keys or any(k is None for k in keys):
+        return None
+    name = "__".join([fingerprint()] + keys).replace("/", "_").replace(" ", "_")
+    return cache_root / "costs" / f"{name}.json"

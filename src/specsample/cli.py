@@ -12,7 +12,8 @@ from .backends import BACKENDS, load_backend, pick_backend
 from .backends.base import check_same_vocabulary
 from .backends.hf import DTYPES
 from .backends.requantize import QUANT_TYPES
-from .control import AdaptiveController, cost_cache_path
+from .calibrate import cost_cache_path
+from .control import AdaptiveController
 from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from .generate import GenerationConfig, stream
 from .models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, ModelError, cache_dir, fetch_default

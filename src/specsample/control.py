@@ -36,24 +36,32 @@ being accepted) yields E(m) = 1 + a_1 + a_1 a_2 + ... tokens and costs
 T(m) = m * draft_step + target_call(m + 1) + overhead; m = 0 is a plain target step.
 Inside a round the sunk cost of drafts already made is irrelevant, so the choice is
 re-made with E - R* T, R* being the best rate found at the start of the round.
+
+The estimates it decides from (acceptance rates, the cost model) are in
+estimates.py; calibrate.py measures the costs on first use and caches them.
 """
 
 from __future__ import annotations
 
-import os
-import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .models import read_cached_json, write_cached_json
+from .calibrate import cached_or_measured
+from .estimates import Costs, Ema, SourceModel
 
 MODEL = "model"
 
 
 def ngram_source(match_length: int) -> str:
     return f"ngram{match_length}"
+
+
+# (first position, later positions): a later draft is only reached when the earlier
+# ones were accepted, and acceptances come in runs (a lookup that is right tends to
+# stay right), so the later rates start higher.
+DEFAULT_PRIORS = {MODEL: (0.7, 0.8), "ngram1": (0.3, 0.8), "ngram2": (0.5, 0.85), "ngram3": (0.8, 0.9)}
 
 
 @dataclass
@@ -124,124 +132,6 @@ class FixedK:
 
 
 # ---------------------------------------------------------------------------
-# Online estimates
-
-
-@dataclass
-class Rate:
-    """A probability estimated from decayed counts, shrunk towards a prior."""
-
-    prior: float
-    strength: float = 2.0  # pseudo-observations behind the prior
-    hits: float = 0.0
-    trials: float = 0.0
-
-    @property
-    def value(self) -> float:
-        return (self.hits + self.prior * self.strength) / (self.trials + self.strength)
-
-    def update(self, hit: bool, decay: float) -> None:
-        self.hits = self.hits * decay + hit
-        self.trials = self.trials * decay + 1
-
-    def forget(self, decay: float) -> None:
-        """Drift back towards the prior while unobserved, so a source that stopped
-        paying is probed again now and then."""
-        self.hits *= decay
-        self.trials *= decay
-
-
-class Ema:
-    def __init__(self, value: float | None = None, weight: float = 0.2):
-        self.value, self.weight = value, weight
-
-    def update(self, x: float) -> None:
-        self.value = x if self.value is None else self.value + self.weight * (x - self.value)
-
-
-CONFIDENCE_BINS = 10
-# (first position, later positions): a later draft is only reached when the earlier
-# ones were accepted, and acceptances come in runs (a lookup that is right tends to
-# stay right), so the later rates start higher.
-DEFAULT_PRIORS = {MODEL: (0.7, 0.8), "ngram1": (0.3, 0.8), "ngram2": (0.5, 0.85), "ngram3": (0.8, 0.9)}
-
-
-@dataclass
-class SourceModel:
-    """Acceptance of one draft source: per position in the round (conditional on the
-    previous drafts being accepted), and, for the draft model, per confidence bin."""
-
-    prior: tuple[float, float]  # first position, later positions
-    positions: list[Rate] = field(default_factory=list)
-    by_confidence: list[Rate] = field(default_factory=list)
-
-    def at(self, i: int) -> Rate:
-        while len(self.positions) <= i:
-            self.positions.append(Rate(self.prior[0] if not self.positions else self.prior[1]))
-        return self.positions[i]
-
-    def given_confidence(self, confidence: float) -> Rate:
-        if not self.by_confidence:
-            # Prior: a draft that is sure of its token is usually right.
-            self.by_confidence = [Rate((b + 0.5) / CONFIDENCE_BINS) for b in range(CONFIDENCE_BINS)]
-        b = min(CONFIDENCE_BINS - 1, max(0, int(confidence * CONFIDENCE_BINS)))
-        return self.by_confidence[b]
-
-    def all_rates(self) -> list[Rate]:
-        return self.positions + self.by_confidence
-
-
-@dataclass
-class Costs:
-    """Seconds per call, measured. A target call scoring n tokens costs
-    single * shape[n]: the shape of the curve is a property of the engine and the
-    machine, while its scale moves with context length and with other load, and is
-    refreshed by every plain step."""
-
-    single: Ema = field(default_factory=Ema)  # a target call scoring 1 token
-    shape: list[Ema] = field(default_factory=list)  # [n - 1]: cost of n tokens / cost of 1
-    draft_step: Ema = field(default_factory=Ema)  # one draft call feeding 1-2 tokens
-    draft_token: Ema = field(default_factory=Ema)  # each extra token fed in one call
-    overhead: dict[bool, Ema] = field(default_factory=lambda: {False: Ema(0.0), True: Ema(0.0)})
-
-    def target_call(self, n: int) -> float:
-        return (self.single.value or 0.0) * self.ratio(n)
-
-    def ratio(self, n: int) -> float:
-        if n == 1:
-            return 1.0
-        while len(self.shape) < n:
-            self.shape.append(Ema())
-        known = self.shape[n - 1].value
-        if known is not None:
-            return known
-        # Unmeasured size: interpolate linearly between the nearest measured sizes
-        # (or extrapolate from the last two); unmeasured entirely: flat, the
-        # optimistic guess that the first rounds then correct.
-        measured = [(1, 1.0)] + [(i + 1, e.value) for i, e in enumerate(self.shape) if i and e.value is not None]
-        below = [p for p in measured if p[0] < n]
-        above = [p for p in measured if p[0] > n]
-        if above:
-            (n0, c0), (n1, c1) = below[-1], above[0]
-            return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
-        if len(below) >= 2:
-            (n0, c0), (n1, c1) = below[-2], below[-1]
-            return c1 + max(0.0, (c1 - c0) / (n1 - n0)) * (n - n1)
-        return 1.0
-
-    def observe_target(self, n: int, seconds: float) -> None:
-        if n == 1 or self.single.value is None:
-            self.single.update(seconds / self.ratio(n))
-        else:
-            self.ratio(n)
-            self.shape[n - 1].update(seconds / self.single.value)
-
-    def catch_up(self, lag: int) -> float:
-        """Extra draft time to feed `lag` tokens it has not seen (beyond the usual 1-2)."""
-        return max(0, lag - 2) * (self.draft_token.value or 0.0)
-
-
-# ---------------------------------------------------------------------------
 # The controller
 
 
@@ -287,15 +177,8 @@ class AdaptiveController:
             self.calibrated = True
 
     def _load_or_measure(self, target, draft, context) -> None:
-        cached = read_cached_json(self.cost_cache)
-        if isinstance(cached, dict) and len(cached.get("target", ())) >= self.k_max + 1:
-            self._seed(cached["target"], cached.get("draft_step"), cached.get("draft_token"))
-            return
-        from .calibrate import measure
-
-        measured = measure(target, draft, context, self.k_max + 1, clock=self.clock)
-        self._seed(measured["target"], measured.get("draft_step"), measured.get("draft_token"))
-        write_cached_json(self.cost_cache, measured)
+        costs = cached_or_measured(self.cost_cache, target, draft, context, self.k_max + 1, self.clock)
+        self._seed(costs["target"], costs.get("draft_step"), costs.get("draft_token"))
 
     def _seed(self, target: list[float], draft_step: float | None, draft_token: float | None) -> None:
         self.costs.single.value = target[0]
@@ -442,28 +325,3 @@ def make_policy(k, k_max: int = 8, **kwargs) -> Policy:
     if k == "auto":
         return AdaptiveController(k_max, **kwargs)
     return FixedK(int(k))
-
-
-# ---------------------------------------------------------------------------
-# Measured costs, cached per machine, model and thread count
-
-
-def cost_cache_path(cache_root: Path, target, draft) -> Path | None:
-    """One file per (machine, target, draft, threads); None when a model has no stable
-    identity to key on."""
-    keys = [getattr(b, "cost_key", None) for b in (target, draft) if b is not None]
-    if not keys or any(k is None for k in keys):
-        return None
-    machine = f"{platform.machine()}-{_cpu_name()}-{os.cpu_count()}"
-    name = "__".join([machine] + keys).replace("/", "_").replace(" ", "_")
-    return cache_root / "costs" / f"{name}.json"
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"

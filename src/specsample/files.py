@@ -7,6 +7,9 @@ sees a whole entry or none. A lock beside the path makes a second process wait f
 the first and then use its result instead of building the same gigabyte again, and
 any failure (an exception, Ctrl-C, a full disk) deletes the temporary.
 
+Small JSON caches (measured costs, token counts) are written atomically too, and read
+back as None when absent or unreadable: they only save recomputing.
+
 POSIX only (fcntl), like the engines this package drives.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import glob
+import json
 import os
 import shutil
 import tempfile
@@ -72,3 +76,25 @@ def build_once(path: Path, build: Callable[[Path], None], ready: Callable[[Path]
             with atomic_output(path) as tmp:
                 build(tmp)
     return path
+
+
+def read_cached_json(path: Path | None):
+    """A small cache file's contents, or None when absent or unreadable."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_cached_json(path: Path | None, data) -> None:
+    """Best effort and atomic: concurrent writers leave one whole file, and a cache
+    that cannot be written only costs recomputing it next time."""
+    if path is None:
+        return
+    try:
+        with atomic_output(path) as tmp:
+            tmp.write_text(json.dumps(data))
+    except OSError:
+        pass

@@ -9,7 +9,6 @@ and accept the assembled file only if its size and sha256 match.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -70,28 +69,6 @@ def cache_dir() -> Path:
     # (read literally, `XDG_CACHE_HOME=` would put the cache under the working directory).
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "specsample"
-
-
-def read_cached_json(path: Path | None):
-    """A small cache file's contents, or None when absent or unreadable."""
-    if path is None or not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def write_cached_json(path: Path | None, data) -> None:
-    """Best effort and atomic: concurrent writers leave one whole file, and a cache
-    that cannot be written only costs recomputing it next time."""
-    if path is None:
-        return
-    try:
-        with atomic_output(path) as tmp:
-            tmp.write_text(json.dumps(data))
-    except OSError:
-        pass
 
 
 @dataclass(frozen=True)
