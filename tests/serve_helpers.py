@@ -10,10 +10,8 @@ import time
 
 import uvicorn
 
+from specsample.assemble import Models
 from specsample.serve.api import Settings, create_app
-from specsample.serve.worker import drafter_factory
-from specsample.drafters import ModelDrafter, NgramDrafter
-from specsample.sampling import SamplingConfig
 
 from toy import TrigramBackend, random_table
 
@@ -70,9 +68,10 @@ def toy_pair(eos: bool = True, context_length: int = 256):
 def toy_app(drafter: str = "model", eos: bool = True, context_length: int = 256, **settings):
     """An app over a fresh toy pair; returns (app, target)."""
     target, draft = toy_pair(eos, context_length)
-    made = {"model": ModelDrafter(draft, SamplingConfig()), "ngram": NgramDrafter(), "none": None}[drafter]
+    models = {"model": Models(target, draft), "hybrid": Models(target, draft, lookup=True),
+              "ngram": Models(target, lookup=True), "none": Models(target)}[drafter]
     settings = Settings(model_name="toy", **{"k": 3, **settings})
-    return create_app(target, drafter_factory(made), made.name if made else None, settings), target
+    return create_app(target, models.drafter, models.drafter_name, settings), target
 
 
 @contextlib.contextmanager

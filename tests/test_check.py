@@ -11,6 +11,7 @@ import importlib
 import pytest
 import torch
 
+from specsample.assemble import Models
 from specsample.check import CheckConfig, check, total_variation
 from specsample.cli import main
 from specsample.drafters import ModelDrafter
@@ -117,13 +118,12 @@ class ToyTokenizer:
 
 @pytest.fixture
 def toy_models(monkeypatch):
-    def load_models(args, need_draft):
+    def assemble(options, drafting=True):
         target = TrigramBackend(TARGET, name="toy-target")
         target.tokenizer = ToyTokenizer()
-        sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-        return target, ModelDrafter(TrigramBackend(DRAFT, name="toy-draft"), sampling)
+        return Models(target, TrigramBackend(DRAFT, name="toy-draft"), lookup=options.lookup)
 
-    monkeypatch.setattr("specsample.cli.load_models", load_models)
+    monkeypatch.setattr("specsample.check_cli.assemble", assemble)
 
 
 def test_cli_prints_a_table_and_passes(capsys, toy_models):

@@ -11,7 +11,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from specsample import cli
+from specsample import assemble, cli
 from specsample.cli import main
 
 from tiny_hf import tiny_model
@@ -117,7 +117,7 @@ def assert_one_line_error(code, err, message):
     (["--threads", "-1"], 0, "--threads must be >= 1"),
 ])
 def test_bad_device_or_threads_fail_before_any_model_loads(capsys, monkeypatch, args, cuda_devices, message):
-    monkeypatch.setattr(cli, "load_backend", lambda *a, **kw: pytest.fail("loaded a model"))
+    monkeypatch.setattr(assemble, "load_backend", lambda *a, **kw: pytest.fail("loaded a model"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_devices > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda_devices)
     code, _, err = run(capsys, "generate", "--prompt", "the cat", *args)
@@ -135,13 +135,14 @@ HUB_MISS = OSError("Qwen/Qwen2.5-0.5Bx is not a local folder and is not a valid 
 DISK_FULL = OSError(errno.ENOSPC, "No space left on device")
 
 
-@pytest.mark.parametrize("command,patched,error,message", [
-    (["generate", "--prompt", "x", "--target", "Qwen/Qwen2.5-0.5Bx"], "load_backend", HUB_MISS, "not a valid model identifier"),
-    (["generate", "--prompt", "x"], "load_backend", DISK_FULL, "No space left on device"),
-    (["fetch"], "fetch_default", DISK_FULL, "No space left on device"),
+@pytest.mark.parametrize("command,module,patched,error,message", [
+    (["generate", "--prompt", "x", "--target", "Qwen/Qwen2.5-0.5Bx"], assemble, "load_backend", HUB_MISS,
+     "not a valid model identifier"),
+    (["generate", "--prompt", "x"], assemble, "load_backend", DISK_FULL, "No space left on device"),
+    (["fetch"], cli, "fetch_default", DISK_FULL, "No space left on device"),
 ])
-def test_load_and_fetch_failures_are_one_line_and_exit_2(capsys, monkeypatch, command, patched, error, message):
-    monkeypatch.setattr(cli, patched, failing(error))
+def test_load_and_fetch_failures_are_one_line_and_exit_2(capsys, monkeypatch, command, module, patched, error, message):
+    monkeypatch.setattr(module, patched, failing(error))
     code, _, err = run(capsys, *command)
     assert_one_line_error(code, err, message)
 

@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from specsample.backends.hf import HFTokenizer
 from specsample.cli import main
-from specsample.cli import draft_length
+from specsample.arguments import draft_length
 from specsample.generate import GenerationConfig
 
 from serve_helpers import running

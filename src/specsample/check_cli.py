@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 import time
 
+from .arguments import UsageError, add_model_arguments, add_sampling_controls, model_options, sampling_config
+from .assemble import assemble
 from .check import CheckConfig, CheckResult, check
 from .sampling import SamplingConfig
 
@@ -15,8 +17,6 @@ PROMPTS = ("The capital of France is", "def fibonacci(n):\n   ", "Once upon a ti
 
 
 def add_check_parser(sub) -> None:
-    from .cli import add_model_arguments
-
     c = sub.add_parser("check", help="confirm that speculative samples follow the target's own distribution",
                        description="Draw two-token continuations of a few prompts with speculative sampling and "
                                    "compare their joint distribution with the exact one from the same target "
@@ -26,9 +26,7 @@ def add_check_parser(sub) -> None:
     c.add_argument("-n", type=int, default=2000, help=f"samples in all, split across the {len(PROMPTS)} prompts "
                                                       "(default 2000)")
     c.add_argument("-k", type=int, default=2, help="draft tokens per round (default 2)")
-    c.add_argument("--temperature", type=float, default=1.0, help="default 1")
-    c.add_argument("--top-k", type=int, default=0, help="0 = off")
-    c.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    add_sampling_controls(c, temperature=1.0)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--cells", type=int, default=8, help="likeliest token pairs shown per prompt (default 8)")
     # The draft model alone: lookups would vary the draft length, and with it the
@@ -37,13 +35,12 @@ def add_check_parser(sub) -> None:
 
 
 def cmd_check(args) -> int:
-    from .cli import UsageError, load_models
-
-    config = CheckConfig(samples=args.n, k=args.k, sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
-                         cells=args.cells, seed=args.seed)  # a bad value fails before the slow load
+    config = CheckConfig(samples=args.n, k=args.k, sampling=sampling_config(args), cells=args.cells,
+                         seed=args.seed)  # a bad value fails before the slow load
     if args.draft == "ngram" or args.lookup:
         raise UsageError("check measures a draft model: give one with --draft, without --lookup")
-    target, drafter = load_models(args, need_draft=True)
+    models = assemble(model_options(args))
+    target, drafter = models.target, models.drafter(config.sampling)
     if target.tokenizer is None:
         raise UsageError(f"{target.name} has no tokenizer")
     prompts = [target.tokenizer.encode(text) for text in PROMPTS]

@@ -105,7 +105,8 @@ def _run_workers(n: int, model_argv, env, reps: int, tokens: int) -> list[float]
 def _worker(argv: list[str]) -> None:
     import argparse
 
-    from ..cli import add_model_arguments, load_models
+    from ..arguments import add_model_arguments, model_options
+    from ..assemble import assemble
     from ..generate import GenerationConfig, generate
     from ..sampling import SamplingConfig
 
@@ -114,10 +115,10 @@ def _worker(argv: list[str]) -> None:
     p.add_argument("--reps", type=int, default=6)
     p.add_argument("--tokens", type=int, default=32)
     args = p.parse_args(argv)
-    args.temperature, args.top_k, args.top_p = 0.8, 0, 0.95
-    target, drafter = load_models(args, need_draft=True)
+    sampling = SamplingConfig(temperature=0.8, top_k=0, top_p=0.95)
+    models = assemble(model_options(args))
+    target, drafter = models.target, models.drafter(sampling)
     ids = target.tokenizer.encode(PROMPT)
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
 
     def sample(seed: int) -> float:
         config = GenerationConfig(max_new_tokens=args.tokens, k=3, sampling=sampling, seed=seed)

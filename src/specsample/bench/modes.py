@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..assemble import make_drafter
 from ..control import AdaptiveController
-from ..drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from ..generate import GenerationConfig, generate
 from ..sampling import SamplingConfig
 from .native import completion_request, parse_completion
@@ -51,14 +51,10 @@ class OurMode:
         self.policy = AdaptiveController(k_max) if family == "spec-auto" else None
 
     def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=()) -> Outcome:
-        if self.family == "spec-auto" and self.draft is not None:
-            drafter = HybridDrafter(ModelDrafter(self.draft, sampling), NgramDrafter(max_ngram=self.ngram_max))
-        elif self.family == "spec":
-            drafter = ModelDrafter(self.draft, sampling)
-        elif self.family in ("ngram", "spec-auto"):
-            drafter = NgramDrafter(max_ngram=self.ngram_max)
-        else:
-            drafter = None
+        # spec-auto: the hybrid drafter (lookup alone without a draft model); spec: the
+        # draft model alone; ngram: lookup alone; ar: none.
+        draft = self.draft if self.family in ("spec", "spec-auto") else None
+        drafter = make_drafter(draft, sampling, lookup=self.family in ("spec-auto", "ngram"), ngram_max=self.ngram_max)
         config = GenerationConfig(max_new_tokens=max_new_tokens, k=self.k or 1, sampling=sampling, seed=seed,
                                   stop_strings=tuple(stop_strings))
         result = generate(self.target, prompt_ids, config, drafter, self.policy)

@@ -16,9 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..drafters import Drafter, HybridDrafter, ModelDrafter
+from ..drafters import Drafter
 from ..generate import GenerationConfig, stream
-from ..sampling import SamplingConfig
 
 
 class QueueFull(Exception):
@@ -109,14 +108,3 @@ class Worker:
             job.emit("error", e)
             return
         job.emit("done", s.result)
-
-
-def drafter_factory(drafter: Drafter | None) -> Callable[[SamplingConfig], Drafter | None]:
-    """Drafters per request: a ModelDrafter must draw from the request's own sampling
-    distribution (or acceptance would be wrong), so it is rebuilt around the loaded
-    draft backend, which is cheap; the others have no sampling and are shared."""
-    if isinstance(drafter, ModelDrafter):
-        return lambda sampling: ModelDrafter(drafter.backend, sampling)
-    if isinstance(drafter, HybridDrafter):
-        return lambda sampling: HybridDrafter(ModelDrafter(drafter.model.backend, sampling), drafter.ngram)
-    return lambda sampling: drafter
