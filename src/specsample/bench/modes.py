@@ -15,6 +15,7 @@ from ..control import AdaptiveController
 from ..generate import GenerationConfig, generate
 from ..sampling import SamplingConfig
 from .native import completion_request, parse_completion
+from .peer_sampling import peer_sampling
 from .tasks import first_stop
 
 SETTINGS = {
@@ -84,15 +85,11 @@ class HFGenerateMode:
         input_ids = torch.tensor([prompt_ids], device=self.target.device)  # [1, prompt]
         eos = sorted(self.target.eos_token_ids)
         kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=eos, pad_token_id=eos[0],
-                      repetition_penalty=1.0, attention_mask=torch.ones_like(input_ids))
+                      attention_mask=torch.ones_like(input_ids), **peer_sampling("hf_generate", sampling))
         if stop_strings:
             # Our own criterion, not `stop_strings=`: transformers hands that on to the
             # assistant's generate, which then fails for want of a tokenizer.
             kwargs["stopping_criteria"] = [_StopStrings(self.target.tokenizer, len(prompt_ids), stop_strings)]
-        if sampling.greedy:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        else:
-            kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
         if self.assistant is not None:
             kwargs["assistant_model"] = self.assistant.model
             self._swap_assistant_settings()
@@ -166,8 +163,7 @@ class LlamaCppMode:
         self.llm.set_seed(seed)
         self.calls = self.drafted = 0
         new, stop = [], "length"
-        tokens = self.llm.generate(prompt_ids, temp=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                   min_p=0.0, repeat_penalty=1.0)
+        tokens = self.llm.generate(prompt_ids, **peer_sampling("llama_cpp_python", sampling))
         for token in tokens:
             new.append(int(token))
             if token in self.eos_token_ids:

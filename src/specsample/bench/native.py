@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 from ..models import cache_dir
+from .peer_sampling import peer_sampling
 from .servers import ServerProcess, ServerUnavailable
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.16"
@@ -92,12 +93,9 @@ def _run(cmd: list[str]) -> None:
 def completion_request(prompt_ids: list[int], max_new_tokens: int, sampling, seed: int, stop_strings, k: int | None) -> dict:
     """A /completion body that decodes as our loops do: the same tokens, sampling
     and stop strings, with llama.cpp's extra samplers and penalties off."""
-    greedy = sampling.greedy
     return {
         "prompt": list(prompt_ids), "n_predict": max_new_tokens, "stop": list(stop_strings), "seed": seed,
-        "temperature": 0.0 if greedy else sampling.temperature, "top_k": 1 if greedy else sampling.top_k,
-        "top_p": sampling.top_p, "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
-        "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0,
+        **peer_sampling("llama_server", sampling),
         "cache_prompt": True,  # the server speculates only with it on; we erase the slot before each request
         "return_tokens": True, "stream": False,
         "speculative.n_max": k or 0, "speculative.n_min": 0, "speculative.p_min": 0.0,
