@@ -116,7 +116,14 @@ class HFBackend:
         if self.cache is None:
             self.cache = self._new_cache()
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=num_logits)
+        try:
+            out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=num_logits)
+        except BaseException:
+            # A forward that fails midway (out of memory in a long prefill, Ctrl-C) has
+            # appended these tokens to the layers before the failure and not to the
+            # others; no crop can make that whole again. Start the next sequence afresh.
+            self.cache, self._length = None, 0
+            raise
         self._length += len(token_ids)
         logits = out.logits[0, -num_logits:].float().cpu()  # [num_logits, scored]
         if self._kept is not None:
