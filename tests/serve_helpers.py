@@ -42,7 +42,8 @@ class WordTokenizer:
 
 class ToyBackend(TrigramBackend):
     """A trigram model with a tokenizer; `gate` (when cleared) holds every call, and
-    `delay` slows each, so tests can keep the worker busy."""
+    `delay` slows each, so tests can keep the worker busy. `failure` is raised by the
+    call numbered `fail_at` (the prompt's prefill is call 1): an engine failing."""
 
     def __init__(self, seed: int, eos: bool = True, context_length: int = 256, name: str = "toy"):
         super().__init__(random_table(VOCAB, seed, scale=2.0), name=name)
@@ -52,11 +53,15 @@ class ToyBackend(TrigramBackend):
         self.gate = threading.Event()
         self.gate.set()
         self.delay = 0.0
+        self.calls, self.fail_at, self.failure = 0, None, None
 
     def score(self, token_ids, num_logits):
         assert self.gate.wait(timeout=20), "gate never opened"
         if self.delay:
             time.sleep(self.delay)
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise self.failure
         return super().score(token_ids, num_logits)
 
 

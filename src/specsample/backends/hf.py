@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..files import build_once
-from .base import trim_padding
+from .base import ChatTemplateError, trim_padding
 from .cpushare import SHARED
 
 
@@ -53,7 +53,12 @@ class HFTokenizer:
     def chat_messages(self, messages: list[dict]) -> list[int]:
         if not self.hf.chat_template:
             raise ValueError("this model's tokenizer has no chat template")
-        rendered = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        import jinja2
+
+        try:
+            rendered = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except jinja2.TemplateError as e:
+            raise ChatTemplateError(f"the chat template failed on these messages: {e}") from None
         return list(self.hf(rendered, add_special_tokens=False).input_ids)
 
     def __len__(self) -> int:
