@@ -7,7 +7,7 @@ budget.py  the run's time estimate and --budget-minutes trimming
 bandwidth.py  measured read bandwidth and effective bandwidth
 runner.py  interleaved runs -> one record per prompt x mode x setting x task
 costs.py   the measured cost curve and the analytic speedup prediction
-parity.py  HumanEval pass@1 of samples, executed in a sandboxed subprocess
+parity.py  HumanEval pass@1 of samples, run in a resource-limited subprocess (not a sandbox)
 stats.py   percentiles, confidence intervals, per-mode aggregates
 report.py  records.jsonl and summary.md
 plots.py   PNG plots (matplotlib Agg)
