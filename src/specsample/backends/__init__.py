@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..models import ModelError, cache_dir, resolve
+from ..models import ModelError, cache_dir, check_hub_reachable, resolve
 
 BACKENDS = ("auto", "hf", "llamacpp")
 # backend -> (the module it imports, the package that provides it); the extra is the backend's name.
@@ -44,6 +44,8 @@ def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype
             raise ModelError("--batch-invariant is a llama.cpp setting; the hf backend has none")
         from .hf import load_hf
 
+        if model.hub:
+            check_hub_reachable(model.location)
         converted = None
         if model.gguf_file:
             key = model.sha256[:16] if model.sha256 else f"{model.gguf_path.stat().st_size}-{int(model.gguf_path.stat().st_mtime)}"
