@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import processes
-from .files import atomic_output, build_once
+from .files import build_once
 
 
 @dataclass(frozen=True)

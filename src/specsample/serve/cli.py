@@ -3,7 +3,6 @@ only when the command runs."""
 
 from __future__ import annotations
 
-import argparse
 import os
 
 from ..arguments import UsageError, add_draft_length_arguments, add_model_arguments, model_options
