@@ -10,10 +10,8 @@ import time
 
 import uvicorn
 
+from specsample.assemble import Models
 from specsample.serve.api import Settings, create_app
-from specsample.serve.worker import drafter_factory
-from specsample.drafters import ModelDrafter, NgramDrafter
-from specsample.sampling import SamplingConfig
 
 from toy import TrigramBackend, random_table
 
@@ -44,7 +42,8 @@ class WordTokenizer:
 
 class ToyBackend(TrigramBackend):
     """A trigram model with a tokenizer; `gate` (when cleared) holds every call, and
-    `delay` slows each, so tests can keep the worker busy."""
+    `delay` slows each, so tests can keep the worker busy. `failure` is raised by the
+    call numbered `fail_at` (the prompt's prefill is call 1): an engine failing."""
 
     def __init__(self, seed: int, eos: bool = True, context_length: int = 256, name: str = "toy"):
         super().__init__(random_table(VOCAB, seed, scale=2.0), name=name)
@@ -54,11 +53,15 @@ class ToyBackend(TrigramBackend):
         self.gate = threading.Event()
         self.gate.set()
         self.delay = 0.0
+        self.calls, self.fail_at, self.failure = 0, None, None
 
     def score(self, token_ids, num_logits):
         assert self.gate.wait(timeout=20), "gate never opened"
         if self.delay:
             time.sleep(self.delay)
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise self.failure
         return super().score(token_ids, num_logits)
 
 
@@ -70,9 +73,10 @@ def toy_pair(eos: bool = True, context_length: int = 256):
 def toy_app(drafter: str = "model", eos: bool = True, context_length: int = 256, **settings):
     """An app over a fresh toy pair; returns (app, target)."""
     target, draft = toy_pair(eos, context_length)
-    made = {"model": ModelDrafter(draft, SamplingConfig()), "ngram": NgramDrafter(), "none": None}[drafter]
+    models = {"model": Models(target, draft), "hybrid": Models(target, draft, lookup=True),
+              "ngram": Models(target, lookup=True), "none": Models(target)}[drafter]
     settings = Settings(model_name="toy", **{"k": 3, **settings})
-    return create_app(target, drafter_factory(made), made.name if made else None, settings), target
+    return create_app(target, models.drafter, models.drafter_name, settings), target
 
 
 @contextlib.contextmanager

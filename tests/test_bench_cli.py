@@ -1,7 +1,8 @@
 import pytest
 
 from specsample.bench.cli import bench_config, parse_prompts, resolve_options
-from specsample.cli import UsageError, build_parser
+from specsample.arguments import UsageError
+from specsample.cli import build_parser
 
 
 def _args(*argv):

@@ -7,10 +7,12 @@ sampler's TV at the same N); seeds are fixed, so every run is deterministic.
 """
 
 import importlib
+import time
 
 import pytest
 import torch
 
+from specsample.assemble import Models
 from specsample.check import CheckConfig, check, total_variation
 from specsample.cli import main
 from specsample.drafters import ModelDrafter
@@ -71,13 +73,15 @@ def test_a_wrong_sampler_fails(monkeypatch, wrong_verify):
 
 class CallShapeBackend(TrigramBackend):
     """Like llama.cpp: rows of a multi-token call differ from a one-token call's (here
-    token 0 gets +0.5 logit), so batched scoring follows its own distribution."""
+    token 0 gets +bias logit), so batched scoring follows its own distribution."""
+
+    bias = 0.5
 
     def score(self, token_ids, num_logits):
         logits = super().score(token_ids, num_logits)
         if len(token_ids) > 1:
             logits = logits.clone()
-            logits[:, 0] += 0.5
+            logits[:, 0] += self.bias
         return logits
 
 
@@ -105,6 +109,61 @@ def test_a_reference_in_the_wrong_call_shapes_would_fail(monkeypatch):
     assert not run_check(CallShapeBackend(TARGET)).passed
 
 
+class Biased(TrigramBackend):
+    """A target whose token-0 logit is off by 1.0 everywhere."""
+
+    def next_logits(self, context):
+        logits = super().next_logits(context).clone()
+        logits[0] += 1.0
+        return logits
+
+
+def test_an_error_above_the_detectable_tv_fails_and_the_bound_shrinks_with_n(monkeypatch):
+    """The reported bound means what it says: samples from a distribution whose mean
+    TV from the reference (over the reported cells) exceeds it fail the check."""
+    small, large = run_check(config=CheckConfig(samples=500, k=2, sampling=SAMPLING)), run_check()
+    assert large.perfect_tv[1] < large.detectable < small.detectable
+    assert large.detectable == pytest.approx(small.detectable / 2, rel=0.25)  # 4x the samples: half the TV
+    check_module = importlib.import_module("specsample.check")
+    exact_cells = check_module.exact_cells  # the reference from the true target, the samples from the biased one
+    monkeypatch.setattr(check_module, "exact_cells",
+                        lambda target, prompt, config: exact_cells(TrigramBackend(TARGET), prompt, config))
+    wrong = run_check(Biased(TARGET))
+    distance = []
+    for prompt, p in zip(PROMPTS, wrong.prompts):
+        first = logits_to_probs(Biased(TARGET).next_logits(prompt)[None], SAMPLING)[0]
+        cells = [float(first[x1] * logits_to_probs(Biased(TARGET).next_logits(prompt + [x1])[None], SAMPLING)[0, x2])
+                 for x1, x2 in (c.tokens for c in p.cells[:-1])]
+        sampled = torch.tensor(cells + [1 - sum(cells)], dtype=torch.float64)
+        distance.append(total_variation(sampled, torch.tensor([c.exact for c in p.cells], dtype=torch.float64)))
+    assert sum(distance) / len(distance) > wrong.detectable
+    assert not wrong.passed
+
+
+class Sleepy(TrigramBackend):
+    """Calls that take real time, the same for 1 or 5 tokens: drafting pays."""
+
+    def __init__(self, table, seconds, name="sleepy"):
+        super().__init__(table, name=name)
+        self.seconds = seconds
+
+    def score(self, token_ids, num_logits):
+        time.sleep(self.seconds)
+        return super().score(token_ids, num_logits)
+
+
+@pytest.mark.parametrize("wrong_verify", [None, accept_everything])
+def test_auto_checks_the_controllers_own_draft_lengths(monkeypatch, wrong_verify):
+    """-k auto: the adaptive controller drafts (up to k_max) as it would in use, the
+    reference scores the second token in a one-token call; a wrong sampler still fails."""
+    if wrong_verify is not None:
+        monkeypatch.setattr(generate_module, "verify", wrong_verify)
+    config = CheckConfig(samples=1500, k="auto", k_max=4, sampling=SAMPLING)
+    result = check(Sleepy(TARGET, 0.001), ModelDrafter(Sleepy(DRAFT, 0.0001, name="draft"), SAMPLING), PROMPTS, config)
+    assert any(p.acceptance_rate is not None for p in result.prompts)  # it drafted
+    assert result.passed == (wrong_verify is None)
+
+
 # --- the command line, on the same toys ---------------------------------------
 
 class ToyTokenizer:
@@ -115,15 +174,18 @@ class ToyTokenizer:
         return "".join(f"<{i}>" for i in ids)
 
 
-@pytest.fixture
-def toy_models(monkeypatch):
-    def load_models(args, need_draft):
-        target = TrigramBackend(TARGET, name="toy-target")
-        target.tokenizer = ToyTokenizer()
-        sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-        return target, ModelDrafter(TrigramBackend(DRAFT, name="toy-draft"), sampling)
+class SlightlyShaped(CallShapeBackend):
+    bias = 0.02  # a floor well below what a few thousand samples can see
 
-    monkeypatch.setattr("specsample.cli.load_models", load_models)
+
+@pytest.fixture(params=[TrigramBackend])
+def toy_models(monkeypatch, request):
+    def assemble(options, drafting=True):
+        target = request.param(TARGET, name="toy-target")
+        target.tokenizer = ToyTokenizer()
+        return Models(target, TrigramBackend(DRAFT, name="toy-draft"), lookup=options.lookup)
+
+    monkeypatch.setattr("specsample.check_cli.assemble", assemble)
 
 
 def test_cli_prints_a_table_and_passes(capsys, toy_models):
@@ -133,6 +195,28 @@ def test_cli_prints_a_table_and_passes(capsys, toy_models):
     assert "target toy-target, draft toy-draft, k=2, temperature 1" in out
     assert "other" in out and "PASS" in out and "engine floor: TV 0.0000" in out
     assert "'<" in out  # tokens shown through the tokenizer
+    assert "smallest TV this N detects: 0." in out and "warning" not in out
+
+
+@pytest.mark.parametrize("toy_models", [SlightlyShaped], indirect=True)
+def test_cli_warns_when_the_engine_floor_is_below_what_n_detects(capsys, toy_models):
+    code = main(["check", "--target", "toy", "--draft", "toy", "-n", "1500"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "PASS" in out
+    floor = float(out.split("engine floor: TV ")[1].split()[0])
+    detectable = float(out.split("smallest TV this N detects: ")[1].split()[0])
+    assert 0 < floor < detectable
+    assert "warning: the engine floor is below what 1500 samples can detect" in out
+    suggested = int(out.split("roughly -n ")[1].split()[0])
+    assert suggested == pytest.approx(1500 * (detectable / floor) ** 2, rel=0.1)  # the printed values are rounded
+
+
+def test_cli_checks_auto_and_says_what_its_reference_is(capsys, toy_models):
+    code = main(["check", "--target", "toy", "--draft", "toy", "-n", "300", "-k", "auto", "--k-max", "3"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "k=auto" in out and "reference above uses one-token calls" in out
+    assert "-k auto: the controller chose each round's length from this machine's timings" in out
 
 
 def test_cli_exits_1_on_a_wrong_sampler(capsys, toy_models, monkeypatch):

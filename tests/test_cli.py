@@ -11,7 +11,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from specsample import cli
+from specsample import assemble, cli
 from specsample.cli import main
 
 from tiny_hf import tiny_model
@@ -19,11 +19,12 @@ from tiny_hf import tiny_model
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away"]
 
 
-def save_tiny(path, seed, vocab_words):
+def save_tiny(path, seed, vocab_words, chat_template=None):
     vocab = {w: i for i, w in enumerate(vocab_words)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]")
+    fast.chat_template = chat_template
     fast.save_pretrained(path)
     tiny_model(seed).save_pretrained(path)
     return str(path)
@@ -37,7 +38,13 @@ def tiny_dirs(tmp_path_factory):
         "target": save_tiny(root / "target", 0, words),
         "draft": save_tiny(root / "draft", 7, words),
         "small": save_tiny(root / "small", 7, words[:80]),  # a different vocabulary
+        # A template that refuses a lone user turn, as some refuse a system turn.
+        "strict": save_tiny(root / "strict", 0, words, chat_template=STRICT_TEMPLATE),
     }
+
+
+STRICT_TEMPLATE = ("{% if messages|length < 2 %}{{ raise_exception('Conversations must start with a system turn') }}"
+                   "{% endif %}{% for m in messages %}{{ m.content }} {% endfor %}")
 
 
 def run(capsys, *args):
@@ -82,9 +89,10 @@ def test_generate_streams_text_and_prints_stats_to_stderr(capsys, tiny_dirs):
     (["--prompt", "cat " * 600], "context"),
     (["--prompt-file", "/nonexistent/prompt.txt"], "not found"),
     (["--stop", "x", "--stop", ""], "stop strings must not be empty"),
+    (["--target", "STRICT", "--chat"], "must start with a system turn"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, tiny_dirs, args, message):
-    args = [tiny_dirs["small"] if a == "SMALL" else a for a in args]
+    args = [tiny_dirs[a.lower()] if a in ("SMALL", "STRICT") else a for a in args]
     defaults = {"--target": tiny_dirs["target"], "--draft": tiny_dirs["draft"]}
     if "--prompt-file" not in args and "--prompt" not in args:
         defaults["--prompt"] = "the cat"
@@ -117,7 +125,7 @@ def assert_one_line_error(code, err, message):
     (["--threads", "-1"], 0, "--threads must be >= 1"),
 ])
 def test_bad_device_or_threads_fail_before_any_model_loads(capsys, monkeypatch, args, cuda_devices, message):
-    monkeypatch.setattr(cli, "load_backend", lambda *a, **kw: pytest.fail("loaded a model"))
+    monkeypatch.setattr(assemble, "load_backend", lambda *a, **kw: pytest.fail("loaded a model"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_devices > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda_devices)
     code, _, err = run(capsys, "generate", "--prompt", "the cat", *args)
@@ -135,13 +143,14 @@ HUB_MISS = OSError("Qwen/Qwen2.5-0.5Bx is not a local folder and is not a valid 
 DISK_FULL = OSError(errno.ENOSPC, "No space left on device")
 
 
-@pytest.mark.parametrize("command,patched,error,message", [
-    (["generate", "--prompt", "x", "--target", "Qwen/Qwen2.5-0.5Bx"], "load_backend", HUB_MISS, "not a valid model identifier"),
-    (["generate", "--prompt", "x"], "load_backend", DISK_FULL, "No space left on device"),
-    (["fetch"], "fetch_default", DISK_FULL, "No space left on device"),
+@pytest.mark.parametrize("command,module,patched,error,message", [
+    (["generate", "--prompt", "x", "--target", "Qwen/Qwen2.5-0.5Bx"], assemble, "load_backend", HUB_MISS,
+     "not a valid model identifier"),
+    (["generate", "--prompt", "x"], assemble, "load_backend", DISK_FULL, "No space left on device"),
+    (["fetch"], cli, "fetch_default", DISK_FULL, "No space left on device"),
 ])
-def test_load_and_fetch_failures_are_one_line_and_exit_2(capsys, monkeypatch, command, patched, error, message):
-    monkeypatch.setattr(cli, patched, failing(error))
+def test_load_and_fetch_failures_are_one_line_and_exit_2(capsys, monkeypatch, command, module, patched, error, message):
+    monkeypatch.setattr(module, patched, failing(error))
     code, _, err = run(capsys, *command)
     assert_one_line_error(code, err, message)
 
@@ -173,3 +182,15 @@ def test_a_closed_stdout_pipe_ends_quietly(size):
     child.stdout.close()
     _, err = child.communicate(b"", timeout=120)
     assert (child.returncode, err.decode()) == (1, "")
+
+
+@pytest.mark.parametrize("backend,module,package", [("llamacpp", "llama_cpp", "llama-cpp-python"),
+                                                    ("hf", "transformers", "transformers")])
+def test_a_backend_whose_package_is_missing_is_one_line(capsys, monkeypatch, tmp_path, backend, module, package):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")  # never read: the missing package is found first
+    monkeypatch.setitem(sys.modules, module, None)  # `import llama_cpp` fails as if not installed
+    code, _, err = run(capsys, "generate", "--target", str(model), "--draft", "ngram", "--backend", backend,
+                       "--prompt", "x")
+    assert_one_line_error(code, err, f"needs {package}")
+    assert f"specsample[{backend}]" in err

@@ -231,3 +231,25 @@ def test_auto_keeps_up_with_the_best_fixed_k_on_a_memory_bound_target_after_a_wa
 
     best_fixed = min(seconds(k) for k in (2, 4, 6))
     assert seconds("auto") <= best_fixed / 0.95
+def test_a_new_sequence_starts_without_the_last_ones_lookup():
+    """The shadow lookup of one request must not be scored against the next request's
+    first distribution: that token follows a different text."""
+    import torch
+
+    c = controller(LINEAR, 0.4, accept=0.1)
+    c.begin(None, None, [1, 2], 10)
+    lookup = [3, 4, 5]
+    probs = torch.full((8,), 0.1 / 7)
+    probs[3] = 0.9
+    c.consider("ngram2", lookup)
+    c.choose({MODEL: 8, "ngram2": 3}, lag=1)
+    c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, (3,), probs))  # the text followed the lookup's first token
+    second = c._source("ngram2").at(1)
+    seen = (second.hits, second.trials)
+    c.begin(None, None, [7, 7], 10)  # the next request
+    other = torch.full((8,), 1 / 8)
+    other[4] = 0.0  # where the old lookup's second token would be scored
+    c.choose({MODEL: 8}, lag=1)
+    c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, (6,), other))
+    assert (second.hits, second.trials) == seen
+    assert c._shadow is None and c._lookup is None

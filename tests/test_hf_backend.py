@@ -39,6 +39,27 @@ def test_rollback_then_rescore_equals_fresh_prefill(keep):
     assert torch.allclose(after, expected, atol=1e-4)
 
 
+@pytest.mark.parametrize("cached", [0, 4])  # a failed prefill, or a failure mid-generation
+def test_a_forward_that_fails_midway_leaves_the_backend_clean(monkeypatch, cached):
+    """An out-of-memory in the last layer of a long prefill: the layers before it have
+    appended to the cache already. The next request must not score on top of that."""
+    b = tiny_backend(2)
+    b.score(PROMPT[:cached], 1) if cached else None
+    last = b.model.model.layers[-1]
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(last, "forward", out_of_memory)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        b.score(PROMPT[cached:], 1)
+    monkeypatch.undo()
+    assert b.length <= cached  # what it holds can be trusted
+    b.rollback(0)  # what every new stream does first
+    fresh = tiny_backend(2)
+    assert torch.allclose(b.score(PROMPT, 3), fresh.score(PROMPT, 3), atol=1e-4)
+
+
 def test_logit_rows_beyond_tokenizer_vocabulary_are_cut():
     class FakeTokenizer:
         hf = type("HF", (), {"eos_token_id": None, "get_added_vocab": lambda self: {}})()

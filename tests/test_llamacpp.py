@@ -38,6 +38,28 @@ def test_vocabulary_and_eos(pair):
     assert len(im_end) == 1 and im_end[0] in target.eos_token_ids
 
 
+def test_the_chat_prompt_is_unchanged_for_qwen_and_other_templates_get_bos_and_raise_exception(pair):
+    """Qwen's template writes no BOS and its vocabulary adds none; a Mistral-style
+    template writes {{ bos_token }} and refuses with raise_exception, which the
+    renderer must supply (it rendered an empty BOS and crashed on the call before)."""
+    from specsample.backends.base import ChatTemplateError
+
+    tok = pair[1].tokenizer
+    ids = tok.chat_prompt("hi")
+    assert ids[0] == tok.encode("<|im_start|>", special=True)[0] and tok._bos not in ids
+    qwen = tok._template
+    try:
+        tok._template = ("{{ bos_token }}{% for m in messages %}{% if m['role'] != 'user' %}"
+                         "{{ raise_exception('only user turns here') }}{% endif %}[INST] {{ m['content'] }} [/INST]"
+                         "{% endfor %}")
+        ids = tok.chat_prompt("hi")
+        assert ids[0] == tok._bos == 151643 and ids.count(tok._bos) == 1  # Qwen's BOS: <|endoftext|>
+        with pytest.raises(ChatTemplateError, match="only user turns here"):
+            tok.chat_messages([{"role": "system", "content": "hi"}])
+    finally:
+        tok._template = qwen
+
+
 def test_score_returns_only_requested_rows(pair):
     _, draft = pair
     draft.rollback(0)

@@ -113,3 +113,49 @@ def test_an_empty_or_relative_xdg_cache_home_counts_as_unset(monkeypatch, tmp_pa
     assert cache_dir() == tmp_path / "xdg" / "specsample"
     monkeypatch.setenv("SPECSAMPLE_CACHE", "")
     assert cache_dir() == tmp_path / "xdg" / "specsample"
+
+
+@pytest.fixture
+def no_hub(monkeypatch, tmp_path):
+    """An empty Hugging Face cache, and a hub endpoint where nothing listens."""
+    import socket
+
+    from huggingface_hub import constants
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free once closed: connections are refused
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    return tmp_path / "hub"
+
+
+def test_an_uncached_hub_id_without_a_hub_fails_at_once_in_one_line(capsys, no_hub):
+    """Not 45 s of transformers' retries and a dozen log lines before its own error."""
+    import time
+
+    from specsample.cli import main
+
+    start = time.monotonic()
+    code = main(["generate", "--target", "some-org/typo", "--draft", "ngram", "--backend", "hf", "--prompt", "x"])
+    err = capsys.readouterr().err
+    assert code == 2 and time.monotonic() - start < 10
+    assert err.startswith("specsample: error: some-org/typo is not in the Hugging Face cache")
+    assert "cannot be reached" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_cached_hub_id_needs_no_hub(no_hub, monkeypatch):
+    snapshot = no_hub / "models--some-org--cached" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (no_hub / "models--some-org--cached" / "refs").mkdir()
+    (no_hub / "models--some-org--cached" / "refs" / "main").write_text("abc123")
+    models.check_hub_reachable("some-org/cached")  # no error: transformers reads the cache
+    with pytest.raises(ModelError, match="cannot be reached"):
+        models.check_hub_reachable("some-org/other")
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelError, match="HF_HUB_OFFLINE is set"):
+        models.check_hub_reachable("some-org/other")

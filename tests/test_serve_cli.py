@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from specsample.backends.hf import HFTokenizer
 from specsample.cli import main
-from specsample.cli import draft_length
+from specsample.arguments import draft_length
 from specsample.generate import GenerationConfig
 
 from serve_helpers import running
@@ -65,3 +65,20 @@ def test_hf_chat_messages_renders_every_turn(tiny_target):
     messages = [{"role": "system", "content": "the cat"}, {"role": "user", "content": "sat on"}]
     assert tok.chat_messages(messages) == tok.encode("system the cat user sat on dog")
     assert tok.chat_prompt("a mat") == tok.chat_messages([{"role": "user", "content": "a mat"}])
+
+
+def test_a_chat_template_that_refuses_the_messages_is_a_400(monkeypatch, tiny_target):
+    """A template's own raise_exception (roles must alternate, no system turn, ...) is
+    the client's input being refused, not a server failure."""
+    started = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(app=app, **kw))
+    assert main(["serve", "--target", tiny_target, "--draft", "ngram"]) == 0
+    server = started["app"].state.server
+    server.target.tokenizer.hf.chat_template = "{{ raise_exception('Conversation roles must alternate') }}"
+    with running(started["app"]) as url:
+        r = httpx.post(url + "/v1/chat/completions", timeout=30,
+                       json={"model": server.settings.model_name, "messages": [{"role": "user", "content": "the"}]})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "messages" and "Conversation roles must alternate" in error["message"]
+        assert "/v1/completions" not in error["message"]  # the model has a template: it refused these messages

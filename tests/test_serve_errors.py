@@ -1,11 +1,15 @@
 """Bad input of every kind gets OpenAI's error shape with the right status, the caps
 hold, the API key is required where it should be, and the server keeps serving."""
 
+import json
+
 import httpx
 import pytest
 from openai import AuthenticationError, OpenAI
 
-from serve_helpers import running, toy_app
+from specsample.drafters import ModelDrafter
+
+from serve_helpers import ToyBackend, running, toy_app
 
 GOOD = {"model": "toy", "prompt": "the cat", "max_tokens": 4, "seed": 0}
 MESSAGES = [{"role": "user", "content": "the cat"}]
@@ -125,3 +129,36 @@ def test_api_key_is_required_except_for_health():
             OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
         good = OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
         assert good.completions.create(model="toy", prompt="the cat", max_tokens=3).choices[0].text
+
+
+@pytest.mark.parametrize("failure", [ValueError("rollback failed"), RuntimeError("llama_decode failed")])
+def test_an_engine_failure_mid_generation_is_a_server_error(failure):
+    """Once generation runs, a failure is the engine's, whatever its class: a 500 for a
+    whole answer, an error event then [DONE] in a stream (after the text so far)."""
+    app, target = toy_app(eos=False)
+    target.fail_at, target.failure = 3, failure  # prefill, one round, then the engine fails
+    body = {**GOOD, "max_tokens": 40}
+    with running(app) as url:
+        r = httpx.post(url + "/v1/completions", json=body, timeout=10)
+        assert r.status_code == 500, r.text
+        assert r.json()["error"]["type"] == "server_error"
+        assert r.json()["error"]["message"] == f"generation failed: {type(failure).__name__}"
+        target.calls = 0
+        with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=10) as r:
+            events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+        assert r.status_code == 200  # the headers went out with the first text
+        assert json.loads(events[0])["choices"][0]["text"]  # the first round's text
+        assert json.loads(events[-2])["error"]["type"] == "server_error" and events[-1] == "[DONE]"
+        target.fail_at = None
+        assert httpx.post(url + "/v1/completions", json=GOOD, timeout=10).status_code == 200  # still serving
+
+
+def test_a_request_the_engine_refuses_before_generating_is_still_a_400():
+    """stream()'s own checks run in the worker before any round (here the draft's
+    context, which the route does not know): a ValueError there is the request's."""
+    app, _ = toy_app()
+    short = ToyBackend(1, context_length=16, name="short-draft")
+    app.state.server.make_drafter = lambda sampling: ModelDrafter(short, sampling)
+    with running(app) as url:
+        r = httpx.post(url + "/v1/completions", json={**GOOD, "max_tokens": 40}, timeout=10)
+        assert r.status_code == 400 and "does not fit the context of the draft model" in r.json()["error"]["message"]

@@ -75,3 +75,25 @@ def test_a_client_leaving_mid_generation_frees_the_model(stream):
         assert time.monotonic() - start < 2.5
         wait_until(lambda: "specsample_cancelled_generations_total 1.0" in httpx.get(url + "/metrics").text,
                    what="the cancellation to be counted")
+
+
+def test_requests_that_gave_up_waiting_hold_no_place_in_the_queue():
+    """Timed-out requests stay in the queue until the worker reaches them; they must
+    not count against --max-queue, or a busy minute turns every newcomer away."""
+    app, target = toy_app(max_queue=1, queue_timeout=0.3)
+    worker = app.state.server.worker
+    with running(app) as url:
+        target.gate.clear()
+        results = []
+        first = post_in_background(url, results)
+        wait_until(lambda: worker.busy, what="the worker to start")
+        for _ in range(2):  # each waits 0.3 s, gives up, and leaves its job behind
+            assert httpx.post(url + "/v1/completions", json=BODY, timeout=30).status_code == 503
+        assert worker.depth == 0
+        app.state.server.settings.queue_timeout = 30  # the newcomer waits for its turn
+        late = post_in_background(url, results, {**BODY, "seed": 1})
+        wait_until(lambda: worker.depth == 1, what="the newcomer to wait")
+        target.gate.set()
+        for t in (first, late):
+            t.join(timeout=30)
+        assert sorted(results) == [200, 200]

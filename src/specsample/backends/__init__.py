@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..models import ModelError, cache_dir, resolve
+from ..models import ModelError, cache_dir, check_hub_reachable, resolve
 
 BACKENDS = ("auto", "hf", "llamacpp")
+# backend -> (the module it imports, the package that provides it); the extra is the backend's name.
+ENGINE_PACKAGES = {"hf": ("transformers", "transformers"), "llamacpp": ("llama_cpp", "llama-cpp-python")}
+
+
+def require_engine(backend: str) -> None:
+    """A one-line error now, rather than an ImportError from deep in the load."""
+    module, package = ENGINE_PACKAGES[backend]
+    if importlib.util.find_spec(module) is None:
+        raise ModelError(f"the {backend} backend needs {package}, which is not installed here: "
+                         f"pip install 'specsample[{backend}]'")
 
 
 def pick_backend(name: str, backend: str = "auto", device: str = "cpu") -> str:
@@ -26,12 +36,16 @@ def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype
     `quant` (llama.cpp only): re-encode the GGUF file to this type first (cached).
     `batch_invariant` (llama.cpp only): logits that do not depend on the call's size."""
     backend = pick_backend(name, backend, device)
+    if backend in ENGINE_PACKAGES:
+        require_engine(backend)
     model = resolve(name)
     if backend == "hf":
         if batch_invariant:
             raise ModelError("--batch-invariant is a llama.cpp setting; the hf backend has none")
         from .hf import load_hf
 
+        if model.hub:
+            check_hub_reachable(model.location)
         converted = None
         if model.gguf_file:
             key = model.sha256[:16] if model.sha256 else f"{model.gguf_path.stat().st_size}-{int(model.gguf_path.stat().st_mtime)}"

@@ -117,6 +117,11 @@ class VocabularyMismatch(ValueError):
     pass
 
 
+class ChatTemplateError(ValueError):
+    """A model's chat template refused the messages (its own raise_exception, or a
+    template error): bad input, reported in one line, not a crash."""
+
+
 def check_same_vocabulary(target: Backend, draft: Backend) -> None:
     if target.vocab_size != draft.vocab_size:
         raise VocabularyMismatch(

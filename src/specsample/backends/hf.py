@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..files import build_once
-from .base import trim_padding
+from .base import ChatTemplateError, trim_padding
 from .cpushare import SHARED
 
 
@@ -53,7 +53,12 @@ class HFTokenizer:
     def chat_messages(self, messages: list[dict]) -> list[int]:
         if not self.hf.chat_template:
             raise ValueError("this model's tokenizer has no chat template")
-        rendered = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        import jinja2
+
+        try:
+            rendered = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except jinja2.TemplateError as e:
+            raise ChatTemplateError(f"the chat template failed on these messages: {e}") from None
         return list(self.hf(rendered, add_special_tokens=False).input_ids)
 
     def __len__(self) -> int:
@@ -116,7 +121,14 @@ class HFBackend:
         if self.cache is None:
             self.cache = self._new_cache()
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=num_logits)
+        try:
+            out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=num_logits)
+        except BaseException:
+            # A forward that fails midway (out of memory in a long prefill, Ctrl-C) has
+            # appended these tokens to the layers before the failure and not to the
+            # others; no crop can make that whole again. Start the next sequence afresh.
+            self.cache, self._length = None, 0
+            raise
         self._length += len(token_ids)
         logits = out.logits[0, -num_logits:].float().cpu()  # [num_logits, scored]
         if self._kept is not None:

@@ -13,13 +13,14 @@ the algorithm needs and copied out row by row.
 from __future__ import annotations
 
 import ctypes
+import datetime
 import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .base import trim_padding
+from .base import ChatTemplateError, trim_padding
 from .cpushare import SHARED
 
 _quiet_logger = None  # keep the ctypes callback alive for the process's lifetime
@@ -61,6 +62,11 @@ class LlamaCppTokenizer:
         self._owner = backend._loaded  # keeps self._vocab valid
         self._vocab = backend._vocab
         self._template = backend.chat_template
+        lib, vocab = self._lib, self._vocab
+        self._bos = lib.llama_vocab_bos(vocab)  # -1: none
+        self._add_bos = bool(lib.llama_vocab_get_add_bos(vocab))
+        self._special_text = {name: (lib.llama_vocab_get_text(vocab, t) or b"").decode("utf-8", "replace") if t >= 0 else ""
+                              for name, t in (("bos_token", self._bos), ("eos_token", lib.llama_vocab_eos(vocab)))}
 
     def encode(self, text: str, special: bool = False) -> list[int]:
         data = text.encode("utf-8")
@@ -90,11 +96,35 @@ class LlamaCppTokenizer:
     def chat_messages(self, messages: list[dict]) -> list[int]:
         if not self._template:
             raise ValueError("this GGUF file has no chat template")
-        import jinja2
+        ids = self.encode(render_chat(self._template, messages, **self._special_text), special=True)
+        return with_bos(ids, self._bos, self._add_bos)
 
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-        rendered = env.from_string(self._template).render(messages=messages, add_generation_prompt=True)
-        return self.encode(rendered, special=True)
+
+def render_chat(template: str, messages: list[dict], bos_token: str = "", eos_token: str = "") -> str:
+    """A chat template rendered as transformers renders it: in jinja2's sandbox, with
+    the special tokens and the helpers templates call (raise_exception, strftime_now).
+    A template's own error is the messages being refused: a ChatTemplateError."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    try:
+        return env.from_string(template).render(
+            messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token,
+            raise_exception=raise_exception, strftime_now=lambda f: datetime.datetime.now().strftime(f))
+    except jinja2.TemplateError as e:
+        raise ChatTemplateError(f"the chat template failed on these messages: {e}") from None
+
+
+def with_bos(ids: list[int], bos: int, add_bos: bool) -> list[int]:
+    """The model's BOS first when its vocabulary asks for one (Llama, Mistral, Gemma;
+    not Qwen), once: a template that writes {{ bos_token }} has put it there already."""
+    if add_bos and bos >= 0 and ids[:1] != [bos]:
+        return [bos] + ids
+    return ids
 
 
 class LlamaCppBackend:

@@ -9,6 +9,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from ..arguments import UsageError, add_model_arguments, model_options
+from ..assemble import assemble
 from .budget import Cell, estimate_seconds, format_duration, trim_to_budget
 from .costs import measure_cost_curve
 from .modes import FAMILIES, SETTINGS, OurMode, build_modes
@@ -35,8 +37,6 @@ SERVE_DEFAULTS = dict(tasks="humaneval", modes="auto", prompts="8")
 
 
 def add_bench_parser(subparsers) -> None:
-    from ..cli import add_model_arguments
-
     b = subparsers.add_parser("bench", help="measure speedups, acceptance and parity against peers",
                               description="Reproduce the speculative sampling measurements on your models and hardware.")
     add_model_arguments(b)
@@ -67,9 +67,7 @@ def add_bench_parser(subparsers) -> None:
     b.add_argument("--contention", action="store_true",
                    help="measure instead how two model processes at once slow each other, with and without "
                         "specsample's core sharing, writing contention.md")
-    # load_models builds a drafter from these; bench only keeps the draft backend and
-    # sets the sampling per decoding setting.
-    b.set_defaults(func=cmd_bench, temperature=0.0, top_k=0, top_p=1.0)
+    b.set_defaults(func=cmd_bench)
 
 
 def resolve_options(args) -> argparse.Namespace:
@@ -92,8 +90,6 @@ def bench_config(args) -> BenchConfig:
 def parse_prompts(text: str, tasks: tuple[str, ...]) -> tuple[int, dict[str, int]]:
     """"8" -> (8, {}); "humaneval=8,copy=4" -> (8, {"humaneval": 8, "copy": 4}): a
     task not named gets the largest count given."""
-    from ..cli import UsageError
-
     counts = {}
     try:
         if "=" not in text:
@@ -110,7 +106,6 @@ def parse_prompts(text: str, tasks: tuple[str, ...]) -> tuple[int, dict[str, int
 
 
 def cmd_bench(args) -> int:
-    from ..cli import UsageError, load_models
     from .bandwidth import measure_read_bandwidth, weight_bytes
 
     args = resolve_options(args)
@@ -124,8 +119,8 @@ def cmd_bench(args) -> int:
     ks = [int(k) for k in args.ks.split(",")]
     if min(ks) < 1 or args.peer_k < 1:
         raise UsageError("K must be >= 1")
-    target, drafter = load_models(args, need_draft=args.draft != "ngram")
-    draft = getattr(drafter, "model_backend", None)
+    models = assemble(model_options(args), drafting=args.draft != "ngram")
+    target, draft = models.target, models.draft
     read_bandwidth = measure_read_bandwidth()
     counts = {t: config.prompt_count(t) for t in config.tasks}
     prompts = prepare(target, config.tasks, counts)
@@ -160,7 +155,6 @@ def cmd_bench(args) -> int:
 
 
 def cmd_serve_load(args) -> int:
-    from ..cli import UsageError, load_models
     from .serving import DEFAULT_SERVE_FAMILIES, SERVE_FAMILIES, run_serving, served_modes, write_serve_report
 
     load_at_start = os.getloadavg()[0]
@@ -169,7 +163,7 @@ def cmd_serve_load(args) -> int:
     ks = [int(k) for k in args.ks.split(",")]
     if args.clients < 1 or min(ks) < 1 or args.peer_k < 1:
         raise UsageError("--clients and K must be >= 1")
-    target, _ = load_models(args, need_draft=False)  # for the tokenizer: prompts go out as token ids
+    target = assemble(model_options(args), drafting=False).target  # for the tokenizer: prompts go out as token ids
     prompts = prepare(target, config.tasks, {t: config.prompt_count(t) for t in config.tasks})
     gguf = _target_gguf(args) if _is_llamacpp(target) else None
     longest = max(len(p.ids) for group in prompts.values() for p in group)
@@ -305,8 +299,6 @@ def _parity_modes(target, draft, k: int) -> list:
 
 def _names(text: str, allowed, what: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    from ..cli import UsageError
-
     for n in names:
         if n not in allowed:
             raise UsageError(f"unknown {what} {n!r}; choose from {', '.join(allowed)}")

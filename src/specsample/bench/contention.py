@@ -19,8 +19,15 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 
+from ..processes import dies_with_parent
+
+# Seconds a set of workers may take to load and sample, all together: seven
+# samples of a pair with fixed threads on the transformers backend take about
+# 7 x 54 s here (docs/results/contention-hf), plus the loads.
+WORKER_TIMEOUT = 1800.0
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
 
@@ -36,9 +43,11 @@ class Contention:
 
 
 def measure(model_argv: list[str], label: str, env: dict[str, str] | None = None, reps: int = 6,
-            tokens: int = 32) -> Contention:
-    lone = _run_workers(1, model_argv, env, reps, tokens)
-    paired = _run_workers(2, model_argv, env, reps, tokens)
+            tokens: int = 32, timeout: float = WORKER_TIMEOUT) -> Contention:
+    cmd = [sys.executable, "-m", "specsample.bench.contention", "WORKER", *model_argv, "--reps", str(reps),
+           "--tokens", str(tokens)]
+    lone = _run_workers(1, cmd, env, timeout)
+    paired = _run_workers(2, cmd, env, timeout)
     return Contention(label, statistics.median(lone), statistics.median(paired))
 
 
@@ -77,35 +86,53 @@ def contention_table(results: list[Contention]) -> str:
     return markdown_table(rows)
 
 
-def _run_workers(n: int, model_argv, env, reps: int, tokens: int) -> list[float]:
-    """Start n workers, release them together once all are loaded, gather sample times."""
-    cmd = [sys.executable, "-m", "specsample.bench.contention", "WORKER", *model_argv, "--reps", str(reps),
-           "--tokens", str(tokens)]
+def _run_workers(n: int, cmd: list[str], env, timeout: float) -> list[float]:
+    """Start n workers, release them together once all are loaded, gather sample
+    times; kill them all if they take longer than `timeout` seconds in all."""
     full_env = {**os.environ, **(env or {})}
-    workers = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=full_env)
-               for _ in range(n)]
+    workers = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=full_env,
+                                preexec_fn=dies_with_parent()) for _ in range(n)]
+    expired = threading.Event()
+
+    def kill_all() -> None:
+        expired.set()
+        for w in workers:
+            w.kill()
+
+    watchdog = threading.Timer(timeout, kill_all)
+    watchdog.start()
     try:
         for w in workers:
-            if w.stdout.readline().strip() != "ready":
+            if _line(w, expired, timeout).strip() != "ready":
                 raise RuntimeError(f"a contention worker failed to load (exit {w.wait()})")
         for w in workers:
             w.stdin.write("go\n")
             w.stdin.flush()
         times = []
         for w in workers:
-            times += json.loads(w.stdout.readline())
+            times += json.loads(_line(w, expired, timeout))
             w.wait()
         return times
     finally:
+        watchdog.cancel()
         for w in workers:
             if w.poll() is None:
                 w.kill()
+            w.wait()
+
+
+def _line(worker, expired: threading.Event, timeout: float) -> str:
+    line = worker.stdout.readline()  # "" once the watchdog killed it
+    if expired.is_set():
+        raise RuntimeError(f"contention workers did not finish within {timeout:.0f} s; killed them")
+    return line
 
 
 def _worker(argv: list[str]) -> None:
     import argparse
 
-    from ..cli import add_model_arguments, load_models
+    from ..arguments import add_model_arguments, model_options
+    from ..assemble import assemble
     from ..generate import GenerationConfig, generate
     from ..sampling import SamplingConfig
 
@@ -114,10 +141,10 @@ def _worker(argv: list[str]) -> None:
     p.add_argument("--reps", type=int, default=6)
     p.add_argument("--tokens", type=int, default=32)
     args = p.parse_args(argv)
-    args.temperature, args.top_k, args.top_p = 0.8, 0, 0.95
-    target, drafter = load_models(args, need_draft=True)
+    sampling = SamplingConfig(temperature=0.8, top_k=0, top_p=0.95)
+    models = assemble(model_options(args))
+    target, drafter = models.target, models.drafter(sampling)
     ids = target.tokenizer.encode(PROMPT)
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
 
     def sample(seed: int) -> float:
         config = GenerationConfig(max_new_tokens=args.tokens, k=3, sampling=sampling, seed=seed)

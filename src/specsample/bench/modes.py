@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..assemble import make_drafter
 from ..control import AdaptiveController
-from ..drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from ..generate import GenerationConfig, generate
 from ..sampling import SamplingConfig
 from .native import completion_request, parse_completion
+from .peer_sampling import peer_sampling
 from .tasks import first_stop
 
 SETTINGS = {
@@ -51,14 +52,10 @@ class OurMode:
         self.policy = AdaptiveController(k_max) if family == "spec-auto" else None
 
     def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=()) -> Outcome:
-        if self.family == "spec-auto" and self.draft is not None:
-            drafter = HybridDrafter(ModelDrafter(self.draft, sampling), NgramDrafter(max_ngram=self.ngram_max))
-        elif self.family == "spec":
-            drafter = ModelDrafter(self.draft, sampling)
-        elif self.family in ("ngram", "spec-auto"):
-            drafter = NgramDrafter(max_ngram=self.ngram_max)
-        else:
-            drafter = None
+        # spec-auto: the hybrid drafter (lookup alone without a draft model); spec: the
+        # draft model alone; ngram: lookup alone; ar: none.
+        draft = self.draft if self.family in ("spec", "spec-auto") else None
+        drafter = make_drafter(draft, sampling, lookup=self.family in ("spec-auto", "ngram"), ngram_max=self.ngram_max)
         config = GenerationConfig(max_new_tokens=max_new_tokens, k=self.k or 1, sampling=sampling, seed=seed,
                                   stop_strings=tuple(stop_strings))
         result = generate(self.target, prompt_ids, config, drafter, self.policy)
@@ -88,15 +85,11 @@ class HFGenerateMode:
         input_ids = torch.tensor([prompt_ids], device=self.target.device)  # [1, prompt]
         eos = sorted(self.target.eos_token_ids)
         kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=eos, pad_token_id=eos[0],
-                      repetition_penalty=1.0, attention_mask=torch.ones_like(input_ids))
+                      attention_mask=torch.ones_like(input_ids), **peer_sampling("hf_generate", sampling))
         if stop_strings:
             # Our own criterion, not `stop_strings=`: transformers hands that on to the
             # assistant's generate, which then fails for want of a tokenizer.
             kwargs["stopping_criteria"] = [_StopStrings(self.target.tokenizer, len(prompt_ids), stop_strings)]
-        if sampling.greedy:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        else:
-            kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
         if self.assistant is not None:
             kwargs["assistant_model"] = self.assistant.model
             self._swap_assistant_settings()
@@ -170,8 +163,7 @@ class LlamaCppMode:
         self.llm.set_seed(seed)
         self.calls = self.drafted = 0
         new, stop = [], "length"
-        tokens = self.llm.generate(prompt_ids, temp=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                   min_p=0.0, repeat_penalty=1.0)
+        tokens = self.llm.generate(prompt_ids, **peer_sampling("llama_cpp_python", sampling))
         for token in tokens:
             new.append(int(token))
             if token in self.eos_token_ids:

@@ -31,7 +31,10 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from .. import processes
+from ..files import build_once
 from ..models import cache_dir
+from .peer_sampling import peer_sampling
 from .servers import ServerProcess, ServerUnavailable
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.16"
@@ -48,8 +51,16 @@ def server_path() -> Path:
     return cache_dir() / "bin" / SERVER_NAME
 
 
+# Seconds each step may take on a slow machine before we call it stuck.
+PIP_TIMEOUT, CONFIGURE_TIMEOUT, BUILD_TIMEOUT = 600, 600, 3600
+
+
 def ensure_server(build: bool = True, jobs: int = 2, log=None) -> Path:
-    """The cached llama-server binary, built from the pinned sdist on first use."""
+    """The cached llama-server binary, built from the pinned sdist on first use.
+
+    Built once (build_once): a second bench waits for the first's build instead of
+    compiling again, and the binary appears under its name only when whole, so no
+    reader runs a half-copied file."""
     path = server_path()
     if path.is_file():
         return path
@@ -59,21 +70,24 @@ def ensure_server(build: bool = True, jobs: int = 2, log=None) -> Path:
     if missing:
         raise NativeUnavailable(f"cannot build llama-server: {', '.join(missing)} not found")
     log = log or (lambda msg: print(f"specsample: {msg}", file=sys.stderr, flush=True))
-    with tempfile.TemporaryDirectory(prefix="specsample-llama-") as tmp:
-        source = _vendored_source(Path(tmp), log)
-        build_dir = Path(tmp) / "build"
-        log(f"building llama-server from llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} (a few minutes, done once)")
-        _run(["cmake", "-S", str(source), "-B", str(build_dir), *CMAKE_FLAGS])
-        _run(["cmake", "--build", str(build_dir), "--target", "llama-server", f"-j{jobs}"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(build_dir / "bin" / "llama-server", path)
-    return path
+
+    def build_into(out: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="specsample-llama-") as tmp:
+            source = _vendored_source(Path(tmp), log)
+            build_dir = Path(tmp) / "build"
+            log(f"building llama-server from llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} (a few minutes, done once)")
+            _run(["cmake", "-S", str(source), "-B", str(build_dir), *CMAKE_FLAGS], CONFIGURE_TIMEOUT)
+            _run(["cmake", "--build", str(build_dir), "--target", "llama-server", f"-j{jobs}"], BUILD_TIMEOUT)
+            shutil.copy2(build_dir / "bin" / "llama-server", out)
+
+    return build_once(path, build_into, ready=Path.is_file,
+                      waiting=lambda: log("another process is building llama-server; waiting for it"))
 
 
 def _vendored_source(tmp: Path, log) -> Path:
     log(f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist")
     _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet",
-          "--disable-pip-version-check", "-d", str(tmp), f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"])
+          "--disable-pip-version-check", "-d", str(tmp), f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"], PIP_TIMEOUT)
     sdist = next(tmp.glob("llama_cpp_python-*.tar.gz"), None)
     if sdist is None:
         raise NativeUnavailable("pip left no llama-cpp-python sdist")
@@ -82,22 +96,23 @@ def _vendored_source(tmp: Path, log) -> Path:
     return tmp / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}" / "vendor" / "llama.cpp"
 
 
-def _run(cmd: list[str]) -> None:
-    done = subprocess.run(cmd, capture_output=True, text=True)
+def _run(cmd: list[str], timeout: float) -> None:
+    name = Path(cmd[0]).name if cmd[0] != sys.executable else "pip"
+    try:
+        done = processes.run(cmd, timeout)
+    except subprocess.TimeoutExpired:
+        raise NativeUnavailable(f"{name} did not finish within {timeout:.0f} s") from None
     if done.returncode != 0:
         last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise NativeUnavailable(f"{Path(cmd[0]).name} failed: {last[0]}")
+        raise NativeUnavailable(f"{name} failed: {last[0]}")
 
 
 def completion_request(prompt_ids: list[int], max_new_tokens: int, sampling, seed: int, stop_strings, k: int | None) -> dict:
     """A /completion body that decodes as our loops do: the same tokens, sampling
     and stop strings, with llama.cpp's extra samplers and penalties off."""
-    greedy = sampling.greedy
     return {
         "prompt": list(prompt_ids), "n_predict": max_new_tokens, "stop": list(stop_strings), "seed": seed,
-        "temperature": 0.0 if greedy else sampling.temperature, "top_k": 1 if greedy else sampling.top_k,
-        "top_p": sampling.top_p, "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
-        "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0,
+        **peer_sampling("llama_server", sampling),
         "cache_prompt": True,  # the server speculates only with it on; we erase the slot before each request
         "return_tokens": True, "stream": False,
         "speculative.n_max": k or 0, "speculative.n_min": 0, "speculative.p_min": 0.0,

@@ -1,9 +1,15 @@
 """HumanEval pass@1 of generated samples: exact speculative sampling must not move it.
 
 Model-written code never runs in this process: each candidate is written to a
-temporary directory and run by a fresh, isolated interpreter (`python -I`) with
-CPU-time, memory and file-size limits and a wall-clock timeout that kills its
-whole process group.
+temporary directory and run by a fresh interpreter (`python -I`: no user site
+packages, no PYTHON* variables) in that directory, with CPU-time, memory and
+file-size limits and a wall-clock timeout that kills its whole process group.
+
+That is not a sandbox. The candidate runs as the user running the bench: it can
+read and write every file the user can, reach the network and start processes
+(within the limits). It guards against mistakes (an endless loop, a huge
+allocation), not against hostile code: run the parity check on models you trust,
+or inside a container or VM.
 """
 
 from __future__ import annotations
@@ -65,7 +71,8 @@ class Execution:
 
 
 def run_program(source: str, timeout: float = 10.0, memory_bytes: int = 1 << 30) -> Execution:
-    """Run untrusted source in a separate, isolated, resource-limited interpreter."""
+    """Run model-written source in a separate, resource-limited interpreter, with the
+    user's own rights (not a sandbox: see the module docstring)."""
     with tempfile.TemporaryDirectory(prefix="specsample-exec-") as tmp:
         path = os.path.join(tmp, "candidate.py")
         with open(path, "w") as f:

@@ -84,7 +84,8 @@ def run_bench(modes, prompts: dict[str, list[PreparedPrompt]], config: BenchConf
 
 
 def run_parity(modes, prompts: list[PreparedPrompt], config: BenchConfig, progress=None) -> list[dict]:
-    """Sample HumanEval completions with every given mode and execute them (sandboxed)."""
+    """Sample HumanEval completions with every given mode and execute them (in a
+    resource-limited subprocess with the user's rights: parity.py)."""
     records = []
     for i, prepared in enumerate(prompts):
         for mode in _rotated(modes, i):

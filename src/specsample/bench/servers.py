@@ -1,5 +1,7 @@
 """Servers the benchmark starts as processes of their own: llama-server (native.py)
-and `specsample serve`, each on a free loopback port, logging to a temporary file."""
+and `specsample serve`, each on a free loopback port, logging to a temporary file.
+A server is stopped when the bench ends, fails or is interrupted, even while it
+starts, and dies with the bench process (processes.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+from ..processes import dies_with_parent
 
 
 class ServerUnavailable(RuntimeError):
@@ -28,15 +32,19 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(self._tmp.name) / "server.log"
         self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen(command(self.port, self._tmp.name), stdout=self._log, stderr=subprocess.STDOUT)
-        self._wait_ready(ready_timeout)
+        self.process = subprocess.Popen(command(self.port, self._tmp.name), stdout=self._log, stderr=subprocess.STDOUT,
+                                        preexec_fn=dies_with_parent())
+        try:
+            self._wait_ready(ready_timeout)
+        except BaseException:  # it crashed, hung, or Ctrl-C / SIGTERM came while it loaded
+            self.close()
+            raise
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 last = self.log_path.read_text().strip().splitlines()[-1:] or ["no output"]
-                self.close()
                 raise ServerUnavailable(f"{self.name} exited: {last[0]}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
@@ -45,7 +53,6 @@ class ServerProcess:
             except OSError:
                 pass
             time.sleep(0.5)
-        self.close()
         raise ServerUnavailable(f"{self.name} did not come up within {timeout:.0f} s")
 
     def request(self, route: str, body: dict | None = None) -> dict:

@@ -21,6 +21,7 @@ from pathlib import Path
 from .load import LoadSummary, RequestTiming, run_load, summarise_load
 from .modes import SETTINGS
 from .native import completion_request
+from .peer_sampling import peer_sampling
 from .report import _f, greedy_identity, markdown_table, write_records
 from .servers import ServerProcess, ServerUnavailable, specsample_server
 
@@ -43,8 +44,7 @@ class ServedMode:
             body["max_tokens"] = body.pop("n_predict")
             return {"model": model, **body}
         return {"model": model, "prompt": list(prompt_ids), "max_tokens": max_tokens,
-                "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-                "stop": list(stops), "seed": seed}
+                **peer_sampling("openai", sampling), "stop": list(stops), "seed": seed}
 
 
 def served_modes(families, ks: list[int], peer_k: int) -> list[ServedMode]:

@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..backends.base import ChatTemplateError
 from ..generate import GenerationConfig
 from ..sampling import SamplingConfig
 from .metrics import CountRequests, Metrics
@@ -217,6 +218,8 @@ def chat_prompt(request: ChatRequest, target) -> list[int]:
                 for m in request.messages]
     try:
         return target.tokenizer.chat_messages(messages)
+    except ChatTemplateError as e:  # the template refused these messages (raise_exception)
+        raise APIError(400, str(e), param="messages") from None
     except ValueError as e:  # no chat template
         raise APIError(400, f"{e}; use /v1/completions", param="messages") from None
 
@@ -299,8 +302,10 @@ def _no_constants(name: str):
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def _generation_error(e: Exception) -> APIError:
-    if isinstance(e, ValueError):  # stream()'s own checks: context, vocabularies
+def _generation_error(e: Exception, started: bool) -> APIError:
+    """Before the first round, a ValueError is stream()'s verdict on the request
+    (context, vocabularies); once generation runs, any failure is the engine's."""
+    if isinstance(e, ValueError) and not started:
         return APIError(400, str(e))
     return APIError(500, f"generation failed: {type(e).__name__}", type="server_error")
 
@@ -369,8 +374,8 @@ async def _wait_for_model(server: Server, job: Job, arrived: float) -> None:
     except asyncio.CancelledError:
         job.cancel()
         raise
-    if kind == "error":
-        raise _generation_error(value)
+    if kind == "error":  # from stream()'s checks: nothing ran yet
+        raise _generation_error(value, started=False)
     if kind == "cancelled":
         server.metrics.cancelled.inc()
         raise APIError(499, "client disconnected")
@@ -388,7 +393,7 @@ async def _collect(server: Server, job: Job, arrived: float):
             server.metrics.finished(len(job.prompt_ids), value.stats)
             return value
         elif kind == "error":
-            raise _generation_error(value)
+            raise _generation_error(value, started=True)
         elif kind == "cancelled":  # the client is gone: nobody reads this
             server.metrics.cancelled.inc()
             raise APIError(499, "client disconnected")
@@ -416,7 +421,7 @@ async def _events(server: Server, job: Job, reply: Reply, arrived: float, includ
                 break
             elif kind == "error":
                 ended = True
-                yield {"data": json.dumps(_generation_error(value).body())}
+                yield {"data": json.dumps(_generation_error(value, started=True).body())}
                 break
             elif kind == "cancelled":
                 break

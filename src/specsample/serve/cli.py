@@ -3,10 +3,10 @@ only when the command runs."""
 
 from __future__ import annotations
 
-import argparse
 import os
 
-from ..cli import UsageError, add_draft_length_arguments, add_model_arguments, load_models, make_policy_for
+from ..arguments import UsageError, add_draft_length_arguments, add_model_arguments, model_options
+from ..assemble import assemble
 from ..generate import GenerationConfig
 
 
@@ -23,9 +23,7 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request may wait (default 120)")
     p.add_argument("--max-tokens", type=int, default=1024, help="cap on a request's max_tokens, and its default")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="cap on a request body (default 1 MiB)")
-    # load_models builds the CLI's ModelDrafter from these; the server rebuilds it per
-    # request with the request's own sampling.
-    p.set_defaults(func=cmd_serve, temperature=1.0, top_k=0, top_p=1.0)
+    p.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args) -> int:
@@ -38,13 +36,13 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from .api import Settings, create_app
-    from .worker import drafter_factory
 
-    target, drafter = load_models(args, need_draft=not args.autoregressive)
-    settings = Settings(model_name=target.name, k=args.k, k_max=args.k_max,
-                        policy=make_policy_for(args, target, drafter), api_key=args.api_key, max_queue=args.max_queue,
+    # Drafters are built per request, with the request's own sampling.
+    models = assemble(model_options(args), drafting=not args.autoregressive)
+    settings = Settings(model_name=models.target.name, k=args.k, k_max=args.k_max,
+                        policy=models.policy(args.k, args.k_max), api_key=args.api_key, max_queue=args.max_queue,
                         queue_timeout=args.queue_timeout, max_body_bytes=args.max_body_bytes,
                         max_tokens=args.max_tokens)
-    app = create_app(target, drafter_factory(drafter), drafter.name if drafter else None, settings)
+    app = create_app(models.target, models.drafter, models.drafter_name, settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0

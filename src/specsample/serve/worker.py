@@ -1,7 +1,7 @@
 """The single worker that owns the models: one generation at a time, in a thread.
 
-The KV caches are single-sequence, so requests take turns. Each waits in a bounded
-FIFO queue; the worker runs `stream` for it and hands every chunk back to the event
+The KV caches are single-sequence, so requests take turns. Each waits in a FIFO
+queue of at most max_queue live requests; the worker runs `stream` for it and hands every chunk back to the event
 loop that is answering it (`loop.call_soon_threadsafe`), so the loop never blocks on a
 model. A request whose client went away is cancelled: the worker stops iterating its
 Stream at the next round and moves on.
@@ -10,15 +10,14 @@ Stream at the next round and moves on.
 from __future__ import annotations
 
 import asyncio
-import queue
+import collections
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..drafters import Drafter, HybridDrafter, ModelDrafter
+from ..drafters import Drafter
 from ..generate import GenerationConfig, stream
-from ..sampling import SamplingConfig
 
 
 class QueueFull(Exception):
@@ -49,42 +48,55 @@ class Worker:
     def __init__(self, target, max_queue: int, policy=None):
         self.target = target
         self.policy = policy  # for -k auto; None: each stream makes its own from the config
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.max_queue = max_queue
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._changed = threading.Condition()  # guards _waiting and _stopping
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="specsample-worker", daemon=True)
         self.busy = False
 
     @property
     def depth(self) -> int:
-        """Requests waiting, not counting the one being generated."""
-        return self._queue.qsize()
+        """Requests waiting, not counting the one being generated nor those cancelled."""
+        with self._changed:
+            return sum(not job.cancelled.is_set() for job in self._waiting)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        for job in self._drain():
-            job.cancel()
-        self._queue.put(None)  # the queue was just drained, so there is room
+        with self._changed:
+            for job in self._waiting:
+                job.cancel()
+            self._waiting.clear()
+            self._stopping = True
+            self._changed.notify()
         self._thread.join(timeout)
 
     def submit(self, job: Job) -> None:
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFull from None
+        with self._changed:
+            # A request that timed out or whose client left while waiting holds no
+            # place: without this, --max-queue of them would turn everyone away.
+            self._drop_cancelled()
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull
+            self._waiting.append(job)
+            self._changed.notify()
 
-    def _drain(self) -> list[Job]:
-        jobs = []
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                return jobs
-            if job is not None:
-                jobs.append(job)
+    def _drop_cancelled(self) -> None:
+        for job in [j for j in self._waiting if j.cancelled.is_set()]:
+            self._waiting.remove(job)
+            job.emit("cancelled")
+
+    def _next(self) -> Job | None:
+        """The next job, waiting for one; None once stopped."""
+        with self._changed:
+            while not self._waiting and not self._stopping:
+                self._changed.wait()
+            return None if self._stopping else self._waiting.popleft()
 
     def _run(self) -> None:
-        while (job := self._queue.get()) is not None:
+        while (job := self._next()) is not None:
             if job.cancelled.is_set():  # timed out or disconnected while waiting
                 job.emit("cancelled")
                 continue
@@ -109,14 +121,3 @@ class Worker:
             job.emit("error", e)
             return
         job.emit("done", s.result)
-
-
-def drafter_factory(drafter: Drafter | None) -> Callable[[SamplingConfig], Drafter | None]:
-    """Drafters per request: a ModelDrafter must draw from the request's own sampling
-    distribution (or acceptance would be wrong), so it is rebuilt around the loaded
-    draft backend, which is cheap; the others have no sampling and are shared."""
-    if isinstance(drafter, ModelDrafter):
-        return lambda sampling: ModelDrafter(drafter.backend, sampling)
-    if isinstance(drafter, HybridDrafter):
-        return lambda sampling: HybridDrafter(ModelDrafter(drafter.model.backend, sampling), drafter.ngram)
-    return lambda sampling: drafter

@@ -1,0 +1,78 @@
+"""Command-line arguments the subcommands share, and their parsing into the library's
+own options. Every subcommand module imports this one, never cli.py, so that cli.py
+alone knows them all."""
+
+from __future__ import annotations
+
+import argparse
+
+from .assemble import ModelOptions
+from .backends import BACKENDS
+from .backends.hf import DTYPES
+from .backends.reencode import DRAFT_QUANTS
+from .models import DEFAULT_DRAFT, DEFAULT_TARGET
+from .sampling import SamplingConfig
+
+
+class UsageError(Exception):
+    pass
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=DEFAULT_TARGET, help="short name, .gguf file, model directory or hub id")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="a model like --target, or 'ngram' for prompt lookup alone")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="engine for target and draft (default auto: llamacpp for GGUF files on the CPU, else hf)")
+    p.add_argument("--target-backend", choices=BACKENDS, help="engine for the target alone (overrides --backend)")
+    p.add_argument("--draft-backend", choices=BACKENDS, help="engine for the draft alone (overrides --backend)")
+    p.add_argument("--draft-quant", default="q4_0", choices=["none"] + list(DRAFT_QUANTS),
+                   help="llamacpp draft: requantize it to this type, cached (default q4_0: faster kernels; "
+                        "the draft's quality moves acceptance only, never the output distribution)")
+    p.add_argument("--draft-vocab", type=int, default=0,
+                   help="hf draft: score only its N most frequent tokens (FR-Spec; 0 = all, the default)")
+    p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
+                   help="beside a draft model, propose from context lookup when it is expected to pay (default on)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="hf backend weights (default float32)")
+    p.add_argument("--device", default="cpu", help="hf backend device: cpu, cuda, cuda:1 ...")
+    p.add_argument("--threads", type=int, help="CPU threads for torch and llama.cpp (default: all cores)")
+    p.add_argument("--ngram-max", type=int, default=3, help="longest n-gram the lookup matches")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="llamacpp target: kernels whose logits do not depend on how many tokens a call scores, so "
+                        "speculative and plain decoding see the same numbers to the bit (~30%% slower calls here)")
+
+
+def model_options(args) -> ModelOptions:
+    return ModelOptions(
+        target=args.target, draft=args.draft, backend=args.backend, target_backend=args.target_backend,
+        draft_backend=args.draft_backend, draft_quant=args.draft_quant, draft_vocab=args.draft_vocab,
+        lookup=args.lookup, dtype=args.dtype, device=args.device, threads=args.threads, ngram_max=args.ngram_max,
+        batch_invariant=args.batch_invariant,
+    )
+
+
+def draft_length(value: str) -> int | str:
+    """-k: "auto" or an integer; GenerationConfig says what is wrong with anything else,
+    so that a bad value gets the same one-line error as every other bad input."""
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
+def add_draft_length_arguments(p: argparse.ArgumentParser, default: int | str = "auto") -> None:
+    p.add_argument("-k", type=draft_length, default=default,
+                   help=f"draft tokens per round, or 'auto': chosen each round from measured costs and acceptance, "
+                        f"0 (a plain step) when drafting does not pay (default {default})")
+    p.add_argument("--k-max", type=int, default=8, help="the most drafts -k auto proposes in a round (default 8)")
+
+
+def add_sampling_controls(p: argparse.ArgumentParser, temperature: float = 0.0) -> None:
+    """The SamplingConfig fields, parsed by sampling_config."""
+    p.add_argument("--temperature", type=float, default=temperature,
+                   help="0 = greedy (default)" if temperature == 0 else f"0 = greedy (default {temperature:g})")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+
+
+def sampling_config(args) -> SamplingConfig:
+    return SamplingConfig(args.temperature, args.top_k, args.top_p)

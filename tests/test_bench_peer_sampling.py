@@ -1,0 +1,68 @@
+"""One table maps our sampling settings onto every peer's request: a new SamplingConfig
+field without a row fails here, and each peer's request holds what it held before
+the table (the figures in docs/ were measured with those requests)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from specsample.bench.modes import SETTINGS, HFGenerateMode
+from specsample.bench.native import completion_request
+from specsample.bench.peer_sampling import FIELDS, PEERS, peer_sampling
+from specsample.bench.serving import ServedMode
+from specsample.sampling import SamplingConfig
+
+from tiny_hf import tiny_backend
+
+
+def test_every_sampling_field_has_a_row_for_every_peer():
+    assert set(FIELDS) == {f.name for f in dataclasses.fields(SamplingConfig)}
+    assert all(len(names) == len(PEERS) and all(names) for names in FIELDS.values())
+
+
+LLAMA_SERVER_OFF = {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
+                    "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0}
+
+
+@pytest.mark.parametrize("setting,peer,expected", [
+    ("sample", "llama_server", {"temperature": 0.8, "top_k": 0, "top_p": 0.95, **LLAMA_SERVER_OFF}),
+    ("greedy", "llama_server", {"temperature": 0.0, "top_k": 1, "top_p": 1.0, **LLAMA_SERVER_OFF}),
+    ("sample", "llama_cpp_python", {"temp": 0.8, "top_k": 0, "top_p": 0.95, "min_p": 0.0, "repeat_penalty": 1.0}),
+    ("greedy", "llama_cpp_python", {"temp": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}),
+    ("sample", "hf_generate", {"do_sample": True, "temperature": 0.8, "top_k": 0, "top_p": 0.95,
+                               "repetition_penalty": 1.0}),
+    ("greedy", "hf_generate", {"do_sample": False, "temperature": None, "top_k": None, "top_p": None,
+                               "repetition_penalty": 1.0}),
+    ("sample", "openai", {"temperature": 0.8, "top_k": 0, "top_p": 0.95}),
+    ("greedy", "openai", {"temperature": 0.0, "top_k": 0, "top_p": 1.0}),
+])
+def test_each_peer_reads_our_settings_in_its_own_terms(setting, peer, expected):
+    assert peer_sampling(peer, SETTINGS[setting]) == expected
+
+
+def test_the_requests_carry_the_table():
+    sampling = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)
+    body = completion_request([1], 4, sampling, 0, (), None)
+    assert {k: body[k] for k in peer_sampling("llama_server", sampling)} == peer_sampling("llama_server", sampling)
+    ours = ServedMode("ar", "ar", None).request_body("m", [1], 4, sampling, 0, ())
+    assert (ours["temperature"], ours["top_k"], ours["top_p"]) == (0.7, 5, 0.9)
+    native = ServedMode("llamacpp-server", "llamacpp-server", None).request_body("m", [1], 4, sampling, 0, ())
+    assert native["min_p"] == 0.0 and native["top_k"] == 5
+
+
+@pytest.mark.parametrize("setting", ["greedy", "sample"])
+def test_transformers_generate_gets_the_table(monkeypatch, setting):
+    target = tiny_backend(0)
+    target.eos_token_ids = frozenset({1})
+    seen = {}
+
+    def generate(input_ids, **kwargs):
+        seen.update(kwargs)
+        return torch.cat([input_ids, torch.tensor([[5, 1]])], dim=-1)  # [1, prompt + 2]
+
+    monkeypatch.setattr(target.model, "generate", generate)
+    outcome = HFGenerateMode("hf-generate", target).run([3, 4], 8, SETTINGS[setting], seed=0)
+    assert outcome.token_ids == [5, 1] and outcome.stop_reason == "eos"
+    assert {k: seen[k] for k in peer_sampling("hf_generate", SETTINGS[setting])} == \
+        peer_sampling("hf_generate", SETTINGS[setting])
