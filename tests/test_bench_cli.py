@@ -1,6 +1,7 @@
 import pytest
 
-from specsample.bench.cli import bench_config, parse_prompts, resolve_options
+from specsample.bench import cli as bench_cli
+from specsample.bench.cli import bench_config, parse_prompts, resolve_options, target_types
 from specsample.arguments import UsageError
 from specsample.cli import build_parser
 
@@ -15,7 +16,8 @@ def test_demo_preset_and_an_explicit_override():
     assert config.tasks == ("humaneval",) and config.settings == ("greedy",)
     assert config.prompt_count("humaneval") == 2  # explicit option beats the preset
     assert config.new_tokens("humaneval") == 384  # full answers: the task's own limit
-    assert args.modes == "ar,spec-auto,spec,llamacpp-spec" and args.ks == "3" and config.parity_prompts == 0
+    assert args.modes == "ar,spec-auto,spec,llamacpp-spec" and args.ks == "4" and config.parity_prompts == 0
+    assert args.target_quants == "q4_k_m,bf16"  # both regimes: the file as shipped and its bf16 re-encoding
 
 
 def test_defaults_run_every_task_on_enough_prompts():
@@ -50,3 +52,29 @@ def test_help_lists_the_tasks_and_the_native_peer(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for name in ("humaneval", "humaneval-chat", "summarize", "copy", "llamacpp-spec", "--budget-minutes"):
         assert name in text
+
+
+@pytest.fixture
+def q4_k_m_file(monkeypatch, tmp_path):
+    from specsample.backends import reencode
+
+    path = tmp_path / "target.gguf"
+    path.write_bytes(b"GGUF")
+    monkeypatch.setattr(reencode, "file_type", lambda p: "q4_k_m")
+    return str(path)
+
+
+def test_target_types_name_the_file_by_its_own_type(q4_k_m_file):
+    assert target_types(_args("--target", q4_k_m_file)) == [(None, "none")]
+    assert target_types(_args("--target", q4_k_m_file, "--target-quant", "f16")) == [(None, "f16")]
+    got = target_types(_args("--target", q4_k_m_file, "--target-quants", "q4_k_m,bf16"))
+    assert got == [("q4_k_m", "none"), ("bf16", "bf16")]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--target-quants", "q5_k_m"], "unknown --target-quants type 'q5_k_m'; choose from q4_k_m, bf16, f16, q8_0"),
+    (["--target-quants", "bf16", "--target-quant", "f16"], "not both"),
+])
+def test_bad_target_types_are_usage_errors(q4_k_m_file, argv, message):
+    with pytest.raises(UsageError, match=message):
+        target_types(_args("--target", q4_k_m_file, *argv))

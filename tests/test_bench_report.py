@@ -4,7 +4,7 @@ import json
 
 from specsample.bench.costs import measure_cost_curve
 from specsample.bench.modes import SETTINGS, OurMode
-from specsample.bench.report import write_report
+from specsample.bench.summary import TargetRun, write_report
 from specsample.bench.runner import BenchConfig, prepare, run_bench
 from toy import TrigramBackend, random_table
 
@@ -43,9 +43,10 @@ def test_small_run_writes_records_summary_and_plots(tmp_path):
 
     curve = measure_cost_curve(target, draft, prompts["humaneval"][0].ids, 3, reps=2)
     assert len(curve.target_cost) == 3 and curve.draft_step > 0 and curve.alternating
+    assert curve.plain > 0 and curve.draft_warm > 0
     assert target.length == 0 and draft.length == 0  # both rolled back after measuring
-    table = write_report(tmp_path, records, curve, command="specsample bench --test", machine="toy",
-                         weight_bytes=2_000_000_000, read_bandwidth=10e9)
+    table = write_report(tmp_path, [TargetRun("toy", records, curve, 2_000_000_000)], command="specsample bench --test",
+                         machine="toy", read_bandwidth=10e9)
 
     lines = (tmp_path / "records.jsonl").read_text().splitlines()
     assert len(lines) == len(records) and json.loads(lines[0])["stats"]["new_tokens"] == 12
@@ -53,9 +54,13 @@ def test_small_run_writes_records_summary_and_plots(tmp_path):
     assert "spec-k2" in table and "| copy | sample | ngram-k2 |" in table
     # Every row says how many sequences back it: 2 prompts here.
     assert all(row.split("|")[5].strip() == "2" for row in table.splitlines()[2:])
-    assert "eff. GB/s (% of read)" in table and "read bandwidth, measured in this run, is 10.0 GB/s" in summary
+    assert "eff. GB/s (% of read)" in table and "a read probe in this run (10.0 GB/s" in summary
     ar_row = next(row for row in table.splitlines() if "| humaneval | greedy | ar |" in row)
-    assert "%)" in ar_row.split("|")[12]  # 2 GB x decode tokens/s, against 10 GB/s
+    assert "%)" in ar_row.split("|")[12]  # 2 GB x decode tokens/s, against the ceiling
+    # The ceiling is never below what plain decoding reached: no ar row passes 100%.
+    for row in table.splitlines()[2:]:
+        if row.split("|")[3].strip() == "ar":
+            assert int(row.split("|")[12].split("(")[1].rstrip("%) ")) <= 100
     for section in ("Command: `specsample bench --test`", "Cost curve", "Analytic prediction", "Greedy exactness"):
         assert section in summary
     # Exactness: greedy speculative output equals greedy autoregressive output.
@@ -86,3 +91,30 @@ def test_parity_table_has_intervals_and_a_z_test():
     assert "| ar | 20/40 | 0.50 |" in table and "| ar | 20/40 | 0.50 | [0.35, 0.65] | – | – |" in table
     spec = next(row for row in table.splitlines() if "spec-k3" in row)
     assert "0.90" in spec  # z = 0.1 / sqrt(.55 * .45 * 2 / 40) = 0.90
+
+
+def test_two_target_types_get_an_overview_and_a_section_each(tmp_path):
+    from specsample.bench.costs import CostCurve
+
+    target, draft = _backend(0, "target"), _backend(0, "draft")
+    modes = [OurMode("ar", "ar", target), OurMode("spec-k2", "spec", target, 2, draft),
+             OurMode("spec-auto", "spec-auto", target, "auto", draft)]
+    config = BenchConfig(tasks=("humaneval",), settings=("greedy",), default_prompts=2, max_new_tokens=8)
+    prompts = prepare(target, config.tasks, {"humaneval": 2})
+    runs = []
+    for label, cost in (("q4_k_m", [0.03, 0.055, 0.075]), ("bf16", [0.09, 0.1, 0.11])):
+        records = [dict(r, target=label) for r in run_bench(modes, prompts, config)]
+        runs.append(TargetRun(label, records, CostCurve(24, 0.01, cost, 2, plain=cost[0]), 1_000_000_000))
+    printed = write_report(tmp_path, runs, command="specsample bench --target-quants q4_k_m,bf16", machine="toy",
+                           plots=False, read_bandwidth=10e9)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## By target type" in summary and "## Target q4_k_m" in summary and "## Target bf16" in summary
+    assert "### Throughput and latency (target bf16)" in summary
+    overview = summary.split("## By target type")[1].split("## Target")[0]
+    rows = [r for r in overview.splitlines() if r.startswith("| q4_k_m |") or r.startswith("| bf16 |")]
+    assert len(rows) == 2 and "1.22 (n=3)" in rows[1] and "2.50 (n=3)" in rows[0]
+    assert "on q4_k_m a call scoring 3 tokens costs 2.50x a 1-token call" in overview
+    assert "on bf16 a call scoring 3 tokens costs 1.22x" in overview and "Why the targets differ" in printed
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert {r["target"] for r in records} == {"q4_k_m", "bf16"}
+    assert set(json.loads((tmp_path / "cost_curve.json").read_text())) == {"q4_k_m", "bf16"}

@@ -155,11 +155,14 @@ def test_sampling_through_llamacpp_scoring_follows_exact_target(pair):
     chi-square p > 1e-3 (cells expected below 5 are pooled).
     """
     _, model = pair
+    assert_samples_follow_exact_target(model, SamplingConfig(temperature=1.0, top_k=3), n=800)
+
+
+def assert_samples_follow_exact_target(model, sampling, n):
     from specsample.backends import load_backend
     from specsample.sampling import logits_to_probs
 
     drafter_backend = load_backend(DEFAULT_DRAFT, "llamacpp")
-    sampling = SamplingConfig(temperature=1.0, top_k=3)
     prompt = model.tokenizer.encode("def")
     assert len(prompt) == 1
 
@@ -175,7 +178,7 @@ def test_sampling_through_llamacpp_scoring_follows_exact_target(pair):
             third = next_probs([a, b])
             for c in torch.nonzero(third).flatten().tolist():
                 exact[(a, b, c)] = float(first[a] * second[b] * third[c])
-    counts, n, rates, two_drafted_rounds = {}, 800, [], 0
+    counts, rates, two_drafted_rounds = {}, [], 0
     drafter = ModelDrafter(drafter_backend, SamplingConfig(temperature=1.6, top_k=6))
     for seed in range(n):
         result = generate(model, prompt, GenerationConfig(max_new_tokens=3, k=1, sampling=sampling, seed=seed), drafter)
@@ -185,6 +188,37 @@ def test_sampling_through_llamacpp_scoring_follows_exact_target(pair):
     assert 0.05 < sum(rates) / n < 0.95  # both accept and reject paths are exercised
     assert two_drafted_rounds > n // 10  # and rounds after a rollback
     assert chi_square_p_value(counts, exact, n) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def bf16_target():
+    """A re-encoded target small enough for the suite: the 0.5B as bf16 (made once,
+    cached), the encoding `--target-quant bf16` gives the default 1.5B."""
+    from specsample.backends import load_backend
+
+    return load_backend(DEFAULT_DRAFT, "llamacpp", quant="bf16")
+
+
+def test_a_reencoded_file_says_its_type(pair, bf16_target):
+    from specsample.backends.reencode import file_type
+
+    assert file_type(pair[0].path) == "q4_k_m" and file_type(bf16_target.path) == "bf16"
+
+
+def test_greedy_speculative_equals_autoregressive_on_a_reencoded_target(pair, bf16_target):
+    _, draft = pair
+    ids = bf16_target.tokenizer.chat_prompt(PROMPT)
+    plain = generate(bf16_target, ids, GenerationConfig(max_new_tokens=32, k=1, sampling=GREEDY)).token_ids
+    spec = generate(bf16_target, ids, GenerationConfig(max_new_tokens=32, k=4, sampling=GREEDY),
+                    ModelDrafter(draft, GREEDY))
+    assert_same_or_flipped_at_a_near_tie(bf16_target, ids, spec.token_ids, plain)
+    assert spec.stats.acceptance_rate > 0.5
+
+
+def test_sampling_on_a_reencoded_target_follows_its_exact_distribution(bf16_target):
+    """The check above on the bf16 re-encoding, whose multi-token calls take
+    llama.cpp's bf16 matrix path: top-k 2 (8 outcomes), N = 300."""
+    assert_samples_follow_exact_target(bf16_target, SamplingConfig(temperature=1.0, top_k=2), n=300)
 
 
 def test_tokenizer_keeps_its_model_alive_after_the_backend_is_gone():

@@ -9,7 +9,7 @@ import argparse
 from .assemble import ModelOptions
 from .backends import BACKENDS
 from .backends.hf import DTYPES
-from .backends.reencode import DRAFT_QUANTS
+from .backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET
 from .sampling import SamplingConfig
 
@@ -28,6 +28,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-quant", default="q4_0", choices=["none"] + list(DRAFT_QUANTS),
                    help="llamacpp draft: requantize it to this type, cached (default q4_0: faster kernels; "
                         "the draft's quality moves acceptance only, never the output distribution)")
+    p.add_argument("--target-quant", default="none", choices=["none"] + list(TARGET_QUANTS),
+                   help="llamacpp target: re-encode its GGUF file to this type first, cached (bf16/f16: the cost "
+                        "structure of a full-precision model, memory-bound, where drafting pays most; default none)")
     p.add_argument("--draft-vocab", type=int, default=0,
                    help="hf draft: score only its N most frequent tokens (FR-Spec; 0 = all, the default)")
     p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
@@ -44,7 +47,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 def model_options(args) -> ModelOptions:
     return ModelOptions(
         target=args.target, draft=args.draft, backend=args.backend, target_backend=args.target_backend,
-        draft_backend=args.draft_backend, draft_quant=args.draft_quant, draft_vocab=args.draft_vocab,
+        draft_backend=args.draft_backend, draft_quant=args.draft_quant, target_quant=args.target_quant,
+        draft_vocab=args.draft_vocab,
         lookup=args.lookup, dtype=args.dtype, device=args.device, threads=args.threads, ngram_max=args.ngram_max,
         batch_invariant=args.batch_invariant,
     )

@@ -34,6 +34,7 @@ class ModelOptions:
     target_backend: str | None = None  # overrides backend for the target
     draft_backend: str | None = None  # overrides backend for the draft
     draft_quant: str = "q4_0"  # llamacpp draft: requantize to this type ("none": keep the file)
+    target_quant: str = "none"  # llamacpp target: re-encode to this type (bf16, f16, q8_0; "none": keep the file)
     draft_vocab: int = 0  # hf draft: score only its N most frequent tokens (0: all)
     lookup: bool = True  # beside a draft model, n-gram lookup proposes when it pays
     dtype: str = "float32"  # hf weights
@@ -92,7 +93,12 @@ def assemble(options: ModelOptions, drafting: bool = True) -> Models:
 
         torch.set_num_threads(options.threads)
     kw = dict(device=options.device, dtype=options.dtype, threads=options.threads)
-    target = load_backend(options.target, options.target_backend or options.backend,
+    target_engine = pick_backend(options.target, options.target_backend or options.backend, options.device)
+    target_quant = None if options.target_quant == "none" else options.target_quant
+    if target_quant and target_engine != "llamacpp":
+        raise OptionError(f"--target-quant re-encodes a GGUF file for llama.cpp; the target runs on {target_engine} "
+                          f"(use --dtype there)")
+    target = load_backend(options.target, target_engine, quant=target_quant,
                           batch_invariant=options.batch_invariant, **kw)
     if not drafting:
         return Models(target)

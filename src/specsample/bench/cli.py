@@ -15,7 +15,9 @@ from .budget import Cell, estimate_seconds, format_duration, trim_to_budget
 from .costs import measure_cost_curve
 from .modes import FAMILIES, SETTINGS, OurMode, build_modes
 from .native import LlamaServer, ensure_server
-from .report import machine_description, write_report
+from .bandwidth import weight_bytes
+from .report import machine_description
+from .summary import TargetRun, write_report
 from .runner import BenchConfig, prepare, run_bench, run_parity, total_steps
 from .servers import ServerUnavailable
 from .tasks import TASKS
@@ -25,12 +27,15 @@ from .tasks import TASKS
 # with the float32 HF backend: the estimate is printed up front and --budget-minutes
 # trims prompts to fit. A preset replaces the defaults it names.
 DEFAULTS = dict(tasks="humaneval,summarize,humaneval-chat,copy", settings="greedy,sample", modes="auto", ks="2,3,4",
-                peer_k=3, prompts="8", parity_prompts=40, parity_k=3, parity=True, plots=True)
+                peer_k=3, prompts="8", parity_prompts=40, parity_k=3, parity=True, plots=True, target_quants=None)
 PRESETS = {
     # `make demo`: HumanEval completions to the end of the function on the llama.cpp
-    # backend, well under 15 minutes on a fresh 2-core machine.
-    "demo": dict(tasks="humaneval", settings="greedy", modes="ar,spec-auto,spec,llamacpp-spec", ks="3", prompts="4",
-                 parity=False, plots=False),
+    # backend, on the default target as shipped (Q4_K_M: compute-bound calls) and on
+    # its BF16 re-encoding (memory-bound: the regime speculation is for), each beside
+    # llama.cpp's own speculative decoding on the same files; under 10 minutes on a
+    # fresh 2-core machine once the models are fetched and llama-server is built.
+    "demo": dict(tasks="humaneval", settings="greedy", modes="ar,spec-auto,spec,llamacpp-spec", ks="4", peer_k=4,
+                 prompts="4", parity=False, plots=False, target_quants="q4_k_m,bf16"),
 }
 # --serve: HumanEval completions, both settings, 8 requests from 4 clients per server.
 SERVE_DEFAULTS = dict(tasks="humaneval", modes="auto", prompts="8")
@@ -40,13 +45,19 @@ def add_bench_parser(subparsers) -> None:
     b = subparsers.add_parser("bench", help="measure speedups, acceptance and parity against peers",
                               description="Reproduce the speculative sampling measurements on your models and hardware.")
     add_model_arguments(b)
-    b.add_argument("--preset", choices=list(PRESETS), help="demo: humaneval, 4 prompts, greedy, ar/spec-auto/spec-k3/llamacpp-spec")
+    b.add_argument("--preset", choices=list(PRESETS),
+                   help="demo: humaneval, 4 prompts, greedy, ar/spec-auto/spec-k4/llamacpp-spec-k4, on the target as "
+                        "given (q4_k_m) and on its bf16 re-encoding")
     b.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory (default results/bench)")
     tasks = ", ".join(f"{t.name} ({'chat' if t.chat else 'raw prompt'}, <= {t.max_new_tokens} tokens)" for t in TASKS.values())
     b.add_argument("--tasks", help=f"comma list of {tasks} (default all)")
     b.add_argument("--settings", help=f"comma list of {', '.join(SETTINGS)} (default both; sample = T 0.8, top-p 0.95)")
     b.add_argument("--modes", help=f"'auto' or a comma list of {', '.join(FAMILIES)} (auto: all that fit the backends; "
                                    "llamacpp-spec is llama.cpp's own speculative decoding, llama-server -md, built once)")
+    b.add_argument("--target-quants",
+                   help="run every mode on each of these target types in turn, each against its own ar, with a "
+                        "table by type: the GGUF file's own type (e.g. q4_k_m) and any of bf16, f16, q8_0 "
+                        "(re-encoded once, cached); e.g. q4_k_m,bf16")
     b.add_argument("--ks", help="draft lengths K of the spec sweep (default 2,3,4)")
     b.add_argument("--peer-k", type=int, help="K of ngram, hf-assisted, llamacpp-lookup and llamacpp-spec (default 3)")
     b.add_argument("--prompts", help="prompts per task: N, or task=N,... (default 8)")
@@ -106,7 +117,7 @@ def parse_prompts(text: str, tasks: tuple[str, ...]) -> tuple[int, dict[str, int
 
 
 def cmd_bench(args) -> int:
-    from .bandwidth import measure_read_bandwidth, weight_bytes
+    from .bandwidth import measure_read_bandwidth
 
     args = resolve_options(args)
     if args.serve:
@@ -119,39 +130,90 @@ def cmd_bench(args) -> int:
     ks = [int(k) for k in args.ks.split(",")]
     if min(ks) < 1 or args.peer_k < 1:
         raise UsageError("K must be >= 1")
-    models = assemble(model_options(args), drafting=args.draft != "ngram")
-    target, draft = models.target, models.draft
-    read_bandwidth = measure_read_bandwidth()
+    types = target_types(args)
+    options = model_options(args)
+    models = assemble(replace(options, target_quant=types[0][1]), drafting=args.draft != "ngram")
+    draft, target = models.draft, models.target
+    del models  # each target type is loaded in turn; only the draft stays
+    read_bandwidth = measure_read_bandwidth(_threads(args))
+    runs, notes = [], []
+    engine = "gguf" if _is_llamacpp(target) else args.dtype
+    for i, (label, quant) in enumerate(types):
+        if target is None:
+            target = assemble(replace(options, target_quant=quant), drafting=False).target
+        label = label or target_label(target, args)
+        if len(types) > 1:
+            print(f"specsample: target {label}", file=sys.stderr, flush=True)
+        records, curve, run_notes = _bench_target(args, config, families, ks, target, draft, parity=i == 0)
+        gguf = getattr(target, "path", None)
+        runs.append(TargetRun(label, [dict(r, target=label) for r in records], curve, weight_bytes(target, gguf)))
+        notes += [f"{label}: {n}" if len(types) > 1 else n for n in run_notes]
+        target = None  # free it before the next type loads
+    machine = machine_description(engine, _threads(args))
+    # Other work on the machine skews every timing: say how busy it was.
+    machine += f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
+    table = write_report(args.out, runs, command=_command(), machine=machine, notes=notes, plots=args.plots,
+                         read_bandwidth=read_bandwidth)
+    print(table)
+    print(f"specsample: wrote {args.out}/records.jsonl and {args.out}/summary.md", file=sys.stderr)
+    return 0
+
+
+def _bench_target(args, config, families, ks, target, draft, parity: bool) -> tuple[list[dict], object, list[str]]:
+    """Every mode on one target type: its cost curve, then the interleaved runs."""
     counts = {t: config.prompt_count(t) for t in config.tasks}
     prompts = prepare(target, config.tasks, counts)
-    parity_prompts = prepare(target, ("humaneval",), {"humaneval": config.parity_prompts})["humaneval"] if config.parity_prompts else []
+    parity_count = config.parity_prompts if parity else 0
+    parity_prompts = prepare(target, ("humaneval",), {"humaneval": parity_count})["humaneval"] if parity_count else []
     curve = _cost_curve(target, draft, prompts, max(ks) + 1 if "spec" in families else 1, args.cost_reps)
-
     longest = max(len(p.ids) for group in list(prompts.values()) + [parity_prompts] for p in group)
     most_tokens = max(config.new_tokens(t) for t in config.tasks + ("humaneval",))
     n_ctx = longest + most_tokens + max(ks + [args.peer_k]) + 16
-    gguf = _target_gguf(args) if _is_llamacpp(target) else None
-    server = _start_server(args, families, n_ctx, max(ks + [args.peer_k]), draft)
+    gguf = getattr(target, "path", None) if _is_llamacpp(target) else None
+    server = _start_server(args, families, n_ctx, max(ks + [args.peer_k]), gguf, draft)
     try:
-        modes, notes = build_modes(families, ks, args.peer_k, target, draft, target_gguf=gguf, ngram_max=args.ngram_max,
-                                   n_ctx=n_ctx, server=server)
-        notes = [f"not run: {n}" for n in notes]
+        modes, skipped = build_modes(families, ks, args.peer_k, target, draft, target_gguf=gguf,
+                                     ngram_max=args.ngram_max, n_ctx=n_ctx, server=server)
+        notes = [f"not run: {n}" for n in skipped]
         parity_modes = _parity_modes(target, draft, args.parity_k) if parity_prompts else []
-        if config.parity_prompts and not parity_modes:
+        if parity_count and not parity_modes:
             notes.append("parity: skipped, no draft model")
         prompts, parity_prompts = _plan(args, config, curve, modes, prompts, parity_prompts, len(parity_modes), notes)
         records = _run(modes, prompts, config, parity_modes, parity_prompts)
     finally:
         if server is not None and not isinstance(server, str):
             server.close()
-    machine = machine_description("gguf" if _is_llamacpp(target) else args.dtype, _threads(args))
-    # Other work on the machine skews every timing: say how busy it was.
-    machine += f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
-    table = write_report(args.out, records, curve, command=_command(), machine=machine, notes=notes, plots=args.plots,
-                         weight_bytes=weight_bytes(target, gguf), read_bandwidth=read_bandwidth)
-    print(table)
-    print(f"specsample: wrote {args.out}/records.jsonl and {args.out}/summary.md", file=sys.stderr)
-    return 0
+    return records, curve, notes
+
+
+def target_types(args) -> list[tuple[str | None, str]]:
+    """(label, --target-quant value) for each target type to run: one, or each of
+    --target-quants, where the target file's own type means the file as given."""
+    if not args.target_quants:
+        return [(None, args.target_quant)]
+    if args.target_quant != "none":
+        raise UsageError("give --target-quant or --target-quants, not both")
+    from ..backends.reencode import TARGET_QUANTS, file_type
+    from ..models import resolve
+
+    gguf = resolve(args.target).gguf_path
+    if gguf is None:
+        raise UsageError("--target-quants re-encodes a GGUF target file; this target is not one")
+    own = file_type(gguf)
+    types = []
+    for name in _names(args.target_quants, [own, *TARGET_QUANTS], "--target-quants type"):
+        types.append((name, "none" if name == own else name))
+    return types
+
+
+def target_label(target, args) -> str:
+    """What the target's weights are: the GGUF file's own type, or the hf dtype."""
+    path = getattr(target, "path", None)
+    if _is_llamacpp(target) and path is not None:
+        from ..backends.reencode import file_type
+
+        return file_type(path)
+    return args.dtype
 
 
 def cmd_serve_load(args) -> int:
@@ -165,13 +227,13 @@ def cmd_serve_load(args) -> int:
         raise UsageError("--clients and K must be >= 1")
     target = assemble(model_options(args), drafting=False).target  # for the tokenizer: prompts go out as token ids
     prompts = prepare(target, config.tasks, {t: config.prompt_count(t) for t in config.tasks})
-    gguf = _target_gguf(args) if _is_llamacpp(target) else None
+    gguf = getattr(target, "path", None) if _is_llamacpp(target) else None
     longest = max(len(p.ids) for group in prompts.values() for p in group)
     n_ctx = longest + max(config.new_tokens(t) for t in config.tasks) + max(ks + [args.peer_k]) + 16
     del target  # the servers load their own copies; this process only sends requests
 
     def llama_server():
-        server = _start_server(args, ["llamacpp-spec"], n_ctx, args.peer_k)
+        server = _start_server(args, ["llamacpp-spec"], n_ctx, args.peer_k, gguf)
         if isinstance(server, str):
             raise ServerUnavailable(server)
         return server
@@ -209,6 +271,7 @@ def serve_argv(args) -> list[str]:
 def _model_argv(args) -> list[str]:
     """This run's model arguments, for a child process that loads the models itself."""
     argv = ["--target", args.target, "--draft", args.draft, "--backend", args.backend, "--draft-quant", args.draft_quant,
+            "--target-quant", args.target_quant,
             "--draft-vocab", str(args.draft_vocab), "--dtype", args.dtype, "--device", args.device,
             "--ngram-max", str(args.ngram_max), "--lookup" if args.lookup else "--no-lookup"]
     argv += ["--batch-invariant"] if args.batch_invariant else []
@@ -262,22 +325,23 @@ def _run(modes, prompts, config, parity_modes, parity_prompts) -> list[dict]:
     return records
 
 
-def _start_server(args, families, n_ctx: int, k_max: int, loaded_draft=None):
-    """A running llama-server for the native peer, or the one-line reason there is none."""
+def _start_server(args, families, n_ctx: int, k_max: int, target_gguf: Path | None, loaded_draft=None):
+    """A running llama-server for the native peer on the target file our modes run
+    (re-encoded as --target-quant says), or the one-line reason there is none."""
     if not {"llamacpp-spec", "llamacpp-server"} & set(families):
         return None
     from ..models import resolve
 
     if args.draft == "ngram":
         return "needs a draft model"
-    target, draft = resolve(args.target), resolve(args.draft)
-    if target.gguf_path is None or draft.gguf_path is None:
+    draft = resolve(args.draft)
+    if target_gguf is None or draft.gguf_path is None:
         return "needs GGUF files for target and draft"
     try:
         binary = ensure_server(build=args.build, jobs=min(2, os.cpu_count() or 1))
         # The peer gets the very files our modes use (the draft as requantized by --draft-quant).
         draft_path = getattr(loaded_draft, "path", None) or _draft_file(args, draft.gguf_path)
-        return LlamaServer(binary, target.gguf_path, draft_path, threads=_threads(args), n_ctx=n_ctx, k_max=k_max)
+        return LlamaServer(binary, target_gguf, draft_path, threads=_threads(args), n_ctx=n_ctx, k_max=k_max)
     except ServerUnavailable as e:
         return str(e)
 
@@ -309,12 +373,6 @@ def _names(text: str, allowed, what: str) -> tuple[str, ...]:
 
 def _is_llamacpp(target) -> bool:
     return hasattr(target, "threads")  # LlamaCppBackend; HF backends hold a torch `model`
-
-
-def _target_gguf(args):
-    from ..models import resolve
-
-    return resolve(args.target).gguf_path
 
 
 def _threads(args) -> int:

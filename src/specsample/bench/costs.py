@@ -7,7 +7,11 @@ accept runs), a round of K drafts yields on average
     E(K) = 1 + alpha + ... + alpha^K = (1 - alpha^(K+1)) / (1 - alpha)
 
 tokens, and costs K draft steps plus one target call that scores K+1 tokens.
-Autoregressive decoding costs one 1-token target call per token.
+Autoregressive decoding costs one 1-token target call per token, timed as plain
+decoding runs (back to back): a 1-token call right after a draft step is slower,
+its weights pushed out of the CPU caches by the draft's, and taking that as the
+baseline made the prediction optimistic. Likewise a round's first draft step runs
+cold, after the target's call, and its later ones warm.
 """
 
 from __future__ import annotations
@@ -28,14 +32,19 @@ def expected_tokens_per_round(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-def predicted_speedup(alpha: float, k: int, draft_step: float, target_cost: list[float]) -> float:
+def predicted_speedup(alpha: float, k: int, draft_step: float, target_cost: list[float],
+                      plain: float | None = None, draft_warm: float | None = None) -> float:
     """Speedup over autoregressive decoding, from the cost curve.
 
-    target_cost[n - 1] is the time of one target call scoring n tokens;
-    draft_step the time of one 1-token draft call (0 for a free drafter).
+    target_cost[n - 1] is the time of one target call scoring n tokens, after a draft
+    step; draft_step the time of a 1-token draft call after a target call (0 for a
+    free drafter), draft_warm that of the calls that follow it (default: the same);
+    plain the time of a 1-token target call in plain decoding (default target_cost[0]).
     """
-    seconds_per_token = (k * draft_step + target_cost[k]) / expected_tokens_per_round(alpha, k)
-    return target_cost[0] / seconds_per_token
+    warm = draft_step if draft_warm is None else draft_warm
+    drafting = draft_step + (k - 1) * warm if k else 0.0
+    seconds_per_token = (drafting + target_cost[k]) / expected_tokens_per_round(alpha, k)
+    return (target_cost[0] if plain is None else plain) / seconds_per_token
 
 
 @dataclass
@@ -46,13 +55,15 @@ class Prediction:
     speedup: float
 
 
-def predict(alphas: dict[int, float], draft_step: float, target_cost: list[float]) -> list[Prediction]:
+def predict(alphas: dict[int, float], draft_step: float, target_cost: list[float], plain: float | None = None,
+            draft_warm: float | None = None) -> list[Prediction]:
     """A prediction for every K with a measured acceptance rate and a measured cost."""
     out = []
     for k, alpha in sorted(alphas.items()):
         if alpha is None or k >= len(target_cost):
             continue
-        out.append(Prediction(k, alpha, expected_tokens_per_round(alpha, k), predicted_speedup(alpha, k, draft_step, target_cost)))
+        speedup = predicted_speedup(alpha, k, draft_step, target_cost, plain, draft_warm)
+        out.append(Prediction(k, alpha, expected_tokens_per_round(alpha, k), speedup))
     return out
 
 
@@ -70,6 +81,12 @@ class CostCurve:
     reps: int
     prefill_seconds: float = 0.0  # the target's prefill of the context, once
     alternating: bool = True  # draft and target calls interleaved, as in a real round
+    plain: float | None = None  # seconds of a 1-token target call back to back, as plain decoding runs
+    draft_warm: float | None = None  # seconds of a draft step right after another one
+
+    def ratio(self, n: int) -> float:
+        """Cost of a target call scoring n tokens over a 1-token call, both after a draft step."""
+        return self.target_cost[n - 1] / self.target_cost[0]
 
 
 def measure_cost_curve(target, draft, context: list[int], max_tokens: int, reps: int = 5) -> CostCurve:
@@ -78,8 +95,10 @@ def measure_cost_curve(target, draft, context: list[int], max_tokens: int, reps:
 
     Both models stay loaded and take turns, one draft step then one target call, as
     in a speculative round: measured alone, each model would find its weights still
-    in cache from its own previous call, which a real round never does. The first
-    pair of calls at each size is a warm-up."""
+    in cache from its own previous call, which a round's first draft step and its
+    target call never do. The first pair of calls at each size is a warm-up. Then
+    1-token target calls back to back (plain decoding) and draft steps back to back
+    (a round's later steps)."""
     t0 = time.perf_counter()
     target_base = _prefill(target, context)
     prefill_seconds = time.perf_counter() - t0
@@ -95,11 +114,15 @@ def measure_cost_curve(target, draft, context: list[int], max_tokens: int, reps:
             elapsed = timed_call(target, tokens, target_base)
             times += [elapsed] if i else []
         target_cost.append(statistics.median(times))
+    plain = statistics.median([timed_call(target, context[-1:], target_base) for _ in range(reps + 1)][1:])
+    draft_warm = None
+    if draft is not None:
+        draft_warm = statistics.median([timed_call(draft, context[-1:], draft_base) for _ in range(reps + 1)][1:])
     for backend in (target, draft):
         if backend is not None:
             backend.rollback(0)
     draft_step = statistics.median(draft_times) if draft_times else None
-    return CostCurve(len(context), draft_step, target_cost, reps, prefill_seconds)
+    return CostCurve(len(context), draft_step, target_cost, reps, prefill_seconds, plain=plain, draft_warm=draft_warm)
 
 
 def _prefill(backend, context: list[int]) -> int:

@@ -9,7 +9,7 @@ from .stats import ModeSummary
 
 
 def write_plots(out: Path, summaries: list[ModeSummary], predictions: dict[tuple, list[Prediction]],
-                latencies: dict[str, list[float]]) -> list[Path]:
+                latencies: dict[str, list[float]], suffix: str = "") -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -18,12 +18,12 @@ def write_plots(out: Path, summaries: list[ModeSummary], predictions: dict[tuple
     spec = [s for s in summaries if s.family == "spec"]
     paths = []
     if spec:
-        paths.append(_per_task(plt, out / "speedup_vs_k.png", spec, "decode_speedup",
+        paths.append(_per_task(plt, out / f"speedup_vs_k{suffix}.png", spec, "decode_speedup",
                                "decode speedup over ar (prefill left out)", predictions))
-        paths.append(_per_task(plt, out / "tokens_per_call_vs_k.png", spec, "tokens_per_target_call",
+        paths.append(_per_task(plt, out / f"tokens_per_call_vs_k{suffix}.png", spec, "tokens_per_target_call",
                                "mean tokens per target call", {}))
     if latencies:
-        paths.append(_latency(plt, out / "latency.png", latencies))
+        paths.append(_latency(plt, out / f"latency{suffix}.png", latencies))
     return paths
 
 
