@@ -80,7 +80,7 @@ def test_the_serve_report_keeps_every_request_and_the_command(tmp_path):
 
 
 def test_served_modes_and_their_request_bodies():
-    modes = served_modes(["ar", "spec-auto", "spec", "llamacpp-server", "llamacpp-spec"], ks=[2, 3], peer_k=3)
+    modes = served_modes(["ar", "spec-auto", "spec", "llamacpp-server", "llamacpp-spec"], ks=[2, 3], peer_ks=[3])
     assert [m.name for m in modes] == ["ar", "spec-auto", "spec-k2", "spec-k3", "llamacpp-server", "llamacpp-spec-k3"]
     ours = ServedMode("ar", "ar", None).request_body("m", [1, 2], 16, SETTINGS["sample"], 7, ("\ndef",))
     assert ours == {"model": "m", "prompt": [1, 2], "max_tokens": 16, "temperature": 0.8, "top_p": 0.95, "top_k": 0,

@@ -27,14 +27,14 @@ from .tasks import TASKS
 # with the float32 HF backend: the estimate is printed up front and --budget-minutes
 # trims prompts to fit. A preset replaces the defaults it names.
 DEFAULTS = dict(tasks="humaneval,summarize,humaneval-chat,copy", settings="greedy,sample", modes="auto", ks="2,3,4",
-                peer_k=3, prompts="8", parity_prompts=40, parity_k=3, parity=True, plots=True, target_quants=None)
+                peer_k="3", prompts="8", parity_prompts=40, parity_k=3, parity=True, plots=True, target_quants=None)
 PRESETS = {
     # `make demo`: HumanEval completions to the end of the function on the llama.cpp
     # backend, on the default target as shipped (Q4_K_M: compute-bound calls) and on
     # its BF16 re-encoding (memory-bound: the regime speculation is for), each beside
     # llama.cpp's own speculative decoding on the same files; under 10 minutes on a
     # fresh 2-core machine once the models are fetched and llama-server is built.
-    "demo": dict(tasks="humaneval", settings="greedy", modes="ar,spec-auto,spec,llamacpp-spec", ks="4", peer_k=4,
+    "demo": dict(tasks="humaneval", settings="greedy", modes="ar,spec-auto,spec,llamacpp-spec", ks="4", peer_k="4",
                  prompts="4", parity=False, plots=False, target_quants="q4_k_m,bf16"),
 }
 # --serve: HumanEval completions, both settings, 8 requests from 4 clients per server.
@@ -59,7 +59,8 @@ def add_bench_parser(subparsers) -> None:
                         "table by type: the GGUF file's own type (e.g. q4_k_m) and any of bf16, f16, q8_0 "
                         "(re-encoded once, cached); e.g. q4_k_m,bf16")
     b.add_argument("--ks", help="draft lengths K of the spec sweep (default 2,3,4)")
-    b.add_argument("--peer-k", type=int, help="K of ngram, hf-assisted, llamacpp-lookup and llamacpp-spec (default 3)")
+    b.add_argument("--peer-k", help="K of ngram, hf-assisted, llamacpp-lookup and llamacpp-spec, or a comma list for a "
+                                   "mode per K (default 3)")
     b.add_argument("--prompts", help="prompts per task: N, or task=N,... (default 8)")
     b.add_argument("--max-new-tokens", type=int, help="cap every task's answer length (default: each task's own; for smoke runs)")
     b.add_argument("--budget-minutes", type=float, help="trim prompts (never tokens) so the estimated run fits")
@@ -127,9 +128,7 @@ def cmd_bench(args) -> int:
     load_at_start = os.getloadavg()[0]
     config = bench_config(args)  # validates before the slow model loads
     families = list(FAMILIES) if args.modes == "auto" else _names(args.modes, FAMILIES, "mode")
-    ks = [int(k) for k in args.ks.split(",")]
-    if min(ks) < 1 or args.peer_k < 1:
-        raise UsageError("K must be >= 1")
+    ks, peer_ks = draft_lengths(args)
     types = target_types(args)
     options = model_options(args)
     models = assemble(replace(options, target_quant=types[0][1]), drafting=args.draft != "ngram")
@@ -144,7 +143,7 @@ def cmd_bench(args) -> int:
         label = label or target_label(target, args)
         if len(types) > 1:
             print(f"specsample: target {label}", file=sys.stderr, flush=True)
-        records, curve, run_notes = _bench_target(args, config, families, ks, target, draft, parity=i == 0)
+        records, curve, run_notes = _bench_target(args, config, families, ks, peer_ks, target, draft, parity=i == 0)
         gguf = getattr(target, "path", None)
         runs.append(TargetRun(label, [dict(r, target=label) for r in records], curve, weight_bytes(target, gguf)))
         notes += [f"{label}: {n}" if len(types) > 1 else n for n in run_notes]
@@ -159,7 +158,7 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _bench_target(args, config, families, ks, target, draft, parity: bool) -> tuple[list[dict], object, list[str]]:
+def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bool) -> tuple[list[dict], object, list[str]]:
     """Every mode on one target type: its cost curve, then the interleaved runs."""
     counts = {t: config.prompt_count(t) for t in config.tasks}
     prompts = prepare(target, config.tasks, counts)
@@ -168,11 +167,11 @@ def _bench_target(args, config, families, ks, target, draft, parity: bool) -> tu
     curve = _cost_curve(target, draft, prompts, max(ks) + 1 if "spec" in families else 1, args.cost_reps)
     longest = max(len(p.ids) for group in list(prompts.values()) + [parity_prompts] for p in group)
     most_tokens = max(config.new_tokens(t) for t in config.tasks + ("humaneval",))
-    n_ctx = longest + most_tokens + max(ks + [args.peer_k]) + 16
+    n_ctx = longest + most_tokens + max(ks + peer_ks) + 16
     gguf = getattr(target, "path", None) if _is_llamacpp(target) else None
-    server = _start_server(args, families, n_ctx, max(ks + [args.peer_k]), gguf, draft)
+    server = _start_server(args, families, n_ctx, max(ks + peer_ks), gguf, draft)
     try:
-        modes, skipped = build_modes(families, ks, args.peer_k, target, draft, target_gguf=gguf,
+        modes, skipped = build_modes(families, ks, peer_ks, target, draft, target_gguf=gguf,
                                      ngram_max=args.ngram_max, n_ctx=n_ctx, server=server)
         notes = [f"not run: {n}" for n in skipped]
         parity_modes = _parity_modes(target, draft, args.parity_k) if parity_prompts else []
@@ -184,6 +183,18 @@ def _bench_target(args, config, families, ks, target, draft, parity: bool) -> tu
         if server is not None and not isinstance(server, str):
             server.close()
     return records, curve, notes
+
+
+def draft_lengths(args) -> tuple[list[int], list[int]]:
+    """--ks and --peer-k as lists of K >= 1."""
+    try:
+        ks = [int(k) for k in args.ks.split(",")]
+        peer_ks = [int(k) for k in str(args.peer_k).split(",")]
+    except ValueError:
+        raise UsageError(f"--ks and --peer-k take K or a comma list of K; got {args.ks!r} and {args.peer_k!r}") from None
+    if min(ks + peer_ks) < 1:
+        raise UsageError("K must be >= 1")
+    return ks, peer_ks
 
 
 def target_types(args) -> list[tuple[str | None, str]]:
@@ -222,23 +233,23 @@ def cmd_serve_load(args) -> int:
     load_at_start = os.getloadavg()[0]
     config = bench_config(args)
     families = DEFAULT_SERVE_FAMILIES if args.modes == "auto" else _names(args.modes, SERVE_FAMILIES, "--serve mode")
-    ks = [int(k) for k in args.ks.split(",")]
-    if args.clients < 1 or min(ks) < 1 or args.peer_k < 1:
-        raise UsageError("--clients and K must be >= 1")
+    ks, peer_ks = draft_lengths(args)
+    if args.clients < 1:
+        raise UsageError("--clients must be >= 1")
     target = assemble(model_options(args), drafting=False).target  # for the tokenizer: prompts go out as token ids
     prompts = prepare(target, config.tasks, {t: config.prompt_count(t) for t in config.tasks})
     gguf = getattr(target, "path", None) if _is_llamacpp(target) else None
     longest = max(len(p.ids) for group in prompts.values() for p in group)
-    n_ctx = longest + max(config.new_tokens(t) for t in config.tasks) + max(ks + [args.peer_k]) + 16
+    n_ctx = longest + max(config.new_tokens(t) for t in config.tasks) + max(ks + peer_ks) + 16
     del target  # the servers load their own copies; this process only sends requests
 
     def llama_server():
-        server = _start_server(args, ["llamacpp-spec"], n_ctx, args.peer_k, gguf)
+        server = _start_server(args, ["llamacpp-spec"], n_ctx, max(peer_ks), gguf)
         if isinstance(server, str):
             raise ServerUnavailable(server)
         return server
 
-    records, notes = run_serving(served_modes(families, ks, args.peer_k), prompts, config.settings,
+    records, notes = run_serving(served_modes(families, ks, peer_ks), prompts, config.settings,
                                  clients=args.clients, model_argv=serve_argv(args), llama_server=llama_server,
                                  new_tokens=config.new_tokens)
     machine = machine_description("gguf" if gguf else args.dtype, _threads(args))

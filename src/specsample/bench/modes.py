@@ -234,9 +234,10 @@ def _decode(backend, ids: list[int]) -> str:
     return backend.tokenizer.decode(ids) if backend.tokenizer is not None else ""
 
 
-def build_modes(families, ks, peer_k, target, draft=None, *, target_gguf=None, ngram_max=3, n_ctx=2048, server=None):
+def build_modes(families, ks, peer_ks, target, draft=None, *, target_gguf=None, ngram_max=3, n_ctx=2048, server=None):
     """The modes to run, and a note for every requested family that cannot run here.
 
+    peer_ks: the draft lengths of the peers' fixed-K families (one mode per K).
     server: a running native.LlamaServer for the llamacpp-spec and llamacpp-server
     families, or the one-line reason (a str) why there is none."""
     modes, skipped = [], []
@@ -252,7 +253,7 @@ def build_modes(families, ks, peer_k, target, draft=None, *, target_gguf=None, n
                 continue
             modes += [OurMode(f"spec-k{k}", "spec", target, k, draft) for k in ks]
         elif family == "ngram":
-            modes.append(OurMode(f"ngram-k{peer_k}", "ngram", target, peer_k, ngram_max=ngram_max))
+            modes += [OurMode(f"ngram-k{k}", "ngram", target, k, ngram_max=ngram_max) for k in peer_ks]
         elif family == "hf-generate":
             if not hf_target:
                 skipped.append("hf-generate: the target is not an hf backend")
@@ -262,22 +263,22 @@ def build_modes(families, ks, peer_k, target, draft=None, *, target_gguf=None, n
             if not (hf_target and hf_draft):
                 skipped.append(f"{family}: needs hf backends for both target and draft")
                 continue
-            k = peer_k if family == "hf-assisted" else None
-            modes.append(HFGenerateMode(f"hf-assisted-k{peer_k}" if k else family, target, draft, k))
+            for k in peer_ks if family == "hf-assisted" else [None]:
+                modes.append(HFGenerateMode(f"hf-assisted-k{k}" if k else family, target, draft, k))
         elif family in ("llamacpp-ar", "llamacpp-lookup"):
             if target_gguf is None or not hasattr(target, "threads"):
                 skipped.append(f"{family}: the target is not a llamacpp backend")
                 continue
-            k = peer_k if family == "llamacpp-lookup" else None
-            name = f"llamacpp-lookup-k{peer_k}" if k else "llamacpp-ar"
-            modes.append(LlamaCppMode(name, target_gguf, target.tokenizer, target.eos_token_ids,
-                                      threads=target.threads, n_ctx=n_ctx, k=k, ngram_max=ngram_max))
+            for k in peer_ks if family == "llamacpp-lookup" else [None]:
+                name = f"llamacpp-lookup-k{k}" if k else "llamacpp-ar"
+                modes.append(LlamaCppMode(name, target_gguf, target.tokenizer, target.eos_token_ids,
+                                          threads=target.threads, n_ctx=n_ctx, k=k, ngram_max=ngram_max))
         elif family in ("llamacpp-server", "llamacpp-spec"):
             if server is None or isinstance(server, str):
                 skipped.append(f"{family}: {server or 'needs GGUF files for target and draft'}")
                 continue
-            k = peer_k if family == "llamacpp-spec" else None
-            modes.append(LlamaServerMode(f"llamacpp-spec-k{peer_k}" if k else family, server, k))
+            for k in peer_ks if family == "llamacpp-spec" else [None]:
+                modes.append(LlamaServerMode(f"llamacpp-spec-k{k}" if k else family, server, k))
         else:
             raise ValueError(f"unknown mode {family!r}; choose from {', '.join(FAMILIES)}")
     return modes, skipped

@@ -22,7 +22,7 @@ from .load import LoadSummary, RequestTiming, run_load, summarise_load
 from .modes import SETTINGS
 from .native import completion_request
 from .peer_sampling import peer_sampling
-from .report import _f, greedy_identity, markdown_table, write_records
+from .report import cell, greedy_identity, markdown_table, write_records
 from .servers import ServerProcess, ServerUnavailable, specsample_server
 
 SERVE_FAMILIES = ("ar", "spec-auto", "spec", "llamacpp-server", "llamacpp-spec")
@@ -47,13 +47,13 @@ class ServedMode:
                 **peer_sampling("openai", sampling), "stop": list(stops), "seed": seed}
 
 
-def served_modes(families, ks: list[int], peer_k: int) -> list[ServedMode]:
+def served_modes(families, ks: list[int], peer_ks: list[int]) -> list[ServedMode]:
     modes = []
     for family in families:
         if family == "spec":
             modes += [ServedMode(f"spec-k{k}", "spec", k) for k in ks]
         elif family == "llamacpp-spec":
-            modes.append(ServedMode(f"llamacpp-spec-k{peer_k}", family, peer_k))
+            modes += [ServedMode(f"llamacpp-spec-k{k}", family, k) for k in peer_ks]
         else:
             modes.append(ServedMode(family, family, "auto" if family == "spec-auto" else None))
     return modes
@@ -135,8 +135,8 @@ def serve_table(records: list[dict]) -> str:
         ratio = s.tokens_per_second / base.tokens_per_second if base and base.tokens_per_second else None
         rows.append([task, setting, mode, str(s.concurrency), str(s.requests), str(s.errors), str(s.completion_tokens),
                      f"{s.wall_seconds:.1f}", f"{s.requests_per_second:.3f}", f"{s.tokens_per_second:.2f}",
-                     _f(ratio, ".2f"), _pair(s, "ttft", 1, ".2f"), _pair(s, "tpot", 1000, ".1f"),
-                     _pair(s, "itl", 1000, ".1f"), _f(s.acceptance_rate, ".2f")])
+                     cell(ratio, ".2f"), _pair(s, "ttft", 1, ".2f"), _pair(s, "tpot", 1000, ".1f"),
+                     _pair(s, "itl", 1000, ".1f"), cell(s.acceptance_rate, ".2f")])
     return markdown_table(rows)
 
 
