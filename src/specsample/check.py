@@ -40,6 +40,7 @@ class CheckConfig:
     cells: int = 8  # likeliest (x1, x2) cells reported; the rest is "other"
     simulations: int = 1000  # perfect-sampler runs for the TV quantiles
     seed: int = 0
+    verifier: str = "rejection"  # the sampler checked: GenerationConfig's "rejection" or "coupled"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.k, int) and self.k >= 1):
@@ -143,7 +144,8 @@ def sample_pairs(target, drafter, prompt, n, config: CheckConfig, seed_offset: i
         # K + 1 new tokens: x2 is then always scored in a K-token call (exact_cells).
         # No EOS: the reference never stops either.
         run = GenerationConfig(max_new_tokens=config.k + 1, k=config.k, sampling=config.sampling,
-                               seed=config.seed * 1_000_003 + seed_offset + i, eos_token_ids=frozenset())
+                               seed=config.seed * 1_000_003 + seed_offset + i, eos_token_ids=frozenset(),
+                               verifier=config.verifier)
         result = generate(target, prompt, run, drafter)
         pair = tuple(result.token_ids[:2])
         counts[pair] = counts.get(pair, 0) + 1
