@@ -16,21 +16,10 @@ from specsample.logprobs import score_prompt
 from specsample.sampling import SamplingConfig
 
 from serve_helpers import WordTokenizer, running, toy_app, toy_pair
+from test_serve import client, url  # noqa: F401 (fixtures: one toy server for the module)
 
 PROMPT = "the cat sat on a mat and the dog ran"
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-@pytest.fixture(scope="module")
-def url():
-    app, _ = toy_app(max_queue=64)
-    with running(app) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
 
 
 def direct(ids, max_tokens, seed, sampling=SamplingConfig(), logprobs=None, stop=()):
@@ -125,30 +114,33 @@ def loglikelihood(response, ctxlens):
 
 
 def test_captured_harness_loglikelihood_request(url):
-    """A request body lm-evaluation-harness 0.4 sent for a multiple-choice task (two
-    token-id prompts in one batch, echo, max_tokens 1, logprobs 1): the log-likelihoods
-    must equal the library's prompt scoring."""
-    body = json.loads((FIXTURES / "lm_eval_loglikelihood_request.json").read_text())
+    """A request lm-evaluation-harness 0.4.13 sent for the multiple-choice task
+    (local-completions, batch_size 2: two token-id prompts, echo, max_tokens 1,
+    logprobs 1), with the context lengths it parsed the answer with: the
+    log-likelihoods must equal the library's prompt scoring."""
+    captured = json.loads((FIXTURES / "lm_eval_loglikelihood_request.json").read_text())
+    body, ctxlens = captured["request"], captured["ctxlens"]
     client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
     response = client.completions.create(**body).model_dump()
     assert [c["index"] for c in response["choices"]] == [0, 1]
-    ctxlens = [3, 3]
     for (total, greedy), prompt, ctxlen in zip(loglikelihood(response, ctxlens), body["prompt"], ctxlens):
         target, _ = toy_pair()
         scored = score_prompt(target, prompt)
         assert total == pytest.approx(sum(e.logprob for e in scored[ctxlen:]), abs=1e-5)
-        assert isinstance(greedy, bool)
+        greedy_tokens = [e.top and e.top[0][0] for e in score_prompt(toy_pair()[0], prompt, top=1)[ctxlen:]]
+        assert greedy == (greedy_tokens == prompt[ctxlen:])
 
 
 def test_captured_harness_generate_until_request(url):
-    body = json.loads((FIXTURES / "lm_eval_generate_request.json").read_text())
+    body = json.loads((FIXTURES / "lm_eval_generate_request.json").read_text())["request"]
     client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
     response = client.completions.create(**body)
-    target, draft = toy_pair()
+    sampling = SamplingConfig(0.0)
     for choice, prompt in zip(response.choices, body["prompt"]):
-        config = GenerationConfig(max_new_tokens=body["max_tokens"], k=3, sampling=SamplingConfig(0.0),
-                                  seed=body["seed"], stop_strings=tuple(body["stop"]))
-        assert choice.text == generate(target, prompt, config, ModelDrafter(draft, SamplingConfig(0.0))).text
+        target, draft = toy_pair()
+        config = GenerationConfig(max_new_tokens=body["max_tokens"], k=3, sampling=sampling, seed=body["seed"],
+                                  stop_strings=tuple(body["stop"]))
+        assert choice.text == generate(target, prompt, config, ModelDrafter(draft, sampling)).text
 
 
 def test_n_choices_whole_and_streamed_with_their_index(client):
