@@ -14,7 +14,7 @@ from .backends.hf import DTYPES
 from .backends.requantize import QUANT_TYPES
 from .control import AdaptiveController, cost_cache_path
 from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
-from .generate import GenerationConfig, stream
+from .generate import VERIFIERS, GenerationConfig, stream
 from .models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, ModelError, cache_dir, fetch_default
 from .sampling import SamplingConfig
 
@@ -67,8 +67,38 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    add_control_arguments(p)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verifier", choices=VERIFIERS, default="auto",
+                   help="rejection: modified rejection sampling; coupled: Gumbel-max coupling keyed by seed and "
+                        "position, so a seed gives the same text whatever drafts it; auto (default): coupled when "
+                        "seeded")
     p.add_argument("--max-new-tokens", type=int, default=128)
+
+
+def add_control_arguments(p: argparse.ArgumentParser) -> None:
+    """The controls that SamplingConfig adds to temperature, top-k and top-p."""
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below MIN_P x the top one's probability")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="per generated token seen, in [-2, 2]")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="per occurrence in generated text, in [-2, 2]")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divides the logits of prompt and generated tokens (1 = off)")
+    p.add_argument("--logit-bias", action="append", default=[], metavar="TOKEN=BIAS",
+                   help="add BIAS in [-100, 100] to token id TOKEN's logit (repeatable)")
+
+
+def sampling_config(args) -> SamplingConfig:
+    bias = {}
+    for item in getattr(args, "logit_bias", []):
+        token, _, value = item.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise UsageError(f"--logit-bias takes TOKEN=BIAS, got {item!r}") from None
+    return SamplingConfig(args.temperature, args.top_k, args.top_p, min_p=getattr(args, "min_p", 0.0),
+                          presence_penalty=getattr(args, "presence_penalty", 0.0),
+                          frequency_penalty=getattr(args, "frequency_penalty", 0.0),
+                          repetition_penalty=getattr(args, "repetition_penalty", 1.0), logit_bias=bias)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--autoregressive", action="store_true", help="run the target alone (the baseline)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    g.add_argument("--logprobs", type=int, metavar="N",
+                   help="with --json: each token's log-probability and the N likeliest alternatives")
+    g.add_argument("--logprobs-mode", choices=("raw", "processed"), default="raw",
+                   help="raw: the model's own; processed: after the sampling controls")
     g.set_defaults(func=cmd_generate)
 
     f = sub.add_parser("fetch", help="download and verify the default GGUF models")
@@ -102,10 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def generation_config(args) -> GenerationConfig:
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     return GenerationConfig(
-        max_new_tokens=args.max_new_tokens, k=args.k, k_max=args.k_max, sampling=sampling, seed=args.seed,
-        stop_strings=tuple(getattr(args, "stop", ())),
+        max_new_tokens=args.max_new_tokens, k=args.k, k_max=args.k_max, sampling=sampling_config(args),
+        seed=args.seed, stop_strings=tuple(getattr(args, "stop", ())), verifier=getattr(args, "verifier", "auto"),
+        logprobs=getattr(args, "logprobs", None), logprobs_mode=getattr(args, "logprobs_mode", "raw"),
     )
 
 
@@ -158,7 +192,7 @@ def load_models(args, need_draft: bool):
         from .vocab import restrict_draft_vocabulary
 
         restrict_draft_vocabulary(draft, args.draft_vocab, cache_dir())
-    model = ModelDrafter(draft, SamplingConfig(args.temperature, args.top_k, args.top_p))
+    model = ModelDrafter(draft, sampling_config(args))
     if getattr(args, "lookup", False):
         return target, HybridDrafter(model, NgramDrafter(max_ngram=args.ngram_max))
     return target, model
@@ -200,8 +234,11 @@ def cmd_generate(args) -> int:
             sys.stdout.flush()
     result = s.result
     if args.json:
-        json.dump({"text": result.text, "token_ids": result.token_ids, "stop_reason": result.stop_reason,
-                   "stats": result.stats.as_dict()}, sys.stdout)
+        out = {"text": result.text, "token_ids": result.token_ids, "stop_reason": result.stop_reason,
+               "stats": result.stats.as_dict()}
+        if result.logprobs is not None:
+            out["logprobs"] = [{"token": lp.token, "logprob": lp.logprob, "top": lp.top} for lp in result.logprobs]
+        json.dump(out, sys.stdout)
         sys.stdout.write("\n")
     else:
         sys.stdout.write("\n")

@@ -44,6 +44,7 @@ class Settings:
     queue_timeout: float = 120.0  # seconds a request may wait for the model
     max_body_bytes: int = 1 << 20
     max_tokens: int = 1024  # cap on max_tokens per request, and its default
+    verifier: str = "auto"  # GenerationConfig.verifier for every request
 
 
 class APIError(Exception):
@@ -203,7 +204,7 @@ def generation_config(request: _Request, max_tokens: int | None, settings: Setti
     if max_tokens == 0:
         return None
     return GenerationConfig(max_new_tokens=max_tokens or settings.max_tokens, k=settings.k, k_max=settings.k_max,
-                            sampling=sampling, seed=request.seed, stop_strings=tuple(stop),
+                            sampling=sampling, seed=request.seed, stop_strings=tuple(stop), verifier=settings.verifier,
                             logprobs=requested_logprobs(request), logprobs_mode=request.logprobs_mode or "raw")
 
 

@@ -7,7 +7,7 @@ import argparse
 import os
 
 from ..cli import UsageError, add_draft_length_arguments, add_model_arguments, load_models, make_policy_for
-from ..generate import GenerationConfig
+from ..generate import VERIFIERS, GenerationConfig
 
 
 def add_serve_parser(sub) -> None:
@@ -15,6 +15,9 @@ def add_serve_parser(sub) -> None:
     add_model_arguments(p)
     add_draft_length_arguments(p)
     p.add_argument("--autoregressive", action="store_true", help="serve the target alone (the baseline)")
+    p.add_argument("--verifier", choices=VERIFIERS, default="auto",
+                   help="auto (default): coupled sampling for requests with a seed, so the seed fixes the text "
+                        "whatever drafts it; rejection sampling otherwise")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("SPECSAMPLE_API_KEY"),
@@ -44,7 +47,7 @@ def cmd_serve(args) -> int:
     settings = Settings(model_name=target.name, k=args.k, k_max=args.k_max,
                         policy=make_policy_for(args, target, drafter), api_key=args.api_key, max_queue=args.max_queue,
                         queue_timeout=args.queue_timeout, max_body_bytes=args.max_body_bytes,
-                        max_tokens=args.max_tokens)
+                        max_tokens=args.max_tokens, verifier=args.verifier)
     app = create_app(target, drafter_factory(drafter), drafter.name if drafter else None, settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
