@@ -12,7 +12,7 @@ from .backends.base import Backend, check_cache, check_same_vocabulary, claim_ca
 from .control import Policy, RoundReport, make_policy
 from .detokenize import TextTracker
 from .drafters import Draft, Drafter
-from .logprobs import MAX_TOP, MODES, TokenLogprob, log_rows, token_logprobs
+from .logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
 from .sampling import Sampler, SamplingConfig
 from .verify import verify, verify_coupled
 
@@ -210,7 +210,9 @@ def generate(target, prompt_ids, config, drafter=None, policy=None, clock=time.p
 def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chunk]:
     generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
     coupled_seed = None
-    if config.coupled:  # unseeded coupling still needs one seed for its noise
+    # Greedy rows are one-hot: both verifiers accept exactly the drafts that equal the
+    # argmax, so coupling would only cost its noise.
+    if config.coupled and not config.sampling.greedy:  # unseeded coupling still needs one seed for its noise
         coupled_seed = config.seed if config.seed is not None else int(torch.randint(1 << 62, ()))
     sampler = Sampler(len(prompt_ids), generator, coupled_seed)
     logprobs: list[TokenLogprob] | None = None if config.logprobs is None else []
@@ -292,7 +294,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
         # Emitted token i was chosen from row i: its log-probability costs no model call.
         scored = None
         if logprobs is not None:
-            scored = token_logprobs(log_rows(logits, target_probs, config.logprobs_mode), emitted, config.logprobs)
+            scored = token_logprobs(logits, target_probs, emitted, config.logprobs, config.logprobs_mode)
             logprobs += scored
         stats.record_round(draft, verdict.num_accepted, len(emitted), cut=len(emitted) < len(verdict.tokens))
         stats.new_tokens = len(new)

@@ -26,24 +26,31 @@ class TokenLogprob:
     top: list[tuple[int, float]] = field(default_factory=list)  # the N likeliest tokens, likeliest first
 
 
-def log_rows(logits: torch.Tensor, probs: torch.Tensor, mode: str) -> torch.Tensor:
-    """logits [n, vocab] (the model's), probs [n, vocab] (after the controls) -> [n, vocab]."""
-    if mode == "raw":
-        return torch.log_softmax(logits.float(), dim=-1)
-    return torch.log(probs.float())
-
-
-def token_logprobs(rows: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
-    """rows [>= len(tokens), vocab] of log-probabilities; row i scores tokens[i]."""
+def token_logprobs(logits: torch.Tensor, probs: torch.Tensor | None, tokens: list[int], top: int,
+                   mode: str = "raw") -> list[TokenLogprob]:
+    """Row i of logits [>= n, vocab] (the model's) or probs [>= n, vocab] (after the
+    controls) scores tokens[i]. Only the chosen and the top entries are turned into
+    log-probabilities (a logsumexp, a gather and a top-k per row, never a whole
+    log-softmax row), so the cost stays far below a decoding step."""
     n = len(tokens)
     if n == 0:
         return []
-    rows = rows[:n]
-    chosen = rows.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1).tolist()  # [n]
+    index = torch.tensor(tokens)[:, None]  # [n, 1]
+    if mode == "raw":
+        rows = logits[:n].float()
+        # Row by row: a reduction over [n, vocab] may round differently for another n,
+        # and a row's log-probabilities must not depend on how many rows its call scored.
+        norm = torch.stack([torch.logsumexp(row, dim=-1) for row in rows])[:, None]  # [n, 1]
+        transform = lambda values: values - norm  # noqa: E731
+    else:
+        rows = probs[:n].float()
+        transform = torch.log
+    chosen = transform(rows.gather(-1, index)).squeeze(-1).tolist()  # [n]
     if top <= 0:
         return [TokenLogprob(t, v) for t, v in zip(tokens, chosen)]
-    values, index = rows.topk(min(top, rows.shape[-1]), dim=-1)  # [n, top]
-    return [TokenLogprob(t, v, list(zip(i, w))) for t, v, i, w in zip(tokens, chosen, index.tolist(), values.tolist())]
+    values, best = rows.topk(min(top, rows.shape[-1]), dim=-1)  # [n, top], descending either way
+    return [TokenLogprob(t, v, list(zip(i, w)))
+            for t, v, i, w in zip(tokens, chosen, best.tolist(), transform(values).tolist())]
 
 
 def score_prompt(target, prompt_ids: list[int], top: int = 0, chunk: int = 128) -> list[TokenLogprob | None]:
@@ -65,5 +72,5 @@ def score_prompt(target, prompt_ids: list[int], top: int = 0, chunk: int = 128) 
         piece = prompt_ids[start : start + chunk]
         logits = finite_logits(target.score(piece, num_logits=len(piece)), target.name)  # [len(piece), vocab]
         following = prompt_ids[start + 1 : start + 1 + len(piece)]  # one short at the end: the last row predicts text to come
-        out += token_logprobs(log_rows(logits, None, "raw"), following, top)
+        out += token_logprobs(logits, None, following, top)
     return out
