@@ -57,17 +57,20 @@ def loglikelihoods(run: dict) -> list[tuple[str, str, float]]:
 
 
 def library_loglikelihood(target, context: str, continuation: str) -> float:
-    """The same tokens the harness sent (its _encode_pair: trailing spaces of the context
-    move to the continuation; the whole is encoded once and split at the context's
-    length), scored by the library."""
+    """The same tokens the harness sent, scored by the library. Its _encode_pair moves
+    the context's trailing spaces to the continuation, encodes the context and the
+    whole, and takes the continuation's tokens as the whole's past the context's
+    length; it sends context tokens + those, which is not the whole's encoding where
+    BPE merges across the boundary (")\n" in ")\n 3")."""
     from ..logprobs import score_prompt
 
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole = target.tokenizer.encode(context + continuation)
-    n = len(target.tokenizer.encode(context))
-    return sum(e.logprob for e in score_prompt(target, whole)[n:])
+    context_ids = target.tokenizer.encode(context)
+    continuation_ids = target.tokenizer.encode(context + continuation)[len(context_ids):]
+    scored = score_prompt(target, context_ids + continuation_ids)
+    return sum(e.logprob for e in scored[len(context_ids):])
 
 
 def compare(runs: dict[str, dict], target=None) -> dict:
