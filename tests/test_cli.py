@@ -69,6 +69,21 @@ def test_generate_json_has_text_ids_and_stats(capsys, tiny_dirs):
     assert ar["stats"]["target_calls"] == 11  # the first token comes from the prompt prefill
 
 
+def test_generate_takes_the_sampling_controls_and_prints_logprobs(capsys, tiny_dirs):
+    base = ["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompt", "the cat sat on",
+            "--max-new-tokens", "10", "-k", "3", "--json", "--logprobs", "2"]
+    code, out, _ = run(capsys, *base)
+    plain = json.loads(out)
+    assert [lp["token"] for lp in plain["logprobs"]] == plain["token_ids"]
+    assert all(len(lp["top"]) == 2 and lp["logprob"] <= 0 for lp in plain["logprobs"])
+    banned = plain["token_ids"][0]
+    code, out, _ = run(capsys, *base, "--logit-bias", f"{banned}=-100", "--frequency-penalty", "2")
+    controlled = json.loads(out)
+    assert code == 0 and banned not in controlled["token_ids"]
+    # greedy with a frequency penalty of 2 repeats less than plain greedy
+    assert len(set(controlled["token_ids"])) >= len(set(plain["token_ids"]))
+
+
 def test_generate_streams_text_and_prints_stats_to_stderr(capsys, tiny_dirs):
     code, out, err = run(capsys, "generate", "--target", tiny_dirs["target"], "--draft", "ngram", "--prompt",
                          "the cat sat on the mat the cat", "--max-new-tokens", "8", "--temperature", "0.8", "--seed", "3")
@@ -90,6 +105,12 @@ def test_generate_streams_text_and_prints_stats_to_stderr(capsys, tiny_dirs):
     (["--prompt-file", "/nonexistent/prompt.txt"], "not found"),
     (["--stop", "x", "--stop", ""], "stop strings must not be empty"),
     (["--target", "STRICT", "--chat"], "must start with a system turn"),
+    (["--min-p", "2"], "min-p"),
+    (["--presence-penalty", "3"], "presence-penalty"),
+    (["--repetition-penalty", "0"], "repetition-penalty"),
+    (["--logit-bias", "cat=2"], "TOKEN=BIAS"),
+    (["--logit-bias", "3=500"], "logit-bias"),
+    (["--logprobs", "21"], "logprobs"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, tiny_dirs, args, message):
     args = [tiny_dirs[a.lower()] if a in ("SMALL", "STRICT") else a for a in args]

@@ -6,7 +6,9 @@ distribution with the exact one, enumerated from the same table, by a Pearson
 chi-square test (cells with expected count < 5 pooled). The bound: the test fails
 when p < 1e-3. Seeds are fixed, so a run is deterministic; with a correct sampler
 each configuration has a 1-in-1000 chance of a false alarm at a given seed. The
-negative controls show that the same check rejects wrong samplers outright.
+negative controls show that the same check rejects wrong samplers outright. These
+checks are of modified rejection sampling (verifier="rejection"); the coupled
+verifier has its own in test_coupled.py.
 """
 
 import importlib
@@ -40,7 +42,7 @@ def empirical(drafter_factory, sampling, k, n=N, seed=0):
     drafter = drafter_factory(sampling)
     counts = {}
     for i in range(n):
-        config = GenerationConfig(max_new_tokens=LENGTH, k=k, sampling=sampling, seed=seed * n + i)
+        config = GenerationConfig(max_new_tokens=LENGTH, k=k, sampling=sampling, seed=seed * n + i, verifier="rejection")
         seq = tuple(generate(target, PROMPT, config, drafter).token_ids)
         counts[seq] = counts.get(seq, 0) + 1
     return counts
@@ -145,7 +147,8 @@ def adaptive_empirical(kind, sampling, wrap=None, n=N, seed=0):
     policy = AdaptiveController(k_max=4, clock=clock)
     counts, lengths, switched, sources = {}, {}, 0, {}
     for i in range(n):
-        config = GenerationConfig(max_new_tokens=LENGTH, k="auto", sampling=sampling, seed=seed * n + i)
+        config = GenerationConfig(max_new_tokens=LENGTH, k="auto", sampling=sampling, seed=seed * n + i,
+                                  verifier="rejection")
         result = generate(target, MIXED_PROMPT, config, drafter, policy, clock)
         seq = tuple(result.token_ids)
         counts[seq] = counts.get(seq, 0) + 1

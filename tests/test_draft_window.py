@@ -6,7 +6,7 @@ import torch
 from specsample.control import FixedK
 from specsample.drafters import ModelDrafter
 from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
+from specsample.sampling import Sampler, SamplingConfig
 
 from toy import TrigramBackend, random_table
 
@@ -19,7 +19,7 @@ def drafter(window, head):
 
 
 def draft_once(d, context, k=2):
-    return d.propose(context, k, torch.Generator().manual_seed(0), FixedK(k))
+    return d.propose(context, k, Sampler(len(context), torch.Generator().manual_seed(0)), FixedK(k))
 
 
 def test_a_long_prompt_is_read_as_its_head_and_its_last_window_tokens():

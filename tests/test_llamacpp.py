@@ -181,7 +181,7 @@ def assert_samples_follow_exact_target(model, sampling, n):
     counts, rates, two_drafted_rounds = {}, [], 0
     drafter = ModelDrafter(drafter_backend, SamplingConfig(temperature=1.6, top_k=6))
     for seed in range(n):
-        result = generate(model, prompt, GenerationConfig(max_new_tokens=3, k=1, sampling=sampling, seed=seed), drafter)
+        result = generate(model, prompt, GenerationConfig(max_new_tokens=3, k=1, sampling=sampling, seed=seed, verifier="rejection"), drafter)
         counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
         rates.append(result.stats.acceptance_rate)
         two_drafted_rounds += sum(result.stats.draft_length_histogram[1:]) >= 2

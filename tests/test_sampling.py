@@ -71,3 +71,81 @@ def test_sample_is_reproducible_with_a_generator():
     a = sample(probs, torch.Generator().manual_seed(3))
     b = sample(probs, torch.Generator().manual_seed(3))
     assert a.tolist() == b.tolist()
+
+
+# --- min_p, logit_bias and the penalties --------------------------------------
+
+from specsample.sampling import History, Sampler, coupled_choice, process_logits, race_noise  # noqa: E402
+
+
+def test_min_p_keeps_tokens_within_a_factor_of_the_top_one():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    # min_p .2: the floor is .1, so .05 goes and the rest are renormalised
+    probs = logits_to_probs(logits, SamplingConfig(min_p=0.2))
+    assert torch.allclose(probs, torch.tensor([[0.5, 0.3, 0.15, 0.0]]) / 0.95)
+    # after temperature: at T = 2 the ratios are square roots, .05 -> sqrt(.1) = .32 of the top
+    probs = logits_to_probs(logits, SamplingConfig(temperature=2.0, min_p=0.3))
+    assert probs[0, 3] > 0 and probs[0, 2] > 0
+
+
+def test_logit_bias_moves_greedy_and_sampling_and_ignores_ids_past_the_vocabulary():
+    logits = torch.tensor([[2.0, 1.0, 0.0]])
+    greedy = SamplingConfig(temperature=0, logit_bias={1: 1.5, 99: 100.0})
+    assert greedy.logit_bias == ((1, 1.5), (99, 100.0))
+    assert logits_to_probs(logits, greedy).tolist() == [[0, 1, 0]]
+    probs = logits_to_probs(logits, SamplingConfig(logit_bias={2: -100}))
+    assert probs[0, 2] < 1e-40 and torch.allclose(probs[0, :2], torch.softmax(logits[0, :2], -1))
+
+
+def test_penalties_count_generated_tokens_and_the_repetition_penalty_the_prompt_too():
+    logits = torch.tensor([[2.0, -1.0, 3.0, 1.0, 0.5]])
+    # prompt [0, 1]; generated [2, 2, 3]
+    history = History([0, 1, 2, 2, 3], prompt_length=2)
+    config = SamplingConfig(presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=2.0)
+    out = process_logits(logits, config, history)
+    expected = [2.0 / 2,  # prompt: repetition only
+                -1.0 * 2,  # prompt, negative logit: multiplied
+                3.0 / 2 - 0.5 - 2 * 0.25,  # generated twice
+                1.0 / 2 - 0.5 - 0.25,  # generated once
+                0.5]  # never seen
+    assert torch.allclose(out, torch.tensor([expected]))
+
+
+def test_each_row_of_a_block_counts_the_tokens_before_it():
+    logits = torch.zeros(3, 4)
+    # prompt [3]; then generated 0 before the block; the block's rows follow [3, 0], [3, 0, 1], [3, 0, 1, 1]
+    out = process_logits(logits, SamplingConfig(frequency_penalty=1.0), History([3, 0, 1, 1], prompt_length=1))
+    assert out.tolist() == [[-1, 0, 0, 0], [-1, -1, 0, 0], [-1, -2, 0, 0]]
+    with pytest.raises(ValueError, match="inside the prompt"):
+        process_logits(torch.zeros(5, 4), SamplingConfig(frequency_penalty=1.0), History([3, 0, 1, 1], 1))
+    with pytest.raises(ValueError, match="History"):
+        process_logits(logits, SamplingConfig(presence_penalty=1.0))
+
+
+@pytest.mark.parametrize("kwargs", [dict(min_p=-0.1), dict(min_p=1.5), dict(presence_penalty=2.5),
+                                    dict(frequency_penalty=-3), dict(repetition_penalty=0),
+                                    dict(repetition_penalty=float("nan")), dict(logit_bias={1: 101}),
+                                    dict(logit_bias={-1: 1})])
+def test_invalid_new_controls_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        SamplingConfig(**kwargs)
+
+
+# --- coupled draws --------------------------------------------------------------
+
+def test_race_noise_is_a_function_of_seed_and_position_alone():
+    assert torch.equal(race_noise(7, 12, 50), race_noise(7, 12, 50))
+    assert not torch.equal(race_noise(7, 12, 50), race_noise(7, 13, 50))
+    assert not torch.equal(race_noise(7, 12, 50), race_noise(8, 12, 50))
+    sampler = Sampler(coupled_seed=7)
+    assert torch.equal(sampler.noise(11, 3, 50)[1], race_noise(7, 12, 50))
+
+
+def test_coupled_choice_follows_the_distribution_and_never_picks_zero_mass():
+    probs = torch.tensor([[0.2, 0.5, 0.0, 0.3]])
+    counts = torch.zeros(4)
+    for position in range(20_000):
+        counts[coupled_choice(probs, race_noise(1, position, 4)[None])] += 1
+    assert counts[2] == 0
+    # binomial sd <= sqrt(.25 / 20000) = .0035; allow 5 sd
+    assert torch.allclose(counts / 20_000, probs[0], atol=0.018)

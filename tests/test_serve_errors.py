@@ -54,15 +54,27 @@ CASES = [  # (path, body, status, param, words in the message)
     ("/v1/completions", completion(stop=[""]), 400, "stop", "non-empty"),
     ("/v1/completions", completion(stop=[1]), 400, "stop", "string"),
     ("/v1/completions", completion(stream="yes"), 400, "stream", "boolean"),
-    ("/v1/completions", completion(n=2), 400, "n", "n"),
+    ("/v1/completions", completion(n=0), 400, "n", "n must be in [1, 32]"),
+    ("/v1/completions", completion(prompt=["the", "cat"], n=17), 400, "n", "more than 32 choices"),
     ("/v1/completions", completion(n=True), 400, "n", "n"),
-    ("/v1/completions", completion(logprobs=3), 400, "logprobs", "logprobs"),
-    ("/v1/completions", completion(best_of=3, echo=True), 400, "best_of", "best_of, echo"),
-    ("/v1/completions", completion(frequency_penalty=0.5), 400, "frequency_penalty", "frequency_penalty"),
+    ("/v1/completions", completion(logprobs=21), 400, "logprobs", "logprobs must be in [0, 20]"),
+    ("/v1/completions", completion(logprobs=True), 400, "logprobs", "integer"),
+    ("/v1/completions", completion(logprobs_mode="softmax"), 400, "logprobs_mode", "raw"),
+    ("/v1/completions", completion(best_of=3, suffix="x"), 400, "best_of", "best_of, suffix"),
+    ("/v1/completions", completion(frequency_penalty=3), 400, "frequency_penalty", "[-2, 2]"),
+    ("/v1/completions", completion(presence_penalty=-2.5), 400, "presence_penalty", "[-2, 2]"),
+    ("/v1/completions", completion(repetition_penalty=0), 400, "repetition_penalty", "(0, 10]"),
+    ("/v1/completions", completion(min_p=1.5), 400, "min_p", "[0, 1]"),
+    ("/v1/completions", completion(logit_bias={"cat": 1}), 400, "logit_bias", "token ids in [0, 25)"),
+    ("/v1/completions", completion(logit_bias={"25": 1}), 400, "logit_bias", "token ids in [0, 25)"),
+    ("/v1/completions", completion(logit_bias={"3": 101}), 400, "logit_bias", "[-100, 100]"),
+    ("/v1/completions", completion(logit_bias={"3": "up"}), 400, "logit_bias", "number"),
+    ("/v1/completions", completion(echo="yes"), 400, "echo", "boolean"),
     ("/v1/completions", completion(colour="red"), 400, "colour", "colour"),
     ("/v1/completions", completion(prompt=""), 400, "prompt", "empty"),
-    ("/v1/completions", completion(prompt=[]), 400, "prompt", "one prompt"),
-    ("/v1/completions", completion(prompt=["a", "b"]), 400, "prompt", "one prompt"),
+    ("/v1/completions", completion(prompt=[]), 400, "prompt", "empty"),
+    ("/v1/completions", completion(prompt=["the"] * 33), 400, "prompt", "at most 32 prompts"),
+    ("/v1/completions", completion(prompt=[[3, 4], []]), 400, "prompt", "at least one"),
     ("/v1/completions", completion(prompt=[3, 999]), 400, "prompt", "token ids"),
     ("/v1/completions", completion(prompt=12), 400, "prompt", "prompt"),
     ("/v1/completions", completion(prompt="the " * 300), 400, "prompt", "context of 256 tokens"),
@@ -76,6 +88,10 @@ CASES = [  # (path, body, status, param, words in the message)
     ("/v1/chat/completions", chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
      400, "messages.0.content", ""),
     ("/v1/chat/completions", chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", "tools"),
+    ("/v1/chat/completions", chat(echo=True), 400, "echo", "echo"),
+    ("/v1/chat/completions", chat(logprobs=3), 400, "logprobs", "boolean"),
+    ("/v1/chat/completions", chat(top_logprobs=2), 400, "top_logprobs", "needs logprobs: true"),
+    ("/v1/chat/completions", chat(logprobs=True, top_logprobs=30), 400, "top_logprobs", "[0, 20]"),
     ("/v1/chat/completions", chat(max_completion_tokens=51), 400, "max_tokens", "[1, 50]"),
 ]
 
@@ -92,8 +108,8 @@ def test_bad_input_gets_an_openai_error(url, path, body, status, param, words):
 
 
 def test_neutral_values_of_unsupported_parameters_are_accepted(url):
-    r = httpx.post(url + "/v1/completions", json=completion(n=1, logprobs=None, echo=False, presence_penalty=0.0),
-                   timeout=10)
+    r = httpx.post(url + "/v1/completions", json=completion(n=1, logprobs=None, echo=False, presence_penalty=0.0,
+                                                            best_of=1, suffix=""), timeout=10)
     assert r.status_code == 200, r.text
 
 

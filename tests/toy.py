@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from specsample.sampling import SamplingConfig, logits_to_probs
+from specsample.sampling import Sampler, SamplingConfig
 
 
 class TrigramBackend:
@@ -94,13 +94,15 @@ def random_table(vocab: int, seed: int, scale: float = 1.5) -> torch.Tensor:
 def exact_distribution(
     backend: TrigramBackend, prompt: list[int], length: int, sampling: SamplingConfig
 ) -> dict[tuple[int, ...], float]:
-    """P(next `length` tokens) under the sampling controls, by enumeration."""
+    """P(next `length` tokens) under the sampling controls, by enumeration (the
+    penalties see the prompt as the prompt and the rest as generated)."""
     out = {}
     vocab = backend.vocab_size
+    rows = Sampler(prompt_length=len(prompt))
     for seq in itertools.product(range(vocab), repeat=length):
         context, p = list(prompt), 1.0
         for token in seq:
-            p *= float(logits_to_probs(backend.next_logits(context)[None], sampling)[0, token])
+            p *= float(rows.probs(backend.next_logits(context)[None], context, sampling)[0, token])
             if p == 0.0:
                 break
             context.append(token)

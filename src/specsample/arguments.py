@@ -76,7 +76,33 @@ def add_sampling_controls(p: argparse.ArgumentParser, temperature: float = 0.0) 
                    help="0 = greedy (default)" if temperature == 0 else f"0 = greedy (default {temperature:g})")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below MIN_P x the top one's probability")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="per generated token seen, in [-2, 2]")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="per occurrence in generated text, in [-2, 2]")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divides the logits of prompt and generated tokens (1 = off)")
+    p.add_argument("--logit-bias", action="append", default=[], metavar="TOKEN=BIAS",
+                   help="add BIAS in [-100, 100] to token id TOKEN's logit (repeatable)")
+
+
+def add_verifier_argument(p: argparse.ArgumentParser) -> None:
+    from .generate import VERIFIERS
+
+    p.add_argument("--verifier", choices=VERIFIERS, default="auto",
+                   help="rejection: modified rejection sampling; coupled: Gumbel-max coupling keyed by seed and "
+                        "position, so a seed gives the same text whatever drafts it; auto (default): coupled when "
+                        "seeded")
 
 
 def sampling_config(args) -> SamplingConfig:
-    return SamplingConfig(args.temperature, args.top_k, args.top_p)
+    bias = {}
+    for item in getattr(args, "logit_bias", None) or []:
+        token, _, value = item.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise UsageError(f"--logit-bias takes TOKEN=BIAS, got {item!r}") from None
+    return SamplingConfig(args.temperature, args.top_k, args.top_p, min_p=getattr(args, "min_p", 0.0),
+                          presence_penalty=getattr(args, "presence_penalty", 0.0),
+                          frequency_penalty=getattr(args, "frequency_penalty", 0.0),
+                          repetition_penalty=getattr(args, "repetition_penalty", 1.0), logit_bias=bias)

@@ -55,6 +55,7 @@ class CheckConfig:
     cells: int = 8  # likeliest (x1, x2) cells reported; the rest is "other"
     simulations: int = 1000  # perfect-sampler runs for the TV quantiles
     seed: int = 0
+    verifier: str = "rejection"  # the sampler checked: GenerationConfig's "rejection" or "coupled"
 
     def __post_init__(self) -> None:
         if not (self.k == "auto" or isinstance(self.k, int) and self.k >= 1):
@@ -178,7 +179,8 @@ def sample_pairs(target, drafter, prompt, n, config: CheckConfig, seed_offset: i
     length = (config.k_max if config.k == "auto" else config.k) + 1
     for i in range(n):
         run = GenerationConfig(max_new_tokens=length, k=config.k, k_max=config.k_max, sampling=config.sampling,
-                               seed=config.seed * 1_000_003 + seed_offset + i, eos_token_ids=frozenset())
+                               seed=config.seed * 1_000_003 + seed_offset + i, eos_token_ids=frozenset(),
+                               verifier=config.verifier)
         result = generate(target, prompt, run, drafter, policy)
         pair = tuple(result.token_ids[:2])
         counts[pair] = counts.get(pair, 0) + 1

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 from .arguments import (UsageError, add_draft_length_arguments, add_model_arguments, add_sampling_controls,
-                        model_options, sampling_config)
+                        add_verifier_argument, model_options, sampling_config)
 from .assemble import assemble
 from .bench.cli import add_bench_parser
 from .check_cli import add_check_parser
@@ -25,6 +25,7 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     add_draft_length_arguments(p)
     add_sampling_controls(p)
     p.add_argument("--seed", type=int, default=0)
+    add_verifier_argument(p)
     p.add_argument("--max-new-tokens", type=int, default=128)
 
 
@@ -42,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--autoregressive", action="store_true", help="run the target alone (the baseline)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    g.add_argument("--logprobs", type=int, metavar="N",
+                   help="with --json: each token's log-probability and the N likeliest alternatives")
+    g.add_argument("--logprobs-mode", choices=("raw", "processed"), default="raw",
+                   help="raw: the model's own; processed: after the sampling controls")
     g.set_defaults(func=cmd_generate)
 
     f = sub.add_parser("fetch", help="download and verify the default GGUF models")
@@ -56,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def generation_config(args) -> GenerationConfig:
     return GenerationConfig(
-        max_new_tokens=args.max_new_tokens, k=args.k, k_max=args.k_max, sampling=sampling_config(args), seed=args.seed,
-        stop_strings=tuple(getattr(args, "stop", ())),
+        max_new_tokens=args.max_new_tokens, k=args.k, k_max=args.k_max, sampling=sampling_config(args),
+        seed=args.seed, stop_strings=tuple(getattr(args, "stop", ())), verifier=getattr(args, "verifier", "auto"),
+        logprobs=getattr(args, "logprobs", None), logprobs_mode=getattr(args, "logprobs_mode", "raw"),
     )
 
 
@@ -89,8 +95,11 @@ def cmd_generate(args) -> int:
             sys.stdout.flush()
     result = s.result
     if args.json:
-        json.dump({"text": result.text, "token_ids": result.token_ids, "stop_reason": result.stop_reason,
-                   "stats": result.stats.as_dict()}, sys.stdout)
+        out = {"text": result.text, "token_ids": result.token_ids, "stop_reason": result.stop_reason,
+               "stats": result.stats.as_dict()}
+        if result.logprobs is not None:
+            out["logprobs"] = [{"token": lp.token, "logprob": lp.logprob, "top": lp.top} for lp in result.logprobs]
+        json.dump(out, sys.stdout)
         sys.stdout.write("\n")
     else:
         sys.stdout.write("\n")

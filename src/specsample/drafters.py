@@ -14,7 +14,7 @@ import torch
 
 from .backends.base import Backend, claim_cache, finite_logits, holds_cache
 from .control import MODEL, DraftCall, FixedK, Policy, ngram_source
-from .sampling import SamplingConfig, logits_to_probs, sample
+from .sampling import Sampler, SamplingConfig
 
 
 @dataclass
@@ -37,10 +37,10 @@ class Drafter(Protocol):
     name: str
     calls: int  # model forward calls made so far
 
-    def propose(self, context: list[int], k: int, generator: torch.Generator | None,
-                policy: Policy | None = None) -> Draft:
+    def propose(self, context: list[int], k: int, sampler: Sampler, policy: Policy | None = None) -> Draft:
         """At most k draft tokens after context; the policy decides how many (a fixed
-        k when None). May return none."""
+        k when None). May return none. A drafter that draws uses the generation's
+        sampler: the penalties' history, and under coupling the noise of each position."""
         ...
 
 
@@ -114,12 +114,12 @@ class ModelDrafter:
                 return start, common
         raise AssertionError("unreachable: the restart view always qualifies")
 
-    def propose(self, context, k, generator, policy=None) -> Draft:
+    def propose(self, context, k, sampler, policy=None) -> Draft:
         policy = policy or FixedK(k)
         _, m = policy.choose({MODEL: k}, self.lag(context))
-        return self.draft(context, k, m, generator, policy) if m else Draft.empty()
+        return self.draft(context, k, m, sampler, policy) if m else Draft.empty()
 
-    def draft(self, context: list[int], limit: int, planned: int, generator, policy: Policy) -> Draft:
+    def draft(self, context: list[int], limit: int, planned: int, sampler: Sampler, policy: Policy) -> Draft:
         """Draft up to `limit` tokens, `planned` of them unless the policy revises it."""
         start, common = self._view(context)
         if not holds_cache(self.backend, self._claim, len(self._cached)):  # someone else used the backend
@@ -136,13 +136,13 @@ class ModelDrafter:
             calls.append(DraftCall(len(feed), self.clock() - t0))
             self.calls += 1
             self._cached += feed
-            probs = logits_to_probs(logits, self.sampling)  # [1, vocab]
+            probs = sampler.probs(logits, context + tokens, self.sampling)  # [1, vocab]
             confidence = draft_confidence(logits, probs, self.sampling)
             # Decided from q_i alone, before x_i is drawn (control.py says why).
             planned = policy.extent(MODEL, i, confidence)
             if planned <= i:
                 break
-            token = int(sample(probs, generator)[0])
+            token = int(sampler.draw(probs, len(context) + i)[0])
             tokens.append(token)
             rows.append(probs[0])
             confidences.append(confidence)
@@ -225,7 +225,7 @@ class NgramDrafter:
         policy.consider(ngram_source(n), tokens)
         return tokens, {ngram_source(n): len(tokens)}
 
-    def propose(self, context, k, generator, policy=None) -> Draft:
+    def propose(self, context, k, sampler, policy=None) -> Draft:
         policy = policy or FixedK(k)
         tokens, options = self.offer(context, k, policy)
         source, m = policy.choose(options, 0)
@@ -255,12 +255,12 @@ class HybridDrafter:
     def model_backend(self) -> Backend:
         return self.model.backend
 
-    def propose(self, context, k, generator, policy=None) -> Draft:
+    def propose(self, context, k, sampler, policy=None) -> Draft:
         policy = policy or FixedK(k)
         tokens, lookup = self.ngram.offer(context, k, policy)
         source, m = policy.choose({MODEL: k, **lookup}, self.model.lag(context))
         if not m:
             return Draft.empty()
         if source == MODEL:
-            return self.model.draft(context, k, m, generator, policy)
+            return self.model.draft(context, k, m, sampler, policy)
         return lookup_draft(tokens[:m], source)

@@ -12,8 +12,11 @@ from .backends.base import Backend, check_cache, check_same_vocabulary, claim_ca
 from .control import Policy, RoundReport, make_policy
 from .detokenize import TextTracker
 from .drafters import Draft, Drafter
-from .sampling import SamplingConfig, logits_to_probs
-from .verify import verify
+from .logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
+from .sampling import Sampler, SamplingConfig
+from .verify import verify, verify_coupled
+
+VERIFIERS = ("auto", "coupled", "rejection")
 
 
 @dataclass
@@ -100,6 +103,13 @@ class GenerationConfig:
     seed: int | None = 0
     stop_strings: tuple[str, ...] = ()
     eos_token_ids: frozenset[int] | None = None  # None: the target's own
+    # "rejection": modified rejection sampling (verify); "coupled": Gumbel-max coupling
+    # keyed by (seed, position) (verify_coupled), whose tokens depend only on the
+    # target, the seed and the position, never on the drafter, K or timing; "auto":
+    # coupled when a seed is given.
+    verifier: str = "auto"
+    logprobs: int | None = None  # None: none; N: each emitted token's and the N likeliest alternatives'
+    logprobs_mode: str = "raw"  # "raw" (the model's) or "processed" (after the controls); see logprobs.py
 
     def __post_init__(self) -> None:
         if self.k != "auto" and not (isinstance(self.k, int) and self.k >= 1):
@@ -110,12 +120,23 @@ class GenerationConfig:
             raise ValueError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if "" in self.stop_strings:  # it would match before the first token
             raise ValueError("stop strings must not be empty")
+        if self.verifier not in VERIFIERS:
+            raise ValueError(f"verifier must be one of {', '.join(VERIFIERS)}, got {self.verifier!r}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP:
+            raise ValueError(f"logprobs must be in [0, {MAX_TOP}], got {self.logprobs}")
+        if self.logprobs_mode not in MODES:
+            raise ValueError(f"logprobs mode must be one of {', '.join(MODES)}, got {self.logprobs_mode!r}")
+
+    @property
+    def coupled(self) -> bool:
+        return self.verifier == "coupled" or self.verifier == "auto" and self.seed is not None
 
 
 @dataclass
 class Chunk:
     token_ids: list[int]  # tokens emitted by one round
     text: str  # text they complete (may lag a token behind on split characters)
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the config asks for them
 
 
 @dataclass
@@ -124,6 +145,7 @@ class GenerationResult:
     text: str
     stats: GenerationStats
     stop_reason: str  # "length", "eos" or "stop_string"
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the config asks for them
 
 
 class Stream:
@@ -187,6 +209,13 @@ def generate(target, prompt_ids, config, drafter=None, policy=None, clock=time.p
 
 def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chunk]:
     generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
+    coupled_seed = None
+    # Greedy rows are one-hot: both verifiers accept exactly the drafts that equal the
+    # argmax, so coupling would only cost its noise.
+    if config.coupled and not config.sampling.greedy:  # unseeded coupling still needs one seed for its noise
+        coupled_seed = config.seed if config.seed is not None else int(torch.randint(1 << 62, ()))
+    sampler = Sampler(len(prompt_ids), generator, coupled_seed)
+    logprobs: list[TokenLogprob] | None = None if config.logprobs is None else []
     eos = target.eos_token_ids if config.eos_token_ids is None else config.eos_token_ids
     stats = GenerationStats()
     start = clock()
@@ -219,7 +248,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
         budget = min(policy.k_max, config.max_new_tokens - len(new) - 1)
         if drafter is not None and budget > 0:
             calls_before = drafter.calls
-            draft = drafter.propose(context, budget, generator, policy)
+            draft = drafter.propose(context, budget, sampler, policy)
             stats.draft_calls += drafter.calls - calls_before
         else:
             draft = Draft.empty()
@@ -239,9 +268,14 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
         stats.target_calls += bool(fed)
         stats.target_seconds += t2 - t1
 
-        # 3. Accept a prefix of the drafts, then one recovered or bonus token.
-        target_probs = logits_to_probs(finite_logits(logits, target.name), config.sampling)  # [m + 1, vocab]
-        verdict = verify(draft.tokens, draft.probs, target_probs, generator)
+        # 3. Accept a prefix of the drafts, then one recovered or bonus token. Row j
+        #    follows the text and drafts[:j], which the penalties count.
+        logits = finite_logits(logits, target.name)  # [m + 1, vocab]
+        target_probs = sampler.probs(logits, context + draft.tokens.tolist(), config.sampling)  # [m + 1, vocab]
+        if sampler.coupled:
+            verdict = verify_coupled(draft.tokens, target_probs, sampler.noise(len(context), m + 1, logits.shape[-1]))
+        else:
+            verdict = verify(draft.tokens, draft.probs, target_probs, generator)
         # Keep pending + accepted drafts; the new last token is fed next round.
         target.rollback(base + len(pending) + verdict.num_accepted)
 
@@ -257,6 +291,11 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
                 break
         new += emitted
         context += emitted
+        # Emitted token i was chosen from row i: its log-probability costs no model call.
+        scored = None
+        if logprobs is not None:
+            scored = token_logprobs(logits, target_probs, emitted, config.logprobs, config.logprobs_mode)
+            logprobs += scored
         stats.record_round(draft, verdict.num_accepted, len(emitted), cut=len(emitted) < len(verdict.tokens))
         stats.new_tokens = len(new)
 
@@ -265,13 +304,13 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
             policy.observe(RoundReport(draft.sources, draft.confidences, verdict.num_accepted, len(fed), t2 - t1,
                                        draft.calls, clock() - t0, tuple(emitted), target_probs[0]))
         stats.total_seconds = clock() - start
-        yield Chunk(emitted, text.take())
+        yield Chunk(emitted, text.take(), scored)
 
     tail = text.flush()
     if tail:
         yield Chunk([], tail)
     stats.total_seconds = clock() - start
-    return GenerationResult(new, text.final(), stats, stop_reason)
+    return GenerationResult(new, text.final(), stats, stop_reason, logprobs)
 
 
 def _bump(histogram: list[int], index: int) -> None:

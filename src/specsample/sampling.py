@@ -1,14 +1,26 @@
 """Sampling controls: logits -> the probabilities a token is actually drawn from.
 
 Target and draft go through the same function, so the draft probabilities used in
-the acceptance ratio are exactly the distribution each draft token was drawn from
-(after temperature, top-k and top-p), and greedy is a one-hot distribution rather
-than a softmax that was never sampled from.
+the acceptance ratio are exactly the distribution each draft token was drawn from,
+and greedy is a one-hot distribution rather than a softmax that was never sampled
+from. The order is vLLM's: logit_bias, then the penalties, then (unless greedy)
+temperature, min_p, top-k and top-p.
+
+Penalties look back at the text before each row. Which tokens count follows vLLM
+(and OpenAI's description of "the text so far" as the completion): presence and
+frequency penalties count the *generated* tokens only; the repetition penalty
+(Keskar et al. 2019, as in transformers and vLLM) counts the prompt's tokens too.
+In a verify call row j follows the text plus drafts[:j], so the drafts before a row
+count as generated tokens there: the row is the target's distribution given exactly
+that prefix, as it would be had the drafts been sampled one step at a time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +38,12 @@ class SamplingConfig:
     temperature: float = 1.0  # 0, or anything below MIN_TEMPERATURE, means greedy (argmax)
     top_k: int = 0  # 0 disables
     top_p: float = 1.0  # 1.0 disables
+    min_p: float = 0.0  # drop tokens below min_p x the top token's probability; 0 disables
+    presence_penalty: float = 0.0  # subtracted once from every token generated so far
+    frequency_penalty: float = 0.0  # subtracted per occurrence among the generated tokens
+    repetition_penalty: float = 1.0  # divides (or, below 0, multiplies) logits of prompt and generated tokens
+    # (token id, bias) pairs added to the logits; a dict is accepted and stored sorted
+    logit_bias: tuple[tuple[int, float], ...] = field(default=())
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -34,24 +52,55 @@ class SamplingConfig:
             raise ValueError(f"top-k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min-p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:  # OpenAI's range
+                raise ValueError(f"{name.replace('_', '-')} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty <= 10 or not math.isfinite(self.repetition_penalty):
+            raise ValueError(f"repetition-penalty must be in (0, 10], got {self.repetition_penalty}")
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        bias = tuple(sorted((int(t), float(b)) for t, b in bias))
+        for token, value in bias:
+            if token < 0 or not -100 <= value <= 100:
+                raise ValueError(f"logit-bias takes token ids >= 0 and biases in [-100, 100], got {token}: {value}")
+        object.__setattr__(self, "logit_bias", bias)
 
     @property
     def greedy(self) -> bool:
         return self.temperature < MIN_TEMPERATURE
 
+    @property
+    def penalised(self) -> bool:
+        """Whether the rows depend on the text before them."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
-def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+
+@dataclass(frozen=True)
+class History:
+    """The text before a block of rows: row i of n follows tokens[:len(tokens) - n + 1 + i]
+    (the convention of Backend.score); the first prompt_length tokens are the prompt."""
+
+    tokens: Sequence[int]
+    prompt_length: int
+
+
+def logits_to_probs(logits: torch.Tensor, config: SamplingConfig, history: History | None = None) -> torch.Tensor:
     """Probabilities after the sampling controls, always in float32.
 
     logits: [n, vocab] (any float dtype) -> [n, vocab] float32, rows sum to 1.
+    history: the text before the rows; needed only with penalties.
     """
-    logits = logits.float()
+    logits = process_logits(logits, config, history)
     if config.greedy:
         # Ties resolve to the lowest token id, as torch.argmax does in plain greedy.
         probs = torch.zeros_like(logits)
         probs.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
         return probs
     logits = logits / config.temperature
+    if config.min_p > 0:  # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p)
+        floor = logits.amax(-1, keepdim=True) + math.log(config.min_p)
+        logits = logits.masked_fill(logits < floor, float("-inf"))
     if 0 < config.top_k < logits.shape[-1]:
         kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -59,6 +108,46 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tenso
     if config.top_p < 1.0:
         probs = _top_p_filter(probs, config.top_p)
     return probs
+
+
+def process_logits(logits: torch.Tensor, config: SamplingConfig, history: History | None = None) -> torch.Tensor:
+    """The controls that come before temperature: logit_bias, then the penalties.
+
+    logits: [n, vocab] -> [n, vocab] float32 (a copy when anything changes).
+    """
+    logits = logits.float()
+    if config.logit_bias:
+        tokens = torch.tensor([t for t, _ in config.logit_bias if t < logits.shape[-1]], dtype=torch.long)
+        bias = torch.tensor([b for t, b in config.logit_bias if t < logits.shape[-1]])
+        logits = logits.index_add(-1, tokens, bias.expand(logits.shape[0], -1).contiguous())
+    if config.penalised:
+        if history is None:
+            raise ValueError("penalties need the text before the rows (a History)")
+        logits = _penalise(logits, config, history)
+    return logits
+
+
+def _penalise(logits: torch.Tensor, config: SamplingConfig, history: History) -> torch.Tensor:
+    n, vocab = logits.shape
+    first = len(history.tokens) - n + 1  # tokens before row 0
+    if first < history.prompt_length:
+        raise ValueError(f"{n} rows after {len(history.tokens)} tokens would start inside the prompt "
+                         f"of {history.prompt_length}")
+    tokens = torch.as_tensor(list(history.tokens), dtype=torch.long)  # [len]
+    # counts[i]: occurrences of each token among the generated tokens before row i
+    generated = torch.bincount(tokens[history.prompt_length : first], minlength=vocab)[:vocab]  # [vocab]
+    later = torch.nn.functional.one_hot(tokens[first:], vocab).cumsum(0) if n > 1 else tokens.new_zeros(0, vocab)
+    counts = torch.cat([generated[None], generated[None] + later]).float()  # [n, vocab]
+    if config.repetition_penalty != 1.0:
+        seen = counts > 0
+        seen[:, tokens[: history.prompt_length]] = True
+        penalised = torch.where(logits > 0, logits / config.repetition_penalty, logits * config.repetition_penalty)
+        logits = torch.where(seen, penalised, logits)
+    if config.frequency_penalty:
+        logits = logits - config.frequency_penalty * counts
+    if config.presence_penalty:
+        logits = logits - config.presence_penalty * (counts > 0).float()
+    return logits
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -96,3 +185,70 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     cdf = probs.double().cumsum(-1)  # [n, vocab]
     u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]  # [n, 1]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
+
+
+# ---- drawing: from a generator, or coupled by noise keyed to the position ----------
+
+
+def race_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
+    """Exponential noise E [vocab] float64 for one position of one seeded generation.
+
+    argmax(probs / E) is a draw from probs (exponential races: token i's clock rings
+    at E_i / p_i, and the first of independent clocks with rates p_i is i with
+    probability p_i; the same as Gumbel-max, argmax(log p + g) with g = -log E). The
+    noise depends on (seed, position) alone, so every row scored for a position, by
+    the target or a draft, in any round, sees the same E.
+    """
+    key = int.from_bytes(hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest(), "little")
+    u = torch.rand(vocab, generator=torch.Generator().manual_seed(key), dtype=torch.float64)  # [0, 1)
+    return -torch.log(u)  # > 0; u = 0 gives inf, a token that cannot win
+
+
+def coupled_choice(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """probs [n, vocab], noise [n, vocab] -> [n] int64: argmax(probs / noise) per row.
+    Tokens of probability 0 score 0 and never beat one that has mass."""
+    return (probs.double() / noise).argmax(-1)
+
+
+class Sampler:
+    """How one generation draws its tokens, shared by the loop and the drafter.
+
+    Rows become probabilities by logits_to_probs, with the history the penalties need
+    (the prompt's length tells generated tokens from prompt tokens). Tokens are drawn
+    from the generator, or, when coupled_seed is set, by coupled_choice with noise
+    keyed by (coupled_seed, absolute position): a seeded answer is then a function of
+    the target's distributions and the seed alone (verify.verify_coupled).
+    """
+
+    def __init__(self, prompt_length: int = 0, generator: torch.Generator | None = None,
+                 coupled_seed: int | None = None):
+        self.prompt_length = prompt_length
+        self.generator = generator
+        self.coupled_seed = coupled_seed
+        self._noise: dict[int, torch.Tensor] = {}  # position -> [vocab]; the draft and the target share it
+
+    @property
+    def coupled(self) -> bool:
+        return self.coupled_seed is not None
+
+    def probs(self, logits: torch.Tensor, tokens: Sequence[int], config: SamplingConfig) -> torch.Tensor:
+        """logits [n, vocab] -> [n, vocab]; row i follows tokens[:len(tokens) - n + 1 + i]."""
+        history = History(tokens, self.prompt_length) if config.penalised else None
+        return logits_to_probs(logits, config, history)
+
+    def draw(self, probs: torch.Tensor, position: int) -> torch.Tensor:
+        """probs [n, vocab] -> [n] int64; row i draws the token at position + i."""
+        if not self.coupled:
+            return sample(probs, self.generator)
+        return coupled_choice(probs, self.noise(position, probs.shape[0], probs.shape[-1]))
+
+    def noise(self, position: int, n: int, vocab: int) -> torch.Tensor:
+        """[n, vocab]: race_noise for positions position .. position + n - 1."""
+        for p in [p for p in self._noise if p < position]:  # positions behind us never come back
+            del self._noise[p]
+        rows = []
+        for p in range(position, position + n):
+            if p not in self._noise:
+                self._noise[p] = race_noise(self.coupled_seed, p, vocab)
+            rows.append(self._noise[p])
+        return torch.stack(rows)

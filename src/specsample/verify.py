@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import sample
+from .sampling import coupled_choice, sample
 
 
 @dataclass(frozen=True)
@@ -88,3 +88,38 @@ def residual_distribution(
     if not torch.isfinite(total) or total <= torch.finfo(torch.float32).tiny:
         return target_row
     return residual / total
+
+
+def verify_coupled(
+    draft_tokens: torch.Tensor,  # [k] int64
+    target_probs: torch.Tensor,  # [k + 1, vocab]
+    noise: torch.Tensor,  # [k + 1, vocab]: race_noise of the positions the rows predict
+) -> Verdict:
+    """Drafter-invariant verification (Daliri, Musco and Suresh 2024): the target's own
+    choice at each position is argmax(target_probs / noise), a draw from the target
+    (sampling.race_noise); a draft is accepted iff it equals that choice, and the first
+    mismatch emits the target's choice instead. So the emitted tokens are the ones the
+    target would have drawn alone with the same noise, whatever was drafted, and each
+    follows the target's distribution. A draft model proposes with the same noise
+    (Sampler.draw), which is what makes its guesses agree often.
+
+    Worked example, K = 2, vocabulary {a, b, c}, noise E per position:
+
+        target_probs = [[.3, .5, .2],     E = [[.1, 2.0, .9],    p / E = [3.0, .25, .22]  -> a
+                        [.1, .8, .1],          [.5, .4, 3.0],            [.2, 2.0, .03]   -> b
+                        [.4, .4, .2]]          [1.0, .2, .25]]           [.4, 2.0, .8]    -> b
+        draft_tokens = [a, c]: a equals the choice and is accepted; c is not b, so the
+        round emits [a, b], one accepted draft. Drafts [a, b] would emit [a, b, b].
+
+    Unlike modified rejection sampling, acceptance does not use the draft's
+    probabilities: a draft with the same noise agrees where its own race has the same
+    winner, at least (1 - TV) / (1 + TV) of the time (TV: total variation between the
+    two distributions) against 1 - TV for rejection sampling.
+    """
+    k = draft_tokens.shape[0]
+    choices = coupled_choice(target_probs.float(), noise).tolist()  # [k + 1]
+    drafts = draft_tokens.tolist()
+    n = 0
+    while n < k and drafts[n] == choices[n]:
+        n += 1
+    return Verdict(drafts[:n] + [choices[n]], n)

@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import hmac
 import json
+import dataclasses
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,9 +27,11 @@ from starlette.routing import Route
 
 from ..backends.base import ChatTemplateError
 from ..generate import GenerationConfig
+from ..logprobs import MAX_TOP
 from ..sampling import SamplingConfig
 from .metrics import CountRequests, Metrics
-from .worker import Job, QueueFull, Worker
+from .replies import FINISH_REASONS, Choice, Reply
+from .worker import Job, QueueFull, Task, Worker
 
 
 @dataclass
@@ -43,6 +45,7 @@ class Settings:
     queue_timeout: float = 120.0  # seconds a request may wait for the model
     max_body_bytes: int = 1 << 20
     max_tokens: int = 1024  # cap on max_tokens per request, and its default
+    verifier: str = "auto"  # GenerationConfig.verifier for every request
 
 
 class APIError(Exception):
@@ -88,26 +91,36 @@ class _Request(_Strict):
     temperature: float | None = None  # None: OpenAI's default, 1
     top_p: float | None = None
     top_k: int | None = None  # an extension: 0 = off
+    min_p: float | None = None  # an extension (vLLM's): 0 = off
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # an extension (vLLM's): 1 = off
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     max_tokens: int | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
+    n: int | None = None
+    logprobs_mode: Literal["raw", "processed"] | None = None  # an extension; see logprobs.py
     user: str | None = None
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None  # alternatives per token, up to 20
+    echo: bool = False
 
 
 class ChatRequest(_Request):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 # OpenAI parameters we cannot honour, accepted only at a value that asks for nothing.
 NEUTRAL = {
-    "n": (None, 1), "best_of": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "suffix": (None, ""),
-    "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+    "best_of": (None, 1), "suffix": (None, ""),
+    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
     "function_call": (None, "none"), "response_format": (None, {"type": "text"}), "parallel_tool_calls": (None, True, False),
     "metadata": (None, {}), "store": (None, False), "service_tier": (None, "auto", "default"),
 }
@@ -123,8 +136,8 @@ def parse(model: type[_Request], data) -> _Request:
     unsupported = sorted(name for name, value in (request.model_extra or {}).items()
                          if name not in NEUTRAL or not any(_asks_nothing(value, v) for v in NEUTRAL[name]))
     if unsupported:
-        raise APIError(400, f"unsupported parameter(s): {', '.join(unsupported)} (specsample serves one "
-                       "plain-text completion per request: no n > 1, logprobs, penalties, tools or formats)",
+        raise APIError(400, f"unsupported parameter(s): {', '.join(unsupported)} (specsample serves plain-text "
+                       "completions: no tools, suffix, best_of or response formats; see docs/serve.md)",
                        param=unsupported[0], code="unsupported_parameter")
     return request
 
@@ -158,13 +171,25 @@ def _check_range(name: str, value, low, high, low_open: bool = False) -> None:
 MAX_STOP_STRINGS = 16
 
 
-def generation_config(request: _Request, max_tokens: int | None, settings: Settings) -> GenerationConfig:
-    """The request's settings; max_new_tokens is fitted to the prompt later."""
+MAX_CHOICES = 32  # prompts x n in one request; they take turns on the model like separate requests
+MAX_LOGIT_BIAS = 300  # OpenAI's limit
+
+
+def generation_config(request: _Request, max_tokens: int | None, settings: Settings,
+                      vocab_size: int) -> GenerationConfig | None:
+    """The request's settings; max_new_tokens is fitted to the prompt later. None:
+    nothing to generate (echo with max_tokens 0: the prompt is only scored)."""
+    echo = getattr(request, "echo", False)
     _check_range("temperature", request.temperature, 0, 2)
     _check_range("top_p", request.top_p, 0, 1, low_open=True)
     _check_range("top_k", request.top_k, 0, 1 << 31)
-    _check_range("max_tokens", max_tokens, 1, settings.max_tokens)
+    _check_range("min_p", request.min_p, 0, 1)
+    _check_range("presence_penalty", request.presence_penalty, -2, 2)
+    _check_range("frequency_penalty", request.frequency_penalty, -2, 2)
+    _check_range("repetition_penalty", request.repetition_penalty, 0, 10, low_open=True)
+    _check_range("max_tokens", max_tokens, 0 if echo else 1, settings.max_tokens)
     _check_range("seed", request.seed, -(1 << 63), (1 << 64) - 1)  # what torch's manual_seed takes
+    _check_range("n", request.n, 1, MAX_CHOICES)
     stop = [request.stop] if isinstance(request.stop, str) else request.stop or []
     if len(stop) > MAX_STOP_STRINGS or not all(stop):
         raise APIError(400, f"stop takes at most {MAX_STOP_STRINGS} non-empty strings", param="stop",
@@ -172,9 +197,42 @@ def generation_config(request: _Request, max_tokens: int | None, settings: Setti
     sampling = SamplingConfig(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_k=request.top_k or 0, top_p=1.0 if request.top_p is None else request.top_p,
+        min_p=request.min_p or 0.0, presence_penalty=request.presence_penalty or 0.0,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+        logit_bias=logit_bias(request.logit_bias, vocab_size),
     )
+    if max_tokens == 0:
+        return None
     return GenerationConfig(max_new_tokens=max_tokens or settings.max_tokens, k=settings.k, k_max=settings.k_max,
-                            sampling=sampling, seed=request.seed, stop_strings=tuple(stop))
+                            sampling=sampling, seed=request.seed, stop_strings=tuple(stop), verifier=settings.verifier,
+                            logprobs=requested_logprobs(request), logprobs_mode=request.logprobs_mode or "raw")
+
+
+def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+    if not bias:
+        return {}
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise APIError(400, f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens, got {len(bias)}",
+                       param="logit_bias", code="invalid_value")
+    out = {}
+    for key, value in bias.items():
+        if not key.isdigit() or int(key) >= vocab_size or not -100 <= value <= 100:
+            raise APIError(400, f"logit_bias maps token ids in [0, {vocab_size}) to biases in [-100, 100], "
+                           f"got {key!r}: {value}", param="logit_bias", code="invalid_value")
+        out[int(key)] = value
+    return out
+
+
+def requested_logprobs(request: _Request) -> int | None:
+    """Alternatives per token, or None when no log-probabilities are asked for."""
+    if isinstance(request, CompletionRequest):
+        _check_range("logprobs", request.logprobs, 0, MAX_TOP)
+        return request.logprobs
+    _check_range("top_logprobs", request.top_logprobs, 0, MAX_TOP)
+    if request.top_logprobs and not request.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+    return (request.top_logprobs or 0) if request.logprobs else None
 
 
 def _draft_reserve(config: GenerationConfig) -> int:
@@ -182,8 +240,14 @@ def _draft_reserve(config: GenerationConfig) -> int:
     return (config.k if isinstance(config.k, int) else config.k_max) + 1
 
 
-def fit_context(config: GenerationConfig, requested: int | None, prompt_len: int, context: int, param: str) -> None:
+def fit_context(config: GenerationConfig | None, requested: int | None, prompt_len: int, context: int,
+                param: str) -> None:
     """Default max_tokens to what fits; a prompt or max_tokens that cannot fit is a 400."""
+    if config is None:  # scoring alone
+        if prompt_len > context:
+            raise APIError(400, f"the prompt has {prompt_len} tokens, but this model's context takes at most "
+                           f"{context}", param=param, code="context_length_exceeded")
+        return
     reserve = _draft_reserve(config)
     room = context - prompt_len - reserve
     if room < 1:
@@ -196,20 +260,30 @@ def fit_context(config: GenerationConfig, requested: int | None, prompt_len: int
     config.max_new_tokens = min(room, config.max_new_tokens)
 
 
-def completion_prompt(request: CompletionRequest, target) -> list[int]:
+def completion_prompts(request: CompletionRequest, target) -> list[tuple[list[int], str | None]]:
+    """Each prompt's token ids, and its text when it came as text (for echo)."""
     prompt = request.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):  # token ids
-        if not all(0 <= t < target.vocab_size for t in prompt):
-            raise APIError(400, f"prompt token ids must be in [0, {target.vocab_size})", param="prompt")
-        return list(prompt)
-    if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise APIError(400, f"one prompt per request, got {len(prompt)}", param="prompt")
-        prompt = prompt[0]
-    ids = target.tokenizer.encode(prompt) if prompt else []
-    if not ids:
+    if isinstance(prompt, str) or prompt and isinstance(prompt[0], int):
+        prompts = [prompt]  # one text, or one list of token ids
+    else:
+        prompts = prompt
+    if not prompts:
         raise APIError(400, "the prompt is empty", param="prompt")
-    return ids
+    if len(prompts) > MAX_CHOICES:
+        raise APIError(400, f"at most {MAX_CHOICES} prompts per request, got {len(prompts)}", param="prompt")
+    out = []
+    for p in prompts:
+        if isinstance(p, list):  # token ids
+            if not p or not all(0 <= t < target.vocab_size for t in p):
+                raise APIError(400, f"prompt token ids must be in [0, {target.vocab_size}), at least one",
+                               param="prompt")
+            out.append((list(p), None))
+            continue
+        ids = target.tokenizer.encode(p) if p else []
+        if not ids:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        out.append((ids, p))
+    return out
 
 
 def chat_prompt(request: ChatRequest, target) -> list[int]:
@@ -222,53 +296,6 @@ def chat_prompt(request: ChatRequest, target) -> list[int]:
         raise APIError(400, str(e), param="messages") from None
     except ValueError as e:  # no chat template
         raise APIError(400, f"{e}; use /v1/completions", param="messages") from None
-
-
-# ---- responses --------------------------------------------------------------------
-
-FINISH_REASONS = {"length": "length", "eos": "stop", "stop_string": "stop"}
-
-
-class Reply:
-    """The OpenAI shapes of one answer: chat or text completion, whole or in chunks."""
-
-    def __init__(self, chat: bool, model: str, prompt_len: int, drafter_name: str | None):
-        self.chat, self.model, self.prompt_len, self.drafter_name = chat, model, prompt_len, drafter_name
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        self.created = int(time.time())
-
-    def _wrap(self, obj: str, choices: list, **extra) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices,
-                **extra}
-
-    def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False) -> dict:
-        if not self.chat:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-            return self._wrap("text_completion", [choice])
-        delta = {"role": "assistant", "content": ""} if role else {} if text is None else {"content": text}
-        return self._wrap("chat.completion.chunk", [{"index": 0, "delta": delta, "logprobs": None,
-                                                     "finish_reason": finish_reason}])
-
-    def usage_chunk(self, result) -> dict:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return self._wrap(obj, [], usage=self.usage(result))
-
-    def whole(self, result) -> dict:
-        finish = FINISH_REASONS[result.stop_reason]
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": result.text}, "logprobs": None,
-                      "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}
-        return self._wrap("chat.completion" if self.chat else "text_completion", [choice], usage=self.usage(result))
-
-    def usage(self, result) -> dict:
-        n = len(result.token_ids)
-        # An extension: this request's speculative statistics (acceptance rate, tokens
-        # per target call, accepted-per-round histogram, time split).
-        speculative = {"drafter": self.drafter_name, **result.stats.as_dict()}
-        return {"prompt_tokens": self.prompt_len, "completion_tokens": n, "total_tokens": self.prompt_len + n,
-                "speculative": speculative}
 
 
 # ---- the app ----------------------------------------------------------------------
@@ -330,30 +357,87 @@ async def _answer(request: Request, chat: bool) -> Response:
     if chat and body.max_completion_tokens is not None:
         requested = body.max_completion_tokens
     try:
-        config = generation_config(body, requested, settings)
+        config = generation_config(body, requested, settings, server.target.vocab_size)
+        logprobs = requested_logprobs(body)
     except ValueError as e:
         raise APIError(400, str(e)) from None
     # Tokenizing a long prompt takes a while: off the loop, like generation.
-    ids = await run_in_threadpool(chat_prompt if chat else completion_prompt, body, server.target)
-    fit_context(config, requested, len(ids), server.target.context_length, "messages" if chat else "prompt")
-
-    job = Job(ids, config, lambda: server.make_drafter(config.sampling), asyncio.get_running_loop())
+    if chat:
+        prompts = [(await run_in_threadpool(chat_prompt, body, server.target), None)]
+    else:
+        prompts = await run_in_threadpool(completion_prompts, body, server.target)
+    n = body.n or 1
+    if len(prompts) * n > MAX_CHOICES:
+        raise APIError(400, f"{len(prompts)} prompts x n = {n} asks for more than {MAX_CHOICES} choices",
+                       param="n", code="invalid_value")
+    echo = not chat and body.echo
+    tasks, echoes = [], {}
+    for p, (ids, text) in enumerate(prompts):
+        fitted = None if config is None else dataclasses.replace(config)
+        fit_context(fitted, requested, len(ids), server.target.context_length, "messages" if chat else "prompt")
+        for i in range(n):
+            index = p * n + i
+            # n samples of one prompt: seeds seed, seed + 1, ... (each one reproducible alone)
+            seeded = None if fitted is None else dataclasses.replace(fitted, seed=_nth_seed(body.seed, i))
+            tasks.append(Task(index, ids, seeded, logprobs if echo and logprobs is not None else None))
+            if echo:
+                echoes[index] = ids, text
+    sampling = config.sampling if config is not None else None
+    job = Job(tasks, lambda: server.make_drafter(sampling), asyncio.get_running_loop())
     try:
         server.worker.submit(job)
     except QueueFull:
         raise APIError(429, f"the server is busy: {settings.max_queue} requests are waiting; retry later",
                        type="rate_limit_error", code="queue_full") from None
-    reply = Reply(chat, settings.model_name, len(ids), server.drafter_name)
+    reply = Reply(chat, settings.model_name, sum(len(ids) for ids, _ in prompts), server.drafter_name,
+                  server.target.tokenizer, logprobs)
+    answer = Answer(reply, echoes, server.target.tokenizer)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     try:
         await _wait_for_model(server, job, arrived)
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return EventSourceResponse(_events(server, job, reply, arrived, include_usage), sep="\n", ping=15)
-        return JSONResponse(reply.whole(await _collect(server, job, arrived)))
+            return EventSourceResponse(_events(server, job, answer, arrived, include_usage), sep="\n", ping=15)
+        await _collect(server, job, answer, arrived)
+        return JSONResponse(reply.whole(answer.whole, answer.results))
     finally:
         # A stream's disconnects are sse-starlette's to notice from here on.
         watcher.cancel()
+
+
+def _nth_seed(seed: int | None, i: int) -> int | None:
+    if seed is None:
+        return None
+    return seed + i if seed + i < 1 << 64 else seed - i
+
+
+class Answer:
+    """Turns the worker's events into choices: each event's part, and the whole so far."""
+
+    def __init__(self, reply: Reply, echoes: dict, tokenizer):
+        self.reply, self.echoes, self.tokenizer = reply, echoes, tokenizer
+        self.whole: dict[int, Choice] = {}
+        self.results: dict = {}
+
+    def part(self, kind: str, value) -> Choice | None:
+        """The new part of a choice an event brings, or None."""
+        index, payload = value
+        whole = self.whole.setdefault(index, Choice(index))
+        part = Choice(index)
+        if index in self.echoes and not whole.text and not whole.entries:  # the prompt comes first
+            ids, text = self.echoes.pop(index)
+            part.text = text if text is not None else self.tokenizer.decode(ids)
+            if kind == "prompt":
+                part.entries = list(zip(ids, payload))
+        if kind == "chunk":
+            part.text += payload.text
+            if payload.logprobs is not None:
+                part.entries += list(zip(payload.token_ids, payload.logprobs))
+        elif kind == "result":
+            self.results[index] = payload
+        whole.text += part.text
+        whole.entries += part.entries
+        return part if part.text or part.entries else None
 
 
 async def _cancel_on_disconnect(request: Request, job: Job) -> None:
@@ -382,16 +466,19 @@ async def _wait_for_model(server: Server, job: Job, arrived: float) -> None:
     server.metrics.queue_wait_seconds.observe(time.monotonic() - arrived)
 
 
-async def _collect(server: Server, job: Job, arrived: float):
+async def _collect(server: Server, job: Job, answer: Answer, arrived: float) -> None:
     first = True
     while True:
         kind, value = await job.events.get()
         if kind == "chunk" and first:
             server.metrics.first_token_seconds.observe(time.monotonic() - arrived)
             first = False
+        if kind in ("prompt", "chunk", "result"):
+            answer.part(kind, value)
+            if kind == "result":
+                server.metrics.finished(len(job.tasks[0].prompt_ids), value[1].stats)
         elif kind == "done":
-            server.metrics.finished(len(job.prompt_ids), value.stats)
-            return value
+            return
         elif kind == "error":
             raise _generation_error(value, started=True)
         elif kind == "cancelled":  # the client is gone: nobody reads this
@@ -399,25 +486,30 @@ async def _collect(server: Server, job: Job, arrived: float):
             raise APIError(499, "client disconnected")
 
 
-async def _events(server: Server, job: Job, reply: Reply, arrived: float, include_usage: bool):
-    ended = False
+async def _events(server: Server, job: Job, answer: Answer, arrived: float, include_usage: bool):
+    reply, ended, first, begun = answer.reply, False, True, set()
     try:
-        if reply.chat:
-            yield {"data": json.dumps(reply.chunk(role=True))}
-        first = True
         while True:
             kind, value = await job.events.get()
-            if kind == "chunk" and value.text:
-                if first:
-                    server.metrics.first_token_seconds.observe(time.monotonic() - arrived)
-                    first = False
-                yield {"data": json.dumps(reply.chunk(value.text))}
+            if kind in ("prompt", "chunk", "result"):
+                index = value[0]
+                if reply.chat and index not in begun:
+                    yield {"data": json.dumps(reply.chunk(Choice(index), role=True))}
+                begun.add(index)
+                part = answer.part(kind, value)
+                if part is not None:
+                    if first and kind == "chunk":
+                        server.metrics.first_token_seconds.observe(time.monotonic() - arrived)
+                        first = False
+                    yield {"data": json.dumps(reply.chunk(part))}
+                if kind == "result":
+                    server.metrics.finished(len(job.tasks[0].prompt_ids), value[1].stats)
+                    finish = FINISH_REASONS[value[1].stop_reason]
+                    yield {"data": json.dumps(reply.chunk(Choice(index), finish_reason=finish))}
             elif kind == "done":
                 ended = True
-                server.metrics.finished(len(job.prompt_ids), value.stats)
-                yield {"data": json.dumps(reply.chunk(finish_reason=FINISH_REASONS[value.stop_reason]))}
                 if include_usage:
-                    yield {"data": json.dumps(reply.usage_chunk(value))}
+                    yield {"data": json.dumps(reply.usage_chunk(answer.results))}
                 break
             elif kind == "error":
                 ended = True
@@ -438,6 +530,55 @@ async def list_models(request: Request) -> Response:
     server: Server = request.app.state.server
     model = {"id": server.settings.model_name, "object": "model", "created": 0, "owned_by": "specsample"}
     return JSONResponse({"object": "list", "data": [model]})
+
+
+class TokenizeRequest(_Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    add_special_tokens: bool = True  # accepted for vLLM's clients; this tokenizer adds none
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]
+
+
+async def tokenize(request: Request) -> Response:
+    """vLLM's /tokenize, which evaluation harnesses use to count context tokens
+    exactly as the server will (lm-evaluation-harness's remote tokenizer)."""
+    server: Server = request.app.state.server
+    try:
+        body = TokenizeRequest.model_validate(await read_json(request, server.settings.max_body_bytes))
+    except ValidationError as e:
+        raise _validation_error(e) from None
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "give one of prompt or messages", param="prompt")
+    if body.messages is not None:
+        ids = await run_in_threadpool(chat_prompt, body, server.target)
+    else:
+        ids = await run_in_threadpool(server.target.tokenizer.encode, body.prompt)
+    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": server.target.context_length})
+
+
+async def detokenize(request: Request) -> Response:
+    server: Server = request.app.state.server
+    try:
+        body = DetokenizeRequest.model_validate(await read_json(request, server.settings.max_body_bytes))
+    except ValidationError as e:
+        raise _validation_error(e) from None
+    if not all(0 <= t < server.target.vocab_size for t in body.tokens):
+        raise APIError(400, f"token ids must be in [0, {server.target.vocab_size})", param="tokens")
+    return JSONResponse({"prompt": await run_in_threadpool(server.target.tokenizer.decode, body.tokens)})
+
+
+async def tokenizer_info(request: Request) -> Response:
+    server: Server = request.app.state.server
+    # No token text here: special tokens decode to nothing in our tokenizers, and a
+    # client that needs the end-of-text token gets the ids from the model's answers.
+    return JSONResponse({"eos_token": None, "bos_token": None, "pad_token": None,
+                         "chat_template": getattr(server.target, "chat_template", None),
+                         "model_max_length": server.target.context_length})
 
 
 async def health(request: Request) -> Response:
@@ -499,6 +640,9 @@ def create_app(target, make_drafter, drafter_name: str | None, settings: Setting
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]

@@ -7,7 +7,7 @@ import os
 
 from ..arguments import UsageError, add_draft_length_arguments, add_model_arguments, model_options
 from ..assemble import assemble
-from ..generate import GenerationConfig
+from ..generate import VERIFIERS, GenerationConfig
 
 
 def add_serve_parser(sub) -> None:
@@ -15,6 +15,9 @@ def add_serve_parser(sub) -> None:
     add_model_arguments(p)
     add_draft_length_arguments(p)
     p.add_argument("--autoregressive", action="store_true", help="serve the target alone (the baseline)")
+    p.add_argument("--verifier", choices=VERIFIERS, default="auto",
+                   help="auto (default): coupled sampling for requests with a seed, so the seed fixes the text "
+                        "whatever drafts it; rejection sampling otherwise")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("SPECSAMPLE_API_KEY"),
@@ -23,6 +26,9 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request may wait (default 120)")
     p.add_argument("--max-tokens", type=int, default=1024, help="cap on a request's max_tokens, and its default")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="cap on a request body (default 1 MiB)")
+    p.add_argument("--verifier", choices=VERIFIERS, default="auto",
+                   help="auto (default): coupled sampling for requests with a seed, so the seed fixes the text "
+                        "whatever drafts it; rejection sampling otherwise")
     p.set_defaults(func=cmd_serve)
 
 
@@ -42,7 +48,7 @@ def cmd_serve(args) -> int:
     settings = Settings(model_name=models.target.name, k=args.k, k_max=args.k_max,
                         policy=models.policy(args.k, args.k_max), api_key=args.api_key, max_queue=args.max_queue,
                         queue_timeout=args.queue_timeout, max_body_bytes=args.max_body_bytes,
-                        max_tokens=args.max_tokens)
+                        max_tokens=args.max_tokens, verifier=args.verifier)
     app = create_app(models.target, models.drafter, models.drafter_name, settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0

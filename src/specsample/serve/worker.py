@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..drafters import Drafter
-from ..generate import GenerationConfig, stream
+from ..generate import GenerationConfig, GenerationResult, GenerationStats, stream
+from ..logprobs import score_prompt
 
 
 class QueueFull(Exception):
@@ -25,13 +26,23 @@ class QueueFull(Exception):
 
 
 @dataclass
-class Job:
+class Task:
+    """One choice of a request: a prompt and what to do with it."""
+
+    index: int  # the choice's index in the response
     prompt_ids: list[int]
-    config: GenerationConfig
+    config: GenerationConfig | None  # None: no generation (echo with max_tokens 0)
+    prompt_logprobs: int | None = None  # score the prompt first, with this many alternatives per token
+
+
+@dataclass
+class Job:
+    tasks: list[Task]  # run in turn: n samples of each prompt
     make_drafter: Callable[[], Drafter | None]  # built in the worker: a ModelDrafter follows the request's sampling
     loop: asyncio.AbstractEventLoop
-    # ("started", None), ("chunk", Chunk), then ("done", GenerationResult), ("error",
-    # exception) or ("cancelled", None); or ("error", ...) / ("cancelled", None) alone.
+    # ("started", None), then per task ("prompt", (index, log-probabilities)) and
+    # ("chunk", (index, Chunk)) events and one ("result", (index, GenerationResult)),
+    # then ("done", None); or ("error", exception) / ("cancelled", None) at any point.
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.monotonic)
@@ -109,15 +120,32 @@ class Worker:
     def _generate(self, job: Job) -> None:
         # Every job ends with exactly one of "done", "error" or "cancelled".
         try:
-            policy = self.policy if job.config.k == "auto" else None
-            s = stream(self.target, job.prompt_ids, job.config, job.make_drafter(), policy)  # checks the request
-            job.emit("started")
-            for chunk in s:
-                job.emit("chunk", chunk)
-                if job.cancelled.is_set():  # before computing the next round
-                    job.emit("cancelled")  # the next job starts with a rollback: nothing to clean up
-                    return
+            drafter, started = None, False
+            for task in job.tasks:
+                if task.prompt_logprobs is not None:
+                    scored = score_prompt(self.target, task.prompt_ids, task.prompt_logprobs)
+                    started = started or _started(job)
+                    job.emit("prompt", (task.index, scored))
+                if task.config is None:
+                    started = started or _started(job)
+                    job.emit("result", (task.index, GenerationResult([], "", GenerationStats(), "length")))
+                    continue
+                drafter = drafter or job.make_drafter()
+                policy = self.policy if task.config.k == "auto" else None
+                s = stream(self.target, task.prompt_ids, task.config, drafter, policy)  # checks the request
+                started = started or _started(job)
+                for chunk in s:
+                    job.emit("chunk", (task.index, chunk))
+                    if job.cancelled.is_set():  # before computing the next round
+                        job.emit("cancelled")  # the next job starts with a rollback: nothing to clean up
+                        return
+                job.emit("result", (task.index, s.result))
         except Exception as e:  # reported to the request; the worker keeps serving
             job.emit("error", e)
             return
-        job.emit("done", s.result)
+        job.emit("done")
+
+
+def _started(job: Job) -> bool:
+    job.emit("started")
+    return True
