@@ -2,6 +2,7 @@
 whole; servers and workers end when the bench ends, however it ends; every command
 has a time limit."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -93,15 +94,23 @@ HEALTHY = textwrap.dedent("""
 
 def child_gone(pid: int, within: float = 15.0) -> bool:
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+    while True:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (FileNotFoundError, ProcessLookupError):
             return True
         if state in ("Z", "X"):  # exited; its new parent has not reaped it yet
             return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.1)
-    return False
+
+
+def kill_if_running(pid: int) -> None:
+    """Cleanup for a test that failed: the server it started must not outlive it."""
+    if not child_gone(pid, within=0):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def start_parent(script: str) -> tuple[subprocess.Popen, int, str]:
@@ -128,8 +137,7 @@ def test_a_server_dies_with_the_bench_however_the_bench_dies():
         parent.wait(timeout=15)
         assert child_gone(pid)
     finally:
-        if not child_gone(pid, within=0):
-            os.kill(pid, signal.SIGKILL)
+        kill_if_running(pid)
 
 
 def test_sigterm_to_the_command_line_runs_its_cleanup():
@@ -149,9 +157,12 @@ def test_sigterm_to_the_command_line_runs_its_cleanup():
         sys.exit(cli.main(["fetch", "qwen2.5-coder-0.5b"]))
     """)
     parent, pid, folder = start_parent(script)
-    parent.send_signal(signal.SIGTERM)
-    assert parent.wait(timeout=30) == 128 + signal.SIGTERM
-    assert child_gone(pid) and not Path(folder).exists()
+    try:
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=30) == 128 + signal.SIGTERM
+        assert child_gone(pid) and not Path(folder).exists()
+    finally:
+        kill_if_running(pid)
 
 
 def test_a_command_past_its_time_limit_is_killed_with_what_it_started():

@@ -6,9 +6,13 @@ distribution with the exact one, enumerated from the same table, by a Pearson
 chi-square test (cells with expected count < 5 pooled). The bound: the test fails
 when p < 1e-3. Seeds are fixed, so a run is deterministic; with a correct sampler
 each configuration has a 1-in-1000 chance of a false alarm at a given seed. The
-negative controls show that the same check rejects wrong samplers outright. These
-checks are of modified rejection sampling (verifier="rejection"); the coupled
-verifier has its own in test_coupled.py.
+negative controls show that the same check rejects wrong samplers outright, and
+what it cannot see: the smallest error it is shown to detect is a total variation
+of 0.04 between 4-token sequence distributions (a target logit off by 0.2). At this
+N it passed an error of TV 0.016 (p = 0.15) and caught one of TV 0.030 only just
+(p = 2e-4), so an error of 1-2% in a probability goes unseen here. These checks are
+of modified rejection sampling (verifier="rejection"); the coupled verifier has its
+own in test_coupled.py.
 """
 
 import importlib
@@ -19,7 +23,7 @@ import torch
 from specsample.control import AdaptiveController
 from specsample.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig, logits_to_probs
+from specsample.sampling import SamplingConfig, logits_to_probs, sample
 from specsample.verify import Verdict, verify
 
 from toy import (CostedBackend, FakeClock, TrigramBackend, chi_square_p_value, exact_distribution, mixed_tables,
@@ -37,8 +41,8 @@ DRAFTS = {
 }
 
 
-def empirical(drafter_factory, sampling, k, n=N, seed=0):
-    target = TrigramBackend(TARGET)
+def empirical(drafter_factory, sampling, k, n=N, seed=0, target=None):
+    target = target or TrigramBackend(TARGET)
     drafter = drafter_factory(sampling)
     counts = {}
     for i in range(n):
@@ -120,6 +124,51 @@ def test_negative_control_wrong_sampler_fails_the_check(monkeypatch, wrong_verif
     sampling = SamplingConfig()
     exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, sampling)
     counts = empirical(model_drafter("far"), sampling, 2)
+    assert chi_square_p_value(counts, exact, N) < ALPHA
+
+
+def bonus_from_the_last_drafts_row(draft_tokens, draft_probs, target_probs, generator):
+    """Wrong, and only sometimes: after a full accept, the bonus token is drawn from the
+    row of the last draft (the target after K - 1 drafts) instead of the row after all K."""
+    verdict = verify(draft_tokens, draft_probs, target_probs, generator)
+    k = len(draft_tokens)
+    if k == 0 or verdict.num_accepted < k:
+        return verdict
+    return Verdict(verdict.tokens[:-1] + sample(target_probs[k - 1 : k], generator).tolist(), k)
+
+
+@pytest.mark.parametrize("kind", ["close", "far"])
+def test_negative_control_a_bonus_from_the_wrong_row_fails_the_check(monkeypatch, kind):
+    monkeypatch.setattr(generate_module, "verify", bonus_from_the_last_drafts_row)
+    sampling = SamplingConfig()
+    exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, sampling)
+    assert chi_square_p_value(empirical(model_drafter(kind), sampling, 2), exact, N) < ALPHA
+
+
+class OffByALogit(TrigramBackend):
+    """The target as a wrong engine scores it: token 0's logit off by `offset` in every
+    row (its probability scaled by e^offset, then renormalised)."""
+
+    def __init__(self, table, offset: float):
+        super().__init__(table)
+        self.offset = offset
+
+    def next_logits(self, context):
+        logits = super().next_logits(context).clone()
+        logits[0] += self.offset
+        return logits
+
+
+def test_negative_control_the_smallest_error_the_check_is_shown_to_detect():
+    """A correct sampler on a target whose logits are slightly off: the samples follow
+    that target exactly, so their distance from the true distribution is known."""
+    sampling = SamplingConfig()
+    exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, sampling)
+    wrong = exact_distribution(OffByALogit(TARGET, 0.2), PROMPT, LENGTH, sampling)
+    tv = 0.5 * sum(abs(wrong.get(seq, 0.0) - p) for seq, p in exact.items())
+    assert 0.035 < tv < 0.045
+    counts = empirical(model_drafter("far"), sampling, 2, target=OffByALogit(TARGET, 0.2))
+    assert chi_square_p_value(counts, wrong, N) > ALPHA  # it is exact for the target it was given
     assert chi_square_p_value(counts, exact, N) < ALPHA
 
 

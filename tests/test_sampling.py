@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from specsample.sampling import MIN_TEMPERATURE, SamplingConfig, logits_to_probs, sample
+from specsample.sampling import MIN_TEMPERATURE, SamplingConfig, _top_p_filter, logits_to_probs, sample
 
 
 def test_temperature_one_is_softmax():
@@ -149,3 +149,59 @@ def test_coupled_choice_follows_the_distribution_and_never_picks_zero_mass():
     assert counts[2] == 0
     # binomial sd <= sqrt(.25 / 20000) = .0035; allow 5 sd
     assert torch.allclose(counts / 20_000, probs[0], atol=0.018)
+def full_sort_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The definition, without the top-256 shortcut: sort everything, keep the prefix
+    whose mass before each token is below top_p. probs [n, vocab]."""
+    ordered, index = probs.sort(dim=-1, descending=True)
+    kept = ordered.masked_fill(ordered.cumsum(-1) - ordered >= top_p, 0.0)
+    filtered = torch.zeros_like(probs).scatter_(-1, index, kept)
+    return filtered / filtered.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("vocab,scale,top_p", [
+    (12_000, 0.5, 0.9),  # flat: widens 256 -> 2048 -> the whole vocabulary
+    (50_000, 1.5, 0.95),  # a longer tail: stops at an intermediate width
+    (152_000, 2.0, 0.8),  # Qwen's width
+])
+def test_top_p_past_the_first_256_tokens_matches_a_full_sort(vocab, scale, top_p):
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(3, vocab, generator=g) * scale
+    logits[0, :10] += 30.0  # one row is satisfied within 256 tokens while the others widen
+    probs = torch.softmax(logits, dim=-1)
+    expected = full_sort_top_p(probs, top_p)
+    got = _top_p_filter(probs, top_p)
+    kept = (expected > 0).sum(-1)
+    assert kept[0] <= 10 and (kept[1:] > 256).all()  # the widening branch decides rows 1 and 2
+    # The same tokens, bar at most one at the threshold, where float32 sums in another order may differ.
+    assert ((got > 0) != (expected > 0)).sum(-1).max() <= 1
+    assert torch.allclose(got, expected, atol=1e-6)
+
+
+def test_sample_at_a_large_vocabulary_follows_the_distribution():
+    """Inverse-CDF sampling over 20,000 tokens with the mass spread over thousands of
+    them (a float64 running sum and a binary search). A per-token chi-square has
+    ~10,000 degrees of freedom here and little power, so tokens are grouped by
+    probability rank into 100 bins of 1% mass each: 100,000 draws must fit them
+    (p > 1e-3), and a sampler that drops the least likely 1% of the mass, or that
+    is off by one token, must not."""
+    from toy import chi_square_p_value
+
+    vocab, n, bins = 20_000, 100_000, 100
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(vocab, generator=g) * 1.5, dim=-1)  # [vocab]
+    ordered, by_rank = probs.sort()
+    bin_of = torch.empty(vocab, dtype=torch.long)  # [vocab] token -> its bin
+    bin_of[by_rank] = ((ordered.double().cumsum(0) - ordered) * bins).long().clamp_max(bins - 1)
+    exact = {(b,): float(m) for b, m in enumerate(torch.zeros(bins).index_add_(0, bin_of, probs))}
+
+    def binned(row: torch.Tensor, shift: int = 0) -> dict:
+        tokens = torch.cat([sample(row.expand(500, vocab), g) for _ in range(n // 500)])  # [n]
+        tokens = (tokens + shift) % vocab
+        return {(b,): c for b, c in enumerate(torch.bincount(bin_of[tokens], minlength=bins).tolist())}
+
+    assert chi_square_p_value(binned(probs), exact, n) > 1e-3
+    truncated = probs.clone()
+    truncated[by_rank[ordered.cumsum(0) < 0.01]] = 0.0
+    assert chi_square_p_value(binned(truncated / truncated.sum()), exact, n) < 1e-3
+    assert chi_square_p_value(binned(probs, shift=1), exact, n) < 1e-3
+

@@ -130,3 +130,40 @@ def test_metrics_count_requests_tokens_and_acceptance(client, url):
     for name in ("specsample_queue_depth", "specsample_time_to_first_token_seconds_bucket",
                  "specsample_request_seconds_bucket", "specsample_acceptance_rate_bucket"):
         assert name in after
+
+
+def test_the_default_auto_mode_with_the_hybrid_drafter():
+    """The server as `specsample serve` starts it: -k auto, one adaptive controller for
+    every request, the draft model with lookup beside it. Greedy answers equal plain
+    greedy decoding; the controller drafts (target calls are made the costly part)
+    and keeps its measurements from one request to the next."""
+    from specsample.assemble import Models
+    from specsample.control import AdaptiveController
+    from specsample.serve.api import Settings, create_app
+
+    from serve_helpers import ToyBackend
+
+    target, draft = ToyBackend(0, eos=False), ToyBackend(0, eos=False, name="toy-draft")  # a draft that agrees
+    target.delay = 0.004  # a target call costs about the same for 1 or 9 tokens: drafting pays
+    models = Models(target, draft, lookup=True)
+    policy = AdaptiveController(k_max=8)
+    app = create_app(target, models.drafter, models.drafter_name,
+                     Settings(model_name="toy", k="auto", k_max=8, policy=policy))
+    prompts = [PROMPT, "the dog ran far away", "a big red cat sat on the mat and then"]
+    with running(app) as url:
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+        for i, prompt in enumerate(prompts):
+            plain = generate(ToyBackend(0, eos=False), WordTokenizer().encode(prompt),
+                             GenerationConfig(max_new_tokens=30, sampling=SamplingConfig(temperature=0)))
+            stream = i % 2 == 1
+            answer = client.completions.create(model="toy", prompt=prompt, max_tokens=30, temperature=0,
+                                               stream=stream, **({"stream_options": {"include_usage": True}}
+                                                                 if stream else {}))
+            chunks = list(answer) if stream else [answer]
+            assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.text
+            usage = chunks[-1].usage.model_dump()["speculative"]
+            assert usage["drafter"].startswith("hybrid(")
+            assert sum(usage["draft_length_histogram"][1:]) > 0  # it drafted
+        sampled = client.completions.create(model="toy", prompt=PROMPT, max_tokens=30, temperature=0.8, seed=4)
+        assert sampled.usage.completion_tokens == 30
+    assert policy.calibrated and policy.typical_length.value is not None  # one controller, across requests

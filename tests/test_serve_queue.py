@@ -1,6 +1,7 @@
 """The one-model queue: full gives 429 at once, waiting too long gives a timeout error,
 and a client that leaves mid-generation frees the model at the next round."""
 
+import contextlib
 import threading
 import time
 
@@ -21,15 +22,25 @@ def post_in_background(url, results, body=BODY):
     return t
 
 
-def test_full_queue_answers_429_at_once_and_the_rest_complete():
-    app, target = toy_app(max_queue=2)
+@contextlib.contextmanager
+def worker_held(**settings):
+    """A served toy whose worker is busy with a first request, held at the target's
+    gate until the test opens it. Yields the app, the target, the URL, the list the
+    background requests' statuses go to, and the first request's thread."""
+    app, target = toy_app(**settings)
     worker = app.state.server.worker
     with running(app) as url:
-        target.gate.clear()  # the worker will hold the first request
+        target.gate.clear()
         results = []
-        threads = [post_in_background(url, results)]
+        first = post_in_background(url, results)
         wait_until(lambda: worker.busy, what="the worker to start")
-        threads += [post_in_background(url, results) for _ in range(2)]
+        yield app, target, url, results, first
+
+
+def test_full_queue_answers_429_at_once_and_the_rest_complete():
+    with worker_held(max_queue=2) as (app, target, url, results, first):
+        worker = app.state.server.worker
+        threads = [first] + [post_in_background(url, results) for _ in range(2)]
         wait_until(lambda: worker.depth == 2, what="two waiting requests")
         start = time.monotonic()
         r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
@@ -42,13 +53,7 @@ def test_full_queue_answers_429_at_once_and_the_rest_complete():
 
 
 def test_waiting_too_long_gets_a_timeout_error_and_the_worker_goes_on():
-    app, target = toy_app(queue_timeout=0.5)
-    worker = app.state.server.worker
-    with running(app) as url:
-        target.gate.clear()
-        results = []
-        first = post_in_background(url, results)
-        wait_until(lambda: worker.busy, what="the worker to start")
+    with worker_held(queue_timeout=0.5) as (app, target, url, results, first):
         r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
         assert r.status_code == 503 and r.json()["error"]["code"] == "queue_timeout"
         target.gate.set()
@@ -80,13 +85,8 @@ def test_a_client_leaving_mid_generation_frees_the_model(stream):
 def test_requests_that_gave_up_waiting_hold_no_place_in_the_queue():
     """Timed-out requests stay in the queue until the worker reaches them; they must
     not count against --max-queue, or a busy minute turns every newcomer away."""
-    app, target = toy_app(max_queue=1, queue_timeout=0.3)
-    worker = app.state.server.worker
-    with running(app) as url:
-        target.gate.clear()
-        results = []
-        first = post_in_background(url, results)
-        wait_until(lambda: worker.busy, what="the worker to start")
+    with worker_held(max_queue=1, queue_timeout=0.3) as (app, target, url, results, first):
+        worker = app.state.server.worker
         for _ in range(2):  # each waits 0.3 s, gives up, and leaves its job behind
             assert httpx.post(url + "/v1/completions", json=BODY, timeout=30).status_code == 503
         assert worker.depth == 0

@@ -37,13 +37,14 @@ def dies_with_parent():
     """A preexec_fn that has the kernel send the child SIGTERM when the thread that
     started it ends: start children meant to live as long as this process from its
     main thread. Linux only; elsewhere the parent's own cleanup is all there is."""
+    if not sys.platform.startswith("linux"):
+        return None
     parent = os.getpid()
+    # Looked up here: a forked child of a threaded process should not load libraries.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
 
     def preexec() -> None:
-        if not sys.platform.startswith("linux"):
-            return
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != parent:  # the parent died before the prctl: nobody would signal us
             os._exit(1)
 

@@ -26,9 +26,6 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request may wait (default 120)")
     p.add_argument("--max-tokens", type=int, default=1024, help="cap on a request's max_tokens, and its default")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="cap on a request body (default 1 MiB)")
-    p.add_argument("--verifier", choices=VERIFIERS, default="auto",
-                   help="auto (default): coupled sampling for requests with a seed, so the seed fixes the text "
-                        "whatever drafts it; rejection sampling otherwise")
     p.set_defaults(func=cmd_serve)
 
 

@@ -1,10 +1,10 @@
 """The single worker that owns the models: one generation at a time, in a thread.
 
 The KV caches are single-sequence, so requests take turns. Each waits in a FIFO
-queue of at most max_queue live requests; the worker runs `stream` for it and hands every chunk back to the event
-loop that is answering it (`loop.call_soon_threadsafe`), so the loop never blocks on a
-model. A request whose client went away is cancelled: the worker stops iterating its
-Stream at the next round and moves on.
+queue of at most max_queue live requests; the worker runs `stream` for it and hands
+every chunk back to the event loop that is answering it (`loop.call_soon_threadsafe`),
+so the loop never blocks on a model. A request whose client went away is cancelled:
+the worker stops iterating its Stream at the next round and moves on.
 """
 
 from __future__ import annotations
