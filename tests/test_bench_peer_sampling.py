@@ -18,11 +18,18 @@ from tiny_hf import tiny_backend
 
 def test_every_sampling_field_has_a_row_for_every_peer():
     assert set(FIELDS) == {f.name for f in dataclasses.fields(SamplingConfig)}
-    assert all(len(names) == len(PEERS) and all(names) for names in FIELDS.values())
+    assert all(len(names) == len(PEERS) for names in FIELDS.values())
+    assert all(FIELDS[f].openai for f in FIELDS)  # our own server takes every control
 
 
 LLAMA_SERVER_OFF = {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
-                    "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0}
+                    "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0,
+                    "repeat_last_n": -1, "logit_bias": [],
+                    "samplers": ["penalties", "temperature", "min_p", "top_k", "top_p"]}
+
+
+OPENAI_OFF = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+              "logit_bias": {}}
 
 
 @pytest.mark.parametrize("setting,peer,expected", [
@@ -34,8 +41,8 @@ LLAMA_SERVER_OFF = {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "pres
                                "repetition_penalty": 1.0}),
     ("greedy", "hf_generate", {"do_sample": False, "temperature": None, "top_k": None, "top_p": None,
                                "repetition_penalty": 1.0}),
-    ("sample", "openai", {"temperature": 0.8, "top_k": 0, "top_p": 0.95}),
-    ("greedy", "openai", {"temperature": 0.0, "top_k": 0, "top_p": 1.0}),
+    ("sample", "openai", {"temperature": 0.8, "top_k": 0, "top_p": 0.95, **OPENAI_OFF}),
+    ("greedy", "openai", {"temperature": 0.0, "top_k": 0, "top_p": 1.0, **OPENAI_OFF}),
 ])
 def test_each_peer_reads_our_settings_in_its_own_terms(setting, peer, expected):
     assert peer_sampling(peer, SETTINGS[setting]) == expected
@@ -66,3 +73,20 @@ def test_transformers_generate_gets_the_table(monkeypatch, setting):
     assert outcome.token_ids == [5, 1] and outcome.stop_reason == "eos"
     assert {k: seen[k] for k in peer_sampling("hf_generate", SETTINGS[setting])} == \
         peer_sampling("hf_generate", SETTINGS[setting])
+
+
+def test_the_new_controls_reach_the_peers_that_mean_the_same():
+    sampling = SamplingConfig(temperature=0.7, min_p=0.05, repetition_penalty=1.2, logit_bias={7: 2.5})
+    server = peer_sampling("llama_server", sampling)
+    assert (server["min_p"], server["repeat_penalty"], server["logit_bias"]) == (0.05, 1.2, [[7, 2.5]])
+    hf = peer_sampling("hf_generate", sampling)
+    assert (hf["min_p"], hf["repetition_penalty"], hf["sequence_bias"]) == (0.05, 1.2, {(7,): 2.5})
+    assert peer_sampling("openai", sampling)["logit_bias"] == {"7": 2.5}
+
+
+@pytest.mark.parametrize("peer,control", [("llama_server", "presence_penalty"), ("hf_generate", "frequency_penalty"),
+                                          ("llama_cpp_python", "repetition_penalty"), ("llama_cpp_python", "logit_bias")])
+def test_a_peer_without_our_control_refuses_it_on(peer, control):
+    value = {"logit_bias": {3: 1.0}, "repetition_penalty": 1.3}.get(control, 0.5)
+    with pytest.raises(ValueError, match="only run with it off"):
+        peer_sampling(peer, SamplingConfig(**{control: value}))
