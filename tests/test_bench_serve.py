@@ -84,7 +84,8 @@ def test_served_modes_and_their_request_bodies():
     assert [m.name for m in modes] == ["ar", "spec-auto", "spec-k2", "spec-k3", "llamacpp-server", "llamacpp-spec-k3"]
     ours = ServedMode("ar", "ar", None).request_body("m", [1, 2], 16, SETTINGS["sample"], 7, ("\ndef",))
     assert ours == {"model": "m", "prompt": [1, 2], "max_tokens": 16, "temperature": 0.8, "top_p": 0.95, "top_k": 0,
-                    "stop": ["\ndef"], "seed": 7}
+                    "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+                    "logit_bias": {}, "stop": ["\ndef"], "seed": 7}
     native = modes[-1].request_body("m", [1, 2], 16, SETTINGS["greedy"], 7, ())
     assert native["max_tokens"] == 16 and native["speculative.n_max"] == 3 and "n_predict" not in native
     assert "stream" not in native  # the load client streams every request itself
