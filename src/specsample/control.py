@@ -50,6 +50,7 @@ from typing import Protocol
 from .models import read_cached_json, write_cached_json
 
 MODEL = "model"
+FORCED = "forced"  # tokens a grammar forces: drafted for free, always accepted
 
 
 def ngram_source(match_length: int) -> str:
@@ -163,7 +164,8 @@ CONFIDENCE_BINS = 10
 # (first position, later positions): a later draft is only reached when the earlier
 # ones were accepted, and acceptances come in runs (a lookup that is right tends to
 # stay right), so the later rates start higher.
-DEFAULT_PRIORS = {MODEL: (0.7, 0.8), "ngram1": (0.3, 0.8), "ngram2": (0.5, 0.85), "ngram3": (0.8, 0.9)}
+DEFAULT_PRIORS = {MODEL: (0.7, 0.8), "ngram1": (0.3, 0.8), "ngram2": (0.5, 0.85), "ngram3": (0.8, 0.9),
+                  FORCED: (1.0, 1.0)}
 
 
 @dataclass
@@ -395,12 +397,14 @@ class AdaptiveController:
             elif c.draft_step.value is not None:
                 c.draft_token.update(max(0.0, call.seconds - c.draft_step.value) / (call.tokens_fed - 1))
         c.overhead[m > 0].update(max(0.0, report.round_seconds - report.target_seconds - draft_seconds))
+        position: dict[str, int] = {}  # each source's own position: forced tokens may come between
         for i, (source, confidence) in enumerate(zip(report.sources, report.confidences)):
             if i > report.num_accepted:
                 break  # not reached: an earlier draft was rejected
             accepted = i < report.num_accepted
             model = self._source(source)
-            model.at(i).update(accepted, self.decay)
+            j = position[source] = position.get(source, -1) + 1
+            model.at(j).update(accepted, self.decay)
             if confidence is not None:
                 model.given_confidence(confidence).update(accepted, self.decay)
         self._shadow_lookup(report)
