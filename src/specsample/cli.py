@@ -12,6 +12,7 @@ from .backends import BACKENDS, load_backend, pick_backend
 from .backends.base import check_same_vocabulary
 from .backends.hf import DTYPES
 from .backends.requantize import QUANT_TYPES
+from .constraints import Constraint
 from .control import AdaptiveController, cost_cache_path
 from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from .generate import GenerationConfig, stream
@@ -85,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--autoregressive", action="store_true", help="run the target alone (the baseline)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    shape = g.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", type=Path, metavar="FILE",
+                       help="the output is JSON valid under this JSON schema (laid out as json.dumps does)")
+    shape.add_argument("--regex", help="the output matches this regular expression (Rust regex syntax)")
+    shape.add_argument("--grammar", type=Path, metavar="FILE",
+                       help="the output matches this grammar: llguidance's Lark syntax, or llama.cpp's GBNF")
     g.set_defaults(func=cmd_generate)
 
     f = sub.add_parser("fetch", help="download and verify the default GGUF models")
@@ -105,8 +112,21 @@ def generation_config(args) -> GenerationConfig:
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     return GenerationConfig(
         max_new_tokens=args.max_new_tokens, k=args.k, k_max=args.k_max, sampling=sampling, seed=args.seed,
-        stop_strings=tuple(getattr(args, "stop", ())),
+        stop_strings=tuple(getattr(args, "stop", ())), constraint=output_constraint(args),
     )
+
+
+def output_constraint(args) -> Constraint | None:
+    """--json-schema, --regex or --grammar, compiled (a bad one fails before any model loads)."""
+    if getattr(args, "regex", None) is not None:
+        return Constraint.regex(args.regex)
+    for option, kind in (("json_schema", "json_schema"), ("grammar", "grammar")):
+        path = getattr(args, option, None)
+        if path is not None:
+            if not path.is_file():
+                raise UsageError(f"--{option.replace('_', '-')} file not found: {path}")
+            return Constraint(kind, path.read_text())
+    return None
 
 
 def check_device(device: str) -> None:
@@ -212,6 +232,8 @@ def cmd_generate(args) -> int:
 def format_stats(stats, speculative: bool) -> str:
     line = f"{stats.new_tokens} tokens in {stats.total_seconds:.2f} s: {stats.tokens_per_second:.2f} tokens/s, " \
            f"{stats.target_calls} target calls"
+    if stats.forced_tokens:
+        line += f", {stats.forced_tokens} tokens forced by the grammar"
     if speculative:
         rate = "n/a" if stats.acceptance_rate is None else f"{stats.acceptance_rate:.2f}"
         line += f", {stats.draft_calls} draft calls, acceptance {rate}, " \
