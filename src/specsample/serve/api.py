@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..constraints import Constraint, ConstraintError
 from ..generate import GenerationConfig
 from ..sampling import SamplingConfig
 from .metrics import CountRequests, Metrics
@@ -79,6 +80,18 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Strict):
+    name: str
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")  # None: any JSON object
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _Request(_Strict):
     model_config = ConfigDict(strict=True, extra="allow")  # extras are checked by name below
     model: str
@@ -91,6 +104,7 @@ class _Request(_Strict):
     stop: str | list[str] | None = None
     seed: int | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_Request):
@@ -107,7 +121,7 @@ NEUTRAL = {
     "n": (None, 1), "best_of": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
     "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "suffix": (None, ""),
     "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-    "function_call": (None, "none"), "response_format": (None, {"type": "text"}), "parallel_tool_calls": (None, True, False),
+    "function_call": (None, "none"), "parallel_tool_calls": (None, True, False),
     "metadata": (None, {}), "store": (None, False), "service_tier": (None, "auto", "default"),
 }
 
@@ -123,7 +137,7 @@ def parse(model: type[_Request], data) -> _Request:
                          if name not in NEUTRAL or not any(_asks_nothing(value, v) for v in NEUTRAL[name]))
     if unsupported:
         raise APIError(400, f"unsupported parameter(s): {', '.join(unsupported)} (specsample serves one "
-                       "plain-text completion per request: no n > 1, logprobs, penalties, tools or formats)",
+                       "completion per request: no n > 1, logprobs, penalties or tools)",
                        param=unsupported[0], code="unsupported_parameter")
     return request
 
@@ -173,7 +187,27 @@ def generation_config(request: _Request, max_tokens: int | None, settings: Setti
         top_k=request.top_k or 0, top_p=1.0 if request.top_p is None else request.top_p,
     )
     return GenerationConfig(max_new_tokens=max_tokens or settings.max_tokens, k=settings.k, k_max=settings.k_max,
-                            sampling=sampling, seed=request.seed, stop_strings=tuple(stop))
+                            sampling=sampling, seed=request.seed, stop_strings=tuple(stop),
+                            constraint=response_constraint(request.response_format))
+
+
+def response_constraint(response_format: ResponseFormat | None) -> Constraint | None:
+    """OpenAI's response_format: text, any JSON object, or JSON under a schema. The
+    output always follows the schema; `strict` (default false, as OpenAI's) says
+    whether schema keywords the grammar engine does not implement are refused."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return Constraint.json_object()
+    spec = response_format.json_schema
+    if spec is None:
+        raise APIError(400, "response_format.json_schema is required when the type is json_schema",
+                       param="response_format.json_schema", code="missing_required_parameter")
+    try:
+        return Constraint.json_schema(spec.schema_ or {"type": "object"}, strict=bool(spec.strict))
+    except ConstraintError as e:
+        raise APIError(400, f"response_format.json_schema.schema: {e}", param="response_format.json_schema.schema",
+                       code="invalid_value") from None
 
 
 def _draft_reserve(config: GenerationConfig) -> int:
@@ -223,7 +257,7 @@ def chat_prompt(request: ChatRequest, target) -> list[int]:
 
 # ---- responses --------------------------------------------------------------------
 
-FINISH_REASONS = {"length": "length", "eos": "stop", "stop_string": "stop"}
+FINISH_REASONS = {"length": "length", "eos": "stop", "stop_string": "stop", "grammar": "stop"}
 
 
 class Reply:
