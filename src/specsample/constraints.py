@@ -42,6 +42,7 @@ and has no context-free grammars.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -155,7 +156,9 @@ class GrammarState:
     after verification) their masks are not computed twice.
 
     `budget` caps how many tokens forced text may reach (the generation's token
-    budget less one: the round's last token is always the target's own).
+    budget less one: the round's last token is always the target's own). `seconds`
+    is the time spent in the grammar engine (masks, forced tokens, moves), the cost
+    of the constraint.
     """
 
     def __init__(self, matcher, vocab_size: int, eos_token_ids, budget: int):
@@ -167,6 +170,7 @@ class GrammarState:
         self.length = 0  # tokens the matcher has consumed
         self._tokens: list[int] = []  # consumed tokens, then those a rollback left (the cache)
         self._positions: list[_Position] = [_Position()]  # [i]: after _tokens[:i]
+        self.seconds = 0.0
 
     @property
     def room(self) -> int:
@@ -193,7 +197,9 @@ class GrammarState:
     def _forced_here(self) -> tuple[int, ...]:
         here = self._positions[self.length]
         if here.forced is None:
+            t0 = time.perf_counter()
             here.forced = () if self._matcher.is_stopped() else tuple(self._matcher.compute_ff_tokens())
+            self.seconds += time.perf_counter() - t0
         return here.forced
 
     def allowed(self) -> Allowed:
@@ -203,11 +209,13 @@ class GrammarState:
             return forced[0]
         here = self._positions[self.length]
         if here.mask is None:
+            t0 = time.perf_counter()
             bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
             mask = np.unpackbits(bits, bitorder="little")[: self.vocab_size]
             if mask.shape[0] < self.vocab_size:  # tokens the engine does not know: forbidden
                 mask = np.pad(mask, (0, self.vocab_size - mask.shape[0]))
             here.mask = torch.from_numpy(mask.view(bool))
+            self.seconds += time.perf_counter() - t0
         return here.mask
 
     def accepts(self, token: int) -> bool:
@@ -217,15 +225,20 @@ class GrammarState:
         here = self._positions[self.length]
         if here.mask is not None:
             return 0 <= token < self.vocab_size and bool(here.mask[token])
-        return 0 <= token < self.vocab_size and self._matcher.validate_tokens([token]) == 1
+        t0 = time.perf_counter()
+        valid = 0 <= token < self.vocab_size and self._matcher.validate_tokens([token]) == 1
+        self.seconds += time.perf_counter() - t0
+        return valid
 
     def advance(self, token: int) -> bool:
         """Consume a token the grammar allows; True when it was forced."""
         if not self.accepts(token):
             raise ConstraintError(f"token {token} is not allowed by the grammar after {self.length} tokens")
         forced = self._forced_here()
+        t0 = time.perf_counter()
         if not self._matcher.consume_token(token):
             raise ConstraintError(f"the grammar engine refused token {token}: {self._matcher.get_error()}")
+        self.seconds += time.perf_counter() - t0
         if self.length < len(self._tokens) and self._tokens[self.length] == token:
             self.length += 1  # the cached position after it is still right
             return bool(forced)

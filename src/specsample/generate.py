@@ -33,6 +33,7 @@ class GenerationStats:
     calibration_seconds: float = 0.0  # the adaptive policy's one-off cost measurement
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
+    constraint_seconds: float = 0.0  # in the grammar engine (masks, forced tokens); part of draft and other time
     total_seconds: float = 0.0
 
     @property
@@ -92,6 +93,7 @@ class GenerationStats:
             "calibration_seconds": self.calibration_seconds,
             "draft_seconds": self.draft_seconds,
             "target_seconds": self.target_seconds,
+            "constraint_seconds": self.constraint_seconds,
             "other_seconds": self.other_seconds,
             "total_seconds": self.total_seconds,
         }
@@ -282,6 +284,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar) -> Iter
         if drafter is not None:
             policy.observe(RoundReport(draft.sources, draft.confidences, verdict.num_accepted, len(fed), t2 - t1,
                                        draft.calls, clock() - t0, tuple(emitted), target_probs[0]))
+        stats.constraint_seconds = 0.0 if grammar is None else grammar.seconds
         stats.total_seconds = clock() - start
         yield Chunk(emitted, text.take())
 
