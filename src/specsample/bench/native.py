@@ -89,11 +89,13 @@ def _run(cmd: list[str]) -> None:
         raise NativeUnavailable(f"{Path(cmd[0]).name} failed: {last[0]}")
 
 
-def completion_request(prompt_ids: list[int], max_new_tokens: int, sampling, seed: int, stop_strings, k: int | None) -> dict:
+def completion_request(prompt_ids: list[int], max_new_tokens: int, sampling, seed: int, stop_strings, k: int | None,
+                       json_schema: dict | None = None) -> dict:
     """A /completion body that decodes as our loops do: the same tokens, sampling
-    and stop strings, with llama.cpp's extra samplers and penalties off."""
+    and stop strings, with llama.cpp's extra samplers and penalties off; with a
+    schema, the answer held to it (llama.cpp converts it to a grammar)."""
     greedy = sampling.greedy
-    return {
+    body = {
         "prompt": list(prompt_ids), "n_predict": max_new_tokens, "stop": list(stop_strings), "seed": seed,
         "temperature": 0.0 if greedy else sampling.temperature, "top_k": 1 if greedy else sampling.top_k,
         "top_p": sampling.top_p, "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
@@ -102,6 +104,9 @@ def completion_request(prompt_ids: list[int], max_new_tokens: int, sampling, see
         "return_tokens": True, "stream": False,
         "speculative.n_max": k or 0, "speculative.n_min": 0, "speculative.p_min": 0.0,
     }
+    if json_schema is not None:
+        body["json_schema"] = json_schema
+    return body
 
 
 def parse_completion(response: dict) -> dict:
