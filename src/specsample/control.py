@@ -386,7 +386,7 @@ class AdaptiveController:
 
     def observe(self, report: RoundReport) -> None:
         c = self.costs
-        m = len(report.sources)
+        m = sum(source != FORCED for source in report.sources)  # forced tokens add no drafting work
         if report.target_tokens:  # 0: the first token came from the prompt's prefill
             c.observe_target(report.target_tokens, report.target_seconds)
         draft_seconds = 0.0
