@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import constraints
 from .backends.base import Backend, check_cache, check_same_vocabulary, claim_cache, finite_logits
 from .constraints import Constraint, constrained_probs
+from .constraints import start as start_grammar
 from .control import Policy, RoundReport, make_policy
 from .detokenize import TextTracker
 from .drafters import Draft, Drafter, draft_round
@@ -184,7 +184,7 @@ def stream(
                 f"{policy.k_max + 1} for drafts does not fit the context of the {role} model "
                 f"{backend.name}: {backend.context_length} tokens"
             )
-    grammar = None if config.constraint is None else constraints.start(config.constraint, target, config.max_new_tokens)
+    grammar = None if config.constraint is None else start_grammar(config.constraint, target, config.max_new_tokens)
     return Stream(_rounds(target, prompt_ids, config, drafter, policy, clock, grammar))
 
 
