@@ -23,7 +23,8 @@ def test_demo_preset_and_an_explicit_override():
 def test_defaults_run_every_task_on_enough_prompts():
     args = _args()
     config = bench_config(args)
-    assert config.tasks == ("humaneval", "summarize", "humaneval-chat", "copy") and config.settings == ("greedy", "sample")
+    assert config.tasks == ("humaneval", "summarize", "humaneval-chat", "copy", "structured")
+    assert config.settings == ("greedy", "sample")
     assert all(config.prompt_count(t) >= 8 for t in config.tasks)
     assert args.modes == "auto" and config.parity_prompts >= 40
     assert bench_config(_args("--no-parity")).parity_prompts == 0

@@ -26,8 +26,8 @@ from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig, logits_to_probs, sample
 from specsample.verify import Verdict, verify
 
-from toy import (CostedBackend, FakeClock, TrigramBackend, chi_square_p_value, exact_distribution, mixed_tables,
-                 random_table)
+from toy import (CostedBackend, DrafterWrapper, FakeClock, TrigramBackend, chi_square_p_value, exact_distribution,
+                 mixed_tables, random_table)
 
 # The module, not the function of the same name that specsample/__init__ exports.
 generate_module = importlib.import_module("specsample.generate")
@@ -229,20 +229,12 @@ def test_adaptive_policy_preserves_target_distribution(kind, temperature, top_k,
     assert chi_square_p_value(counts, exact, N) > ALPHA
 
 
-class _Truncating:
+class _Truncating(DrafterWrapper):
     """Test-only drafter wrapper that cuts each draft where `cut_at` says."""
 
     def __init__(self, inner, cut_at):
-        self.inner, self.cut_at = inner, cut_at
-        self.name = f"wrong({inner.name})"
-
-    @property
-    def calls(self):
-        return self.inner.calls
-
-    @property
-    def model_backend(self):
-        return self.inner.model_backend
+        super().__init__(inner, f"wrong({inner.name})")
+        self.cut_at = cut_at
 
     def propose(self, context, k, generator, policy=None):
         d = self.inner.propose(context, k, generator, policy)

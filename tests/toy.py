@@ -189,3 +189,107 @@ def mixed_tables(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]
     target[:, ~easy] *= 0.5
     draft[:, easy] = target[:, easy]
     return target, draft
+
+
+class DrafterWrapper:
+    """A test drafter around another: counts and backend are the inner one's."""
+
+    def __init__(self, inner, name: str):
+        self.inner, self.name = inner, name
+
+    @property
+    def calls(self):
+        return self.inner.calls
+
+    @property
+    def model_backend(self):
+        return self.inner.model_backend
+
+
+class PieceTokenizer:
+    """Tokens are byte strings (`pieces`); the last one, `eos`, is special and decodes
+    to nothing. Encoding takes the longest piece first. Builds the grammar engine's
+    tokenizer from the pieces, as the real backends build it from their vocabularies."""
+
+    def __init__(self, pieces: list[bytes], eos: int):
+        self.pieces, self.eos = pieces, eos
+
+    def encode(self, text: str) -> list[int]:
+        data, out, i = text.encode(), [], 0
+        while i < len(data):
+            t = max((t for t, p in enumerate(self.pieces) if t != self.eos and data.startswith(p, i)),
+                    key=lambda t: len(self.pieces[t]))
+            out.append(t)
+            i += len(self.pieces[t])
+        return out
+
+    def decode(self, token_ids: list[int]) -> str:
+        return b"".join(self.pieces[t] for t in token_ids if t != self.eos).decode("utf-8", errors="replace")
+
+    def chat_prompt(self, text: str) -> list[int]:
+        return self.encode(text)
+
+    def chat_messages(self, messages: list[dict]) -> list[int]:
+        return self.encode("".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: ")
+
+    def grammar_tokenizer(self, eos_token_ids):
+        import llguidance
+
+        tokenizer = self
+
+        class Wrapped:
+            tokens = [b"\xff" + p if t == self.eos else p for t, p in enumerate(self.pieces)]
+            eos_token_id, bos_token_id, special_token_ids = self.eos, None, [self.eos]
+
+            def __call__(self, text):
+                return tokenizer.encode(text.decode() if isinstance(text, bytes) else text)
+
+        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(Wrapped()))
+
+
+def exact_constrained_distribution(backend, prompt: list[int], length: int, sampling: SamplingConfig,
+                                   allowed_after) -> dict[tuple[int, ...], float]:
+    """P(the constrained output, up to `length` tokens), by walking every allowed path.
+
+    allowed_after(tokens) -> the token ids allowed after the output `tokens`; an empty
+    set means the output is complete (generation stops there). Each step draws from
+    the target's logits masked to the allowed set, then the sampling controls."""
+    out = {}
+
+    def walk(tokens: list[int], p: float) -> None:
+        allowed = allowed_after(tokens) if len(tokens) < length else set()
+        if not allowed:
+            out[tuple(tokens)] = out.get(tuple(tokens), 0.0) + p
+            return
+        logits = backend.next_logits(prompt + tokens).clone()
+        keep = torch.zeros_like(logits, dtype=torch.bool)
+        keep[sorted(allowed)] = True
+        probs = logits_to_probs(logits.masked_fill(~keep, float("-inf"))[None], sampling)[0]
+        for token in sorted(allowed):
+            if probs[token] > 0:
+                walk(tokens + [token], p * float(probs[token]))
+
+    walk([], 1.0)
+    return out
+
+
+# Every byte, plus pieces longer than one byte, so that forced text has several
+# tokenizations and the engine's own (longest first) is the forced one.
+BYTE_PIECES = [bytes([i]) for i in range(256)] + [b'{"', b'": ', b'", "', b", ", b"true", b"false", b"<eos>"]
+BYTE_EOS = len(BYTE_PIECES) - 1
+
+
+class BigramBackend(TrigramBackend):
+    """Next-token logits depend on the last token only: table[prev1] ([V, V])."""
+
+    def next_logits(self, context: list[int]) -> torch.Tensor:  # [V]
+        return self.table[context[-1]]
+
+
+def byte_backend(seed: int, name: str = "bytes") -> BigramBackend:
+    """A random bigram model over bytes (BYTE_PIECES) with a tokenizer the grammar
+    engine can read: JSON, regexes and grammars of any text can be sampled from it."""
+    g = torch.Generator().manual_seed(seed)
+    b = BigramBackend(torch.randn(len(BYTE_PIECES), len(BYTE_PIECES), generator=g) * 2, name=name)
+    b.tokenizer, b.eos_token_ids = PieceTokenizer(BYTE_PIECES, BYTE_EOS), frozenset({BYTE_EOS})
+    return b

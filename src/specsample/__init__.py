@@ -1,5 +1,6 @@
 """Exact speculative sampling (Chen et al. 2023) for Hugging Face and llama.cpp models."""
 
+from .constraints import Constraint
 from .control import AdaptiveController, FixedK
 from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from .generate import GenerationConfig, GenerationResult, GenerationStats, generate, stream
@@ -7,6 +8,6 @@ from .sampling import SamplingConfig, logits_to_probs
 from .verify import verify
 
 __all__ = [
-    "AdaptiveController", "FixedK", "GenerationConfig", "GenerationResult", "GenerationStats", "HybridDrafter",
-    "ModelDrafter", "NgramDrafter", "SamplingConfig", "generate", "logits_to_probs", "stream", "verify",
+    "AdaptiveController", "Constraint", "FixedK", "GenerationConfig", "GenerationResult", "GenerationStats",
+    "HybridDrafter", "ModelDrafter", "NgramDrafter", "SamplingConfig", "generate", "logits_to_probs", "stream", "verify",
 ]

@@ -14,6 +14,7 @@ from pathlib import Path
 from .arguments import (UsageError, add_draft_length_arguments, add_model_arguments, add_sampling_controls,
                         add_verifier_argument, model_options, sampling_config)
 from .assemble import assemble
+from .constraints import Constraint
 from .bench.cli import add_bench_parser
 from .check_cli import add_check_parser
 from .generate import GenerationConfig, stream
@@ -43,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--autoregressive", action="store_true", help="run the target alone (the baseline)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    shape = g.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", type=Path, metavar="FILE",
+                       help="the output is JSON valid under this JSON schema (laid out as json.dumps does)")
+    shape.add_argument("--regex", help="the output matches this regular expression (Rust regex syntax)")
+    shape.add_argument("--grammar", type=Path, metavar="FILE",
+                       help="the output matches this grammar: llguidance's Lark syntax, or llama.cpp's GBNF")
     g.add_argument("--logprobs", type=int, metavar="N",
                    help="with --json: each token's log-probability and the N likeliest alternatives")
     g.add_argument("--logprobs-mode", choices=("raw", "processed"), default="raw",
@@ -62,9 +69,23 @@ def build_parser() -> argparse.ArgumentParser:
 def generation_config(args) -> GenerationConfig:
     return GenerationConfig(
         max_new_tokens=args.max_new_tokens, k=args.k, k_max=args.k_max, sampling=sampling_config(args),
-        seed=args.seed, stop_strings=tuple(getattr(args, "stop", ())), verifier=getattr(args, "verifier", "auto"),
+        seed=args.seed, stop_strings=tuple(getattr(args, "stop", ())), constraint=output_constraint(args),
+        verifier=getattr(args, "verifier", "auto"),
         logprobs=getattr(args, "logprobs", None), logprobs_mode=getattr(args, "logprobs_mode", "raw"),
     )
+
+
+def output_constraint(args) -> Constraint | None:
+    """--json-schema, --regex or --grammar, compiled (a bad one fails before any model loads)."""
+    if getattr(args, "regex", None) is not None:
+        return Constraint.regex(args.regex)
+    for option, kind in (("json_schema", "json_schema"), ("grammar", "grammar")):
+        path = getattr(args, option, None)
+        if path is not None:
+            if not path.is_file():
+                raise UsageError(f"--{option.replace('_', '-')} file not found: {path}")
+            return Constraint(kind, path.read_text())
+    return None
 
 
 def prompt_ids(args, target) -> list[int]:
@@ -118,6 +139,8 @@ def format_stats(stats, speculative: bool) -> str:
                 f"draft-length histogram {stats.draft_length_histogram} ({stats.plain_rounds} plain steps)"
         if stats.sources:
             line += ", by source " + ", ".join(f"{k}: {r} rounds {a}/{d} accepted" for k, (r, d, a) in stats.sources.items())
+    if stats.forced_tokens:
+        line += f", {stats.forced_tokens} tokens forced by the grammar"
     if stats.calibration_seconds:
         line += f", cost calibration {stats.calibration_seconds:.2f} s"
     return line + f" (prefill {stats.prefill_seconds:.2f} s, draft {stats.draft_seconds:.2f} s, " \

@@ -53,6 +53,7 @@ from .calibrate import cached_or_measured
 from .estimates import Costs, Ema, SourceModel
 
 MODEL = "model"
+FORCED = "forced"  # tokens a grammar forces: drafted for free, always accepted
 
 
 def ngram_source(match_length: int) -> str:
@@ -62,7 +63,8 @@ def ngram_source(match_length: int) -> str:
 # (first position, later positions): a later draft is only reached when the earlier
 # ones were accepted, and acceptances come in runs (a lookup that is right tends to
 # stay right), so the later rates start higher.
-DEFAULT_PRIORS = {MODEL: (0.7, 0.8), "ngram1": (0.3, 0.8), "ngram2": (0.5, 0.85), "ngram3": (0.8, 0.9)}
+DEFAULT_PRIORS = {MODEL: (0.7, 0.8), "ngram1": (0.3, 0.8), "ngram2": (0.5, 0.85), "ngram3": (0.8, 0.9),
+                  FORCED: (1.0, 1.0)}
 
 
 @dataclass
@@ -280,7 +282,7 @@ class AdaptiveController:
 
     def observe(self, report: RoundReport) -> None:
         c = self.costs
-        m = len(report.sources)
+        m = sum(source != FORCED for source in report.sources)  # forced tokens add no drafting work
         if report.target_tokens:  # 0: the first token came from the prompt's prefill
             c.observe_target(report.target_tokens, report.target_seconds)
         draft_seconds = 0.0
@@ -293,12 +295,14 @@ class AdaptiveController:
             else:
                 (c.draft_step if i else c.draft_first).update(call.seconds)
         c.overhead[m > 0].update(max(0.0, report.round_seconds - report.target_seconds - draft_seconds))
+        position: dict[str, int] = {}  # each source's own position: forced tokens may come between
         for i, (source, confidence) in enumerate(zip(report.sources, report.confidences)):
             if i > report.num_accepted:
                 break  # not reached: an earlier draft was rejected
             accepted = i < report.num_accepted
             model = self._source(source)
-            model.at(i).update(accepted, self.decay)
+            j = position[source] = position.get(source, -1) + 1
+            model.at(j).update(accepted, self.decay)
             if confidence is not None:
                 model.given_confidence(confidence).update(accepted, self.decay)
         self._shadow_lookup(report)

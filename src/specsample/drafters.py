@@ -13,7 +13,8 @@ from typing import Protocol
 import torch
 
 from .backends.base import Backend, claim_cache, finite_logits, holds_cache
-from .control import MODEL, DraftCall, FixedK, Policy, ngram_source
+from .constraints import GrammarState, allows_any, mask_logits
+from .control import FORCED, MODEL, DraftCall, FixedK, Policy, ngram_source
 from .sampling import Sampler, SamplingConfig
 
 
@@ -32,16 +33,53 @@ class Draft:
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
+    def join(self, other: "Draft") -> "Draft":
+        """This draft, then `other` after it (one-hot rows where one side has none)."""
+        probs = None
+        if self.probs is not None or other.probs is not None:
+            vocab = (self.probs if self.probs is not None else other.probs).shape[-1]
+            probs = torch.cat([_with_rows(self, vocab), _with_rows(other, vocab)])
+        return Draft(torch.cat([self.tokens, other.tokens]), probs, self.sources + other.sources,
+                     self.confidences + other.confidences, self.calls + other.calls)
+
+
+def _with_rows(draft: Draft, vocab: int) -> torch.Tensor:
+    return draft.probs if draft.probs is not None else _one_hot(draft.tokens.tolist(), vocab)
+
+
+def _one_hot(tokens: list[int], vocab: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(torch.tensor(tokens, dtype=torch.long), vocab).float()  # [m, vocab]
+
 
 class Drafter(Protocol):
     name: str
     calls: int  # model forward calls made so far
 
-    def propose(self, context: list[int], k: int, sampler: Sampler, policy: Policy | None = None) -> Draft:
+    def propose(self, context: list[int], k: int, sampler: Sampler, policy: Policy | None = None,
+                grammar: GrammarState | None = None) -> Draft:
         """At most k draft tokens after context; the policy decides how many (a fixed
         k when None). May return none. A drafter that draws uses the generation's
-        sampler: the penalties' history, and under coupling the noise of each position."""
+        sampler: the penalties' history, and under coupling the noise of each position.
+        With a grammar (standing at the end of context) every proposal is one it
+        allows, each followed by the tokens it then forces; the grammar is left where
+        it stood."""
         ...
+
+
+def draft_round(drafter: Drafter, context: list[int], k: int, sampler: Sampler, policy: Policy,
+                grammar: GrammarState | None = None) -> Draft:
+    """A round's drafts. With a grammar, the tokens it forces here come first, as
+    drafts of their own source that the target accepts with probability 1 (their
+    rows are one-hot); the drafter proposes after them, up to k tokens of its own."""
+    if grammar is None:
+        return drafter.propose(context, k, sampler, policy)
+    forced = grammar.advance_forced()
+    rest = Draft.empty()
+    k = min(k, grammar.room)
+    if k > 0 and not grammar.done:
+        rest = drafter.propose(context + forced, k, sampler, policy, grammar=grammar)
+    grammar.rollback(len(forced))
+    return lookup_draft(forced, FORCED).join(rest)
 
 
 class ModelDrafter:
@@ -114,13 +152,16 @@ class ModelDrafter:
                 return start, common
         raise AssertionError("unreachable: the restart view always qualifies")
 
-    def propose(self, context, k, sampler, policy=None) -> Draft:
+    def propose(self, context, k, sampler, policy=None, grammar=None) -> Draft:
         policy = policy or FixedK(k)
         _, m = policy.choose({MODEL: k}, self.lag(context))
-        return self.draft(context, k, m, sampler, policy) if m else Draft.empty()
+        return self.draft(context, k, m, sampler, policy, grammar) if m else Draft.empty()
 
-    def draft(self, context: list[int], limit: int, planned: int, sampler: Sampler, policy: Policy) -> Draft:
-        """Draft up to `limit` tokens, `planned` of them unless the policy revises it."""
+    def draft(self, context: list[int], limit: int, planned: int, sampler: Sampler, policy: Policy,
+              grammar: GrammarState | None = None) -> Draft:
+        """Draft up to `limit` tokens, `planned` of them unless the policy revises it;
+        with a grammar, each drawn from the draft's distribution masked by the grammar
+        state after the drafts before it, and followed by the tokens it forces."""
         start, common = self._view(context)
         if not holds_cache(self.backend, self._claim, len(self._cached)):  # someone else used the backend
             self._claim = claim_cache(self.backend)
@@ -128,29 +169,44 @@ class ModelDrafter:
         view = self._tokens(context, start)
         self._start, self._cached = start, view[:common]
         feed = view[common:]
-        tokens, rows, confidences, calls = [], [], [], []
+        tokens, rows, sources, confidences, calls = [], [], [], [], []
         i = 0
-        while i < min(planned, limit):
+        while i < min(planned, limit) and (grammar is None or grammar.room > 0 and not grammar.done):
             t0 = self.clock()
             logits = finite_logits(self.backend.score(feed, num_logits=1), self.name)  # [1, vocab]
             calls.append(DraftCall(len(feed), self.clock() - t0))
             self.calls += 1
             self._cached += feed
+            if grammar is not None:
+                logits = mask_logits(logits, [grammar.allowed()])
+                if not allows_any(logits):  # a truncated draft vocabulary missed every allowed token
+                    break
             probs = sampler.probs(logits, context + tokens, self.sampling)  # [1, vocab]
             confidence = draft_confidence(logits, probs, self.sampling)
             # Decided from q_i alone, before x_i is drawn (control.py says why).
             planned = policy.extent(MODEL, i, confidence)
             if planned <= i:
                 break
-            token = int(sampler.draw(probs, len(context) + i)[0])
+            token = int(sampler.draw(probs, len(context) + len(tokens))[0])
             tokens.append(token)
-            rows.append(probs[0])
+            rows.append(probs)
+            sources.append(MODEL)
             confidences.append(confidence)
             feed = [token]  # not fed after the last draft: nobody needs its logits
+            if grammar is not None:
+                grammar.advance(token)
+                forced = grammar.advance_forced()  # free to verify, and the draft model reads them
+                tokens += forced
+                rows.append(_one_hot(forced, probs.shape[-1]))
+                sources += [FORCED] * len(forced)
+                confidences += [None] * len(forced)
+                feed += forced
             i += 1
+        if grammar is not None:
+            grammar.rollback(len(tokens))
         if not tokens:
             return Draft.empty(calls)
-        return Draft(torch.tensor(tokens), torch.stack(rows), [MODEL] * len(tokens), confidences, calls)
+        return Draft(torch.tensor(tokens), torch.cat(rows), sources, confidences, calls)  # rows: [m, vocab]
 
 
 def draft_confidence(logits: torch.Tensor, probs: torch.Tensor, sampling: SamplingConfig) -> float:
@@ -217,24 +273,37 @@ class NgramDrafter:
                 self._latest[tuple(context[end - n : end])] = end - n
         self._indexed = list(context)
 
-    def offer(self, context: list[int], k: int, policy: Policy) -> tuple[list[int], dict[str, int]]:
-        """The lookup, shown to the policy, and the option it adds to a round."""
+    def offer(self, context: list[int], k: int, policy: Policy,
+              grammar: GrammarState | None = None) -> tuple[list[int], dict[str, int]]:
+        """The lookup (cut where a grammar forbids it), shown to the policy, and the
+        option it adds to a round."""
         tokens, n = self.lookup(context, k)
+        if grammar is not None:
+            tokens = grammar.accepted_prefix(tokens)
         if not tokens:
             return tokens, {}
         policy.consider(ngram_source(n), tokens)
         return tokens, {ngram_source(n): len(tokens)}
 
-    def propose(self, context, k, sampler, policy=None) -> Draft:
+    def propose(self, context, k, sampler, policy=None, grammar=None) -> Draft:
         policy = policy or FixedK(k)
-        tokens, options = self.offer(context, k, policy)
+        tokens, options = self.offer(context, k, policy, grammar)
         source, m = policy.choose(options, 0)
-        return lookup_draft(tokens[:m], source)
+        return lookup_draft(tokens[:m], source, grammar)
 
-def lookup_draft(tokens: list[int], source: str | None) -> Draft:
+
+def lookup_draft(tokens: list[int], source: str | None, grammar: GrammarState | None = None) -> Draft:
+    """One-hot drafts; with a grammar, followed by the tokens it forces after them."""
     if not tokens:
         return Draft.empty()
-    return Draft(torch.tensor(tokens, dtype=torch.long), None, [source] * len(tokens), [None] * len(tokens))
+    sources = [source] * len(tokens)
+    if grammar is not None:
+        for token in tokens:
+            grammar.advance(token)
+        forced = grammar.advance_forced()
+        grammar.rollback(len(tokens) + len(forced))
+        tokens, sources = tokens + forced, sources + [FORCED] * len(forced)
+    return Draft(torch.tensor(tokens, dtype=torch.long), None, sources, [None] * len(tokens))
 
 
 class HybridDrafter:
@@ -255,12 +324,12 @@ class HybridDrafter:
     def model_backend(self) -> Backend:
         return self.model.backend
 
-    def propose(self, context, k, sampler, policy=None) -> Draft:
+    def propose(self, context, k, sampler, policy=None, grammar=None) -> Draft:
         policy = policy or FixedK(k)
-        tokens, lookup = self.ngram.offer(context, k, policy)
+        tokens, lookup = self.ngram.offer(context, k, policy, grammar)
         source, m = policy.choose({MODEL: k, **lookup}, self.model.lag(context))
         if not m:
             return Draft.empty()
         if source == MODEL:
-            return self.model.draft(context, k, m, sampler, policy)
-        return lookup_draft(tokens[:m], source)
+            return self.model.draft(context, k, m, sampler, policy, grammar)
+        return lookup_draft(tokens[:m], source, grammar)

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 import torch
 
 from .backends.base import Backend, check_cache, check_same_vocabulary, claim_cache, finite_logits
+from .constraints import Constraint, constrained_logits
+from .constraints import start as start_grammar
 from .control import Policy, RoundReport, make_policy
 from .detokenize import TextTracker
-from .drafters import Draft, Drafter
+from .drafters import Draft, Drafter, draft_round
 from .logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
 from .sampling import Sampler, SamplingConfig
 from .verify import verify, verify_coupled
@@ -29,10 +31,12 @@ class GenerationStats:
     accepted_histogram: list[int] = field(default_factory=list)  # rounds by accepted count
     draft_length_histogram: list[int] = field(default_factory=list)  # rounds by drafts proposed; [0]: plain steps
     sources: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
+    forced_tokens: int = 0  # emitted tokens a grammar forced (in any mode; drafted for free with a drafter)
     prefill_seconds: float = 0.0
     calibration_seconds: float = 0.0  # the adaptive policy's one-off cost measurement
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
+    constraint_seconds: float = 0.0  # in the grammar engine (masks, forced tokens); part of draft and other time
     total_seconds: float = 0.0
 
     @property
@@ -68,8 +72,10 @@ class GenerationStats:
             self.drafted += counted
             self.accepted += accepted
             _bump(self.accepted_histogram, num_accepted)
-            rounds, drafted, acc = self.sources.get(draft.sources[0], [0, 0, 0])
-            self.sources[draft.sources[0]] = [rounds + 1, drafted + counted, acc + accepted]
+            for source in dict.fromkeys(draft.sources):  # a round may mix forced tokens and another source
+                rounds, drafted, acc = self.sources.get(source, [0, 0, 0])
+                self.sources[source] = [rounds + 1, drafted + draft.sources[:counted].count(source),
+                                        acc + draft.sources[:accepted].count(source)]
 
     def as_dict(self) -> dict:
         return {
@@ -82,6 +88,7 @@ class GenerationStats:
             "draft_length_histogram": list(self.draft_length_histogram),
             "plain_rounds": self.plain_rounds,
             "sources": {k: dict(zip(("rounds", "drafted", "accepted"), v)) for k, v in self.sources.items()},
+            "forced_tokens": self.forced_tokens,
             "acceptance_rate": self.acceptance_rate,
             "mean_tokens_per_target_call": self.mean_tokens_per_target_call,
             "tokens_per_second": self.tokens_per_second,
@@ -89,6 +96,7 @@ class GenerationStats:
             "calibration_seconds": self.calibration_seconds,
             "draft_seconds": self.draft_seconds,
             "target_seconds": self.target_seconds,
+            "constraint_seconds": self.constraint_seconds,
             "other_seconds": self.other_seconds,
             "total_seconds": self.total_seconds,
         }
@@ -110,6 +118,7 @@ class GenerationConfig:
     verifier: str = "auto"
     logprobs: int | None = None  # None: none; N: each emitted token's and the N likeliest alternatives'
     logprobs_mode: str = "raw"  # "raw" (the model's) or "processed" (after the controls); see logprobs.py
+    constraint: Constraint | None = None  # a JSON schema, regex or grammar the output must match
 
     def __post_init__(self) -> None:
         if self.k != "auto" and not (isinstance(self.k, int) and self.k >= 1):
@@ -144,7 +153,7 @@ class GenerationResult:
     token_ids: list[int]
     text: str
     stats: GenerationStats
-    stop_reason: str  # "length", "eos" or "stop_string"
+    stop_reason: str  # "length", "eos", "stop_string" or "grammar" (the constrained output is complete)
     logprobs: list[TokenLogprob] | None = None  # one per token, when the config asks for them
 
 
@@ -197,7 +206,8 @@ def stream(
                 f"{policy.k_max + 1} for drafts does not fit the context of the {role} model "
                 f"{backend.name}: {backend.context_length} tokens"
             )
-    return Stream(_rounds(target, prompt_ids, config, drafter, policy, clock))
+    grammar = None if config.constraint is None else start_grammar(config.constraint, target, config.max_new_tokens)
+    return Stream(_rounds(target, prompt_ids, config, drafter, policy, clock, grammar))
 
 
 def generate(target, prompt_ids, config, drafter=None, policy=None, clock=time.perf_counter) -> GenerationResult:
@@ -207,7 +217,7 @@ def generate(target, prompt_ids, config, drafter=None, policy=None, clock=time.p
     return s.result
 
 
-def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chunk]:
+def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar) -> Iterator[Chunk]:
     generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
     coupled_seed = None
     # Greedy rows are one-hot: both verifiers accept exactly the drafts that equal the
@@ -235,7 +245,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
         stats.calibration_seconds = getattr(policy, "calibration_seconds", 0.0) - before
     new: list[int] = []
     text = TextTracker(target.tokenizer, config.stop_strings)
-    stop_reason = "length"
+    stop_reason = "grammar" if grammar is not None and grammar.done else "length"
 
     while stop_reason == "length" and len(new) < config.max_new_tokens:
         # 0. The target must still hold this stream's text (all but the pending
@@ -243,12 +253,13 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
         check_cache(target, claim, len(context) - (carried is None))
 
         # 1. Draft: the policy picks the source and how many (0 = a plain target
-        #    step), never more than we could still emit.
+        #    step), never more than we could still emit. Tokens a grammar forces
+        #    come first, free (drafters.draft_round).
         t0 = clock()
         budget = min(policy.k_max, config.max_new_tokens - len(new) - 1)
         if drafter is not None and budget > 0:
             calls_before = drafter.calls
-            draft = drafter.propose(context, budget, sampler, policy)
+            draft = draft_round(drafter, context, budget, sampler, policy, grammar)
             stats.draft_calls += drafter.calls - calls_before
         else:
             draft = Draft.empty()
@@ -268,10 +279,14 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
         stats.target_calls += bool(fed)
         stats.target_seconds += t2 - t1
 
-        # 3. Accept a prefix of the drafts, then one recovered or bonus token. Row j
-        #    follows the text and drafts[:j], which the penalties count.
+        # 3. Accept a prefix of the drafts, then one recovered or bonus token. Each
+        #    row becomes the distribution the sampling controls draw from, over what
+        #    the grammar allows after its own prefix; row j follows the text and
+        #    drafts[:j], which the penalties count.
         logits = finite_logits(logits, target.name)  # [m + 1, vocab]
-        target_probs = sampler.probs(logits, context + draft.tokens.tolist(), config.sampling)  # [m + 1, vocab]
+        allowed = None if grammar is None else grammar.rows_allowed(draft.tokens.tolist())
+        target_probs = sampler.probs(constrained_logits(logits, allowed), context + draft.tokens.tolist(),
+                                     config.sampling)  # [m + 1, vocab]
         if sampler.coupled:
             verdict = verify_coupled(draft.tokens, target_probs, sampler.noise(len(context), m + 1, logits.shape[-1]))
         else:
@@ -279,15 +294,21 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
         # Keep pending + accepted drafts; the new last token is fed next round.
         target.rollback(base + len(pending) + verdict.num_accepted)
 
-        # 4. Emit, stopping at EOS, the token budget or a stop string.
+        # 4. Emit, stopping at EOS, the token budget, a stop string or the end of
+        #    the grammar. The grammar moves on with every emitted token.
         emitted = []
         for token in verdict.tokens[: config.max_new_tokens - len(new)]:
             emitted.append(token)
+            if grammar is not None:
+                stats.forced_tokens += grammar.advance(token)  # refuses a token the grammar forbids
             if token in eos:
                 stop_reason = "eos"
                 break
             if text.add(token):
                 stop_reason = "stop_string"
+                break
+            if grammar is not None and grammar.done:
+                stop_reason = "grammar"
                 break
         new += emitted
         context += emitted
@@ -303,6 +324,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock) -> Iterator[Chun
         if drafter is not None:
             policy.observe(RoundReport(draft.sources, draft.confidences, verdict.num_accepted, len(fed), t2 - t1,
                                        draft.calls, clock() - t0, tuple(emitted), target_probs[0]))
+        stats.constraint_seconds = 0.0 if grammar is None else grammar.seconds
         stats.total_seconds = clock() - start
         yield Chunk(emitted, text.take(), scored)
 

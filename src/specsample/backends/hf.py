@@ -67,6 +67,13 @@ class HFTokenizer:
     def token_text(self, token_id: int) -> str | None:
         return self.hf.convert_ids_to_tokens(token_id)
 
+    def grammar_tokenizer(self, eos_token_ids: list[int]):
+        """llguidance's tokenizer over this vocabulary (constraints.py), from the fast
+        tokenizer's own serialization."""
+        from llguidance.hf import from_tokenizer
+
+        return from_tokenizer(self.hf, eos_token=list(eos_token_ids) or None)
+
 
 class HFBackend:
     def __init__(self, model, tokenizer: HFTokenizer | None = None, name: str = "hf-model"):

@@ -90,6 +90,13 @@ class LlamaCppTokenizer:
             n = self._lib.llama_detokenize(self._vocab, tokens, len(token_ids), buf, size, True, False)
         return buf.raw[:n].decode("utf-8", errors="replace")
 
+    def grammar_tokenizer(self, eos_token_ids: list[int]):
+        """llguidance's tokenizer over this GGUF vocabulary (constraints.py): each
+        token's bytes, control tokens marked special, llama.cpp's own tokenize."""
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        return lltokenizer_from_vocab(self._vocab, eos_token=list(eos_token_ids) or None)
+
     def chat_prompt(self, text: str) -> list[int]:
         return self.chat_messages([{"role": "user", "content": text}])
 

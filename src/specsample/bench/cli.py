@@ -26,8 +26,9 @@ from .tasks import TASKS
 # limit, and 40 HumanEval problems per mode for parity. On a 2-core CPU that is hours
 # with the float32 HF backend: the estimate is printed up front and --budget-minutes
 # trims prompts to fit. A preset replaces the defaults it names.
-DEFAULTS = dict(tasks="humaneval,summarize,humaneval-chat,copy", settings="greedy,sample", modes="auto", ks="2,3,4",
-                peer_k="3", prompts="8", parity_prompts=40, parity_k=3, parity=True, plots=True, target_quants=None)
+DEFAULTS = dict(tasks="humaneval,summarize,humaneval-chat,copy,structured", settings="greedy,sample", modes="auto",
+                ks="2,3,4", peer_k="3", prompts="8", parity_prompts=40, parity_k=3, parity=True, plots=True,
+                target_quants=None)
 PRESETS = {
     # `make demo`: HumanEval completions to the end of the function on the llama.cpp
     # backend, on the default target as shipped (Q4_K_M: compute-bound calls) and on
@@ -232,6 +233,8 @@ def cmd_serve_load(args) -> int:
 
     load_at_start = os.getloadavg()[0]
     config = bench_config(args)
+    if any(TASKS[t].schema for t in config.tasks):
+        raise UsageError("--serve sends plain requests: run tasks with a JSON schema (structured) without --serve")
     families = DEFAULT_SERVE_FAMILIES if args.modes == "auto" else _names(args.modes, SERVE_FAMILIES, "--serve mode")
     ks, peer_ks = draft_lengths(args)
     if args.clients < 1:

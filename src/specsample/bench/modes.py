@@ -2,6 +2,8 @@
 
 Every mode takes the same prompt token ids and decoding setting and returns an
 Outcome whose stats use GenerationStats.as_dict() keys (peers fill what they can).
+Modes that can hold an answer to a JSON schema say so (`structured`); the others sit
+out tasks that ask for one.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..assemble import make_drafter
+from ..constraints import Constraint
 from ..control import AdaptiveController
 from ..generate import GenerationConfig, generate
 from ..sampling import SamplingConfig
@@ -45,19 +48,22 @@ class OurMode:
     lookup alone without a draft model). The adaptive controller lives as long as
     the mode, as it would in a server: its measurements carry across prompts."""
 
+    structured = True
+
     def __init__(self, name: str, family: str, target, k: int | str | None = None, draft=None, ngram_max: int = 3,
                  k_max: int = 8):
         self.name, self.family, self.k = name, family, k
         self.target, self.draft, self.ngram_max = target, draft, ngram_max
         self.policy = AdaptiveController(k_max) if family == "spec-auto" else None
 
-    def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=()) -> Outcome:
+    def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=(), schema=None) -> Outcome:
         # spec-auto: the hybrid drafter (lookup alone without a draft model); spec: the
         # draft model alone; ngram: lookup alone; ar: none.
         draft = self.draft if self.family in ("spec", "spec-auto") else None
         drafter = make_drafter(draft, sampling, lookup=self.family in ("spec-auto", "ngram"), ngram_max=self.ngram_max)
         config = GenerationConfig(max_new_tokens=max_new_tokens, k=self.k or 1, sampling=sampling, seed=seed,
-                                  stop_strings=tuple(stop_strings))
+                                  stop_strings=tuple(stop_strings),
+                                  constraint=None if schema is None else Constraint.json_schema(schema))
         result = generate(self.target, prompt_ids, config, drafter, self.policy)
         return Outcome(result.token_ids, result.text, result.stop_reason, result.stats.as_dict())
 
@@ -66,6 +72,8 @@ class HFGenerateMode:
     """transformers' own `generate`, plain or with an assistant model: either fixed
     (K drafts every round, no confidence stop: the configuration our spec-kK mirrors)
     or with transformers' defaults, as a user gets it."""
+
+    structured = False
 
     def __init__(self, name: str, target, assistant=None, k: int | None = None):
         self.name, self.k = name, k
@@ -124,6 +132,8 @@ class HFGenerateMode:
 class LlamaCppMode:
     """llama-cpp-python's high-level Llama, plain or with its prompt-lookup draft
     (LlamaPromptLookupDecoding), on the target's GGUF file."""
+
+    structured = False
 
     def __init__(self, name: str, model_path, tokenizer, eos_token_ids, *, threads: int, n_ctx: int,
                  k: int | None = None, ngram_max: int = 3):
@@ -188,14 +198,17 @@ class LlamaCppMode:
 
 class LlamaServerMode:
     """llama.cpp's own speculative decoding (llama-server with a draft model), or the
-    same server decoding plainly (k None): see native.py for what it measures."""
+    same server decoding plainly (k None): see native.py for what it measures. A
+    schema goes in its `json_schema` field (llama.cpp turns it into a grammar)."""
+
+    structured = True
 
     def __init__(self, name: str, server, k: int | None = None):
         self.name, self.server, self.k = name, server, k
         self.family = "llamacpp-spec" if k else "llamacpp-server"
 
-    def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=()) -> Outcome:
-        body = completion_request(prompt_ids, max_new_tokens, sampling, seed, stop_strings, self.k)
+    def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=(), schema=None) -> Outcome:
+        body = completion_request(prompt_ids, max_new_tokens, sampling, seed, stop_strings, self.k, schema)
         parsed = parse_completion(self.server.complete(body))
         return Outcome(parsed["token_ids"], parsed["text"], parsed["stop_reason"], parsed["stats"])
 

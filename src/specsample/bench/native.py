@@ -107,16 +107,21 @@ def _run(cmd: list[str], timeout: float) -> None:
         raise NativeUnavailable(f"{name} failed: {last[0]}")
 
 
-def completion_request(prompt_ids: list[int], max_new_tokens: int, sampling, seed: int, stop_strings, k: int | None) -> dict:
+def completion_request(prompt_ids: list[int], max_new_tokens: int, sampling, seed: int, stop_strings, k: int | None,
+                       json_schema: dict | None = None) -> dict:
     """A /completion body that decodes as our loops do: the same tokens, sampling
-    and stop strings, with llama.cpp's extra samplers and penalties off."""
-    return {
+    and stop strings, with llama.cpp's extra samplers and penalties off; with a
+    schema, the answer held to it (llama.cpp converts it to a grammar)."""
+    body = {
         "prompt": list(prompt_ids), "n_predict": max_new_tokens, "stop": list(stop_strings), "seed": seed,
         **peer_sampling("llama_server", sampling),
         "cache_prompt": True,  # the server speculates only with it on; we erase the slot before each request
         "return_tokens": True, "stream": False,
         "speculative.n_max": k or 0, "speculative.n_min": 0, "speculative.p_min": 0.0,
     }
+    if json_schema is not None:
+        body["json_schema"] = json_schema
+    return body
 
 
 def parse_completion(response: dict) -> dict:

@@ -2,7 +2,9 @@
 
 For every prompt all modes run back to back, in an order rotated by one each
 prompt, so machine drift (thermal state, a neighbour's load) hits every mode alike.
-Each mode first runs one short warm-up generation that is not recorded.
+Each mode first runs one short warm-up generation that is not recorded. A task with a
+JSON schema runs only the modes that can hold an answer to one, and every answer is
+checked against it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from .modes import SETTINGS
+from .structured import is_valid
 from .parity import build_program, run_program
 from .tasks import TASKS, Prompt, Task, load_task
 
@@ -76,11 +79,16 @@ def run_bench(modes, prompts: dict[str, list[PreparedPrompt]], config: BenchConf
     for task, task_prompts in prompts.items():
         for setting in config.settings:
             for i, prepared in enumerate(task_prompts):
-                for mode in _rotated(modes, turn):
+                for mode in _rotated(runs_task(modes, prepared.task), turn):
                     records.append(_run_one(mode, prepared, setting, i, config.new_tokens(task), config.seed + i))
                     _tick(progress, f"{task} {setting} {mode.name}")
                 turn += 1
     return records
+
+
+def runs_task(modes: list, task: Task) -> list:
+    """The modes that can run a task: all, unless it asks for a schema."""
+    return [m for m in modes if task.schema is None or getattr(m, "structured", False)]
 
 
 def run_parity(modes, prompts: list[PreparedPrompt], config: BenchConfig, progress=None) -> list[dict]:
@@ -101,14 +109,18 @@ def run_parity(modes, prompts: list[PreparedPrompt], config: BenchConfig, progre
 
 def _run_one(mode, prepared: PreparedPrompt, setting: str, index: int, max_new_tokens: int,
              seed: int, phase: str = "main") -> dict:
+    schema = prepared.task.schema
+    held = {} if schema is None else {"schema": schema}
     t0 = time.perf_counter()
-    outcome = mode.run(prepared.ids, max_new_tokens, SETTINGS[setting], seed, prepared.task.stop_strings)
+    outcome = mode.run(prepared.ids, max_new_tokens, SETTINGS[setting], seed, prepared.task.stop_strings, **held)
     latency = time.perf_counter() - t0
+    extra = {} if schema is None else {"valid": is_valid(outcome.text, schema)}
     return {
         "phase": phase, "task": prepared.task.name, "setting": setting, "prompt_id": prepared.prompt.id,
         "prompt_index": index, "prompt_tokens": len(prepared.ids), "mode": mode.name, "family": mode.family,
         "k": mode.k, "seed": seed, "max_new_tokens": max_new_tokens, "latency_seconds": latency,
         "stop_reason": outcome.stop_reason, "stats": outcome.stats, "token_ids": outcome.token_ids, "text": outcome.text,
+        **extra,
     }
 
 
@@ -124,5 +136,5 @@ def _tick(progress, label: str) -> None:
 
 
 def total_steps(modes, prompts, config: BenchConfig, parity_modes: int = 0, parity_prompts: int = 0) -> int:
-    generations = sum(len(p) for p in prompts.values()) * len(config.settings) * len(modes)
+    generations = sum(len(p) * len(runs_task(modes, p[0].task)) for p in prompts.values() if p) * len(config.settings)
     return len(modes) + generations + parity_modes * parity_prompts

@@ -7,6 +7,8 @@ humaneval-chat  the same problems in the chat template, answered to EOS: the ins
 summarize       one-sentence summaries of long standard-library module docstrings
 copy            rewrite a HumanEval canonical solution with descriptive names: the
                 answer repeats much of the prompt, the case prompt lookup is built for
+structured      fields of standard-library function docs as JSON under a fixed schema
+                (structured.py): constrained output, where much of the text is forced
 
 How each task is asked (chat or plain), how long answers may run and where they
 stop are properties of the task, not of the run.
@@ -19,6 +21,8 @@ import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from . import structured
 
 # Chen et al. (2021), "Evaluating Large Language Models Trained on Code": a completion
 # ends where the model starts a new top-level statement after the function.
@@ -48,6 +52,7 @@ class Task:
     max_new_tokens: int
     stop_strings: tuple[str, ...]  # besides EOS
     load: Callable[[], list[Prompt]] = field(compare=False, repr=False)
+    schema: dict | None = field(default=None, compare=False, repr=False)  # every answer is JSON valid under it
 
 
 def humaneval_problems() -> list[dict]:
@@ -73,6 +78,10 @@ def copy_prompts() -> list[Prompt]:
             for p in humaneval_problems()]
 
 
+def structured_prompts() -> list[Prompt]:
+    return [Prompt("structured", name, structured.prompt_text(name, doc)) for name, doc in structured.structured_docs()]
+
+
 def summarize_prompts() -> list[Prompt]:
     chosen = [(name, doc) for name, doc in stdlib_docstrings() if SUMMARY_MIN_CHARS <= len(doc) <= SUMMARY_MAX_CHARS]
     # Longest first, name as the tie-break: the same order on every run of a Python version.
@@ -89,6 +98,8 @@ TASKS = {
         # second paragraph, which is no longer the answer.
         Task("summarize", chat=True, max_new_tokens=128, stop_strings=("\n\n",), load=summarize_prompts),
         Task("copy", chat=True, max_new_tokens=384, stop_strings=(), load=copy_prompts),
+        Task("structured", chat=True, max_new_tokens=512, stop_strings=(), load=structured_prompts,
+             schema=structured.SCHEMA),
     )
 }
 

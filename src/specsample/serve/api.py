@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..backends.base import ChatTemplateError
+from ..constraints import Constraint, ConstraintError
 from ..generate import GenerationConfig
 from ..logprobs import MAX_TOP
 from ..sampling import SamplingConfig
@@ -83,6 +84,18 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Strict):
+    name: str
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")  # None: any JSON object
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _Request(_Strict):
     model_config = ConfigDict(strict=True, extra="allow")  # extras are checked by name below
     model: str
@@ -102,6 +115,7 @@ class _Request(_Strict):
     n: int | None = None
     logprobs_mode: Literal["raw", "processed"] | None = None  # an extension; see logprobs.py
     user: str | None = None
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_Request):
@@ -121,7 +135,7 @@ class ChatRequest(_Request):
 NEUTRAL = {
     "best_of": (None, 1), "suffix": (None, ""),
     "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-    "function_call": (None, "none"), "response_format": (None, {"type": "text"}), "parallel_tool_calls": (None, True, False),
+    "function_call": (None, "none"), "parallel_tool_calls": (None, True, False),
     "metadata": (None, {}), "store": (None, False), "service_tier": (None, "auto", "default"),
 }
 
@@ -137,7 +151,7 @@ def parse(model: type[_Request], data) -> _Request:
                          if name not in NEUTRAL or not any(_asks_nothing(value, v) for v in NEUTRAL[name]))
     if unsupported:
         raise APIError(400, f"unsupported parameter(s): {', '.join(unsupported)} (specsample serves plain-text "
-                       "completions: no tools, suffix, best_of or response formats; see docs/serve.md)",
+                       "completions: no tools, suffix or best_of; see docs/serve.md)",
                        param=unsupported[0], code="unsupported_parameter")
     return request
 
@@ -206,7 +220,8 @@ def generation_config(request: _Request, max_tokens: int | None, settings: Setti
         return None
     return GenerationConfig(max_new_tokens=max_tokens or settings.max_tokens, k=settings.k, k_max=settings.k_max,
                             sampling=sampling, seed=request.seed, stop_strings=tuple(stop), verifier=settings.verifier,
-                            logprobs=requested_logprobs(request), logprobs_mode=request.logprobs_mode or "raw")
+                            logprobs=requested_logprobs(request), logprobs_mode=request.logprobs_mode or "raw",
+                            constraint=response_constraint(request.response_format))
 
 
 def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
@@ -233,6 +248,25 @@ def requested_logprobs(request: _Request) -> int | None:
     if request.top_logprobs and not request.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
     return (request.top_logprobs or 0) if request.logprobs else None
+
+
+def response_constraint(response_format: ResponseFormat | None) -> Constraint | None:
+    """OpenAI's response_format: text, any JSON object, or JSON under a schema. The
+    output always follows the schema; `strict` (default false, as OpenAI's) says
+    whether schema keywords the grammar engine does not implement are refused."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return Constraint.json_object()
+    spec = response_format.json_schema
+    if spec is None:
+        raise APIError(400, "response_format.json_schema is required when the type is json_schema",
+                       param="response_format.json_schema", code="missing_required_parameter")
+    try:
+        return Constraint.json_schema(spec.schema_ or {"type": "object"}, strict=bool(spec.strict))
+    except ConstraintError as e:
+        raise APIError(400, f"response_format.json_schema.schema: {e}", param="response_format.json_schema.schema",
+                       code="invalid_value") from None
 
 
 def _draft_reserve(config: GenerationConfig) -> int:

@@ -7,7 +7,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-FINISH_REASONS = {"length": "length", "eos": "stop", "stop_string": "stop"}
+FINISH_REASONS = {"length": "length", "eos": "stop", "stop_string": "stop", "grammar": "stop"}
 # JSON has no -inf: a token the controls removed ("processed" log-probabilities) gets
 # this floor, as several OpenAI-compatible servers do.
 LOGPROB_FLOOR = -9999.0

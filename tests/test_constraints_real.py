@@ -1,0 +1,61 @@
+"""Structured output on the real default pair (llama.cpp): the grammar engine's
+tokenizer built from the GGUF vocabulary, JSON under the bench's schema, and greedy
+constrained speculation equal to greedy constrained decoding token for token (on the
+batch-invariant target, whose logits do not depend on how many tokens a call scores)."""
+
+import pytest
+
+from specsample.bench.structured import SCHEMA, is_valid, prompt_text, structured_docs
+from specsample.constraints import Constraint, start
+from specsample.control import FORCED, AdaptiveController
+from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
+from specsample.generate import GenerationConfig, generate
+from specsample.models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, cache_dir
+from specsample.sampling import SamplingConfig
+
+pytestmark = pytest.mark.real
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specsample[llamacpp]')")
+if not all((cache_dir() / "models" / m.filename).exists() for m in DEFAULT_MODELS.values()):
+    pytest.skip("default model pair not fetched: run `specsample fetch` (make test does)", allow_module_level=True)
+
+GREEDY = SamplingConfig(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from specsample.backends import load_backend
+
+    return (load_backend(DEFAULT_TARGET, "llamacpp", batch_invariant=True),
+            load_backend(DEFAULT_DRAFT, "llamacpp", quant="q4_0"))
+
+
+def test_the_engine_reads_the_gguf_vocabulary(pair):
+    target, _ = pair
+    state = start(Constraint.json_schema({"type": "object", "properties": {"answer": {"type": "integer"}},
+                                          "required": ["answer"]}), target, 64)
+    forced = state.forced()
+    text = target.tokenizer.decode(list(forced))  # the engine leaves out a last token that could grow (" 7")
+    assert text.startswith('{"answer"') and '{"answer": '.startswith(text)
+    assert state.allowed() == forced[0]
+    for token in forced:
+        state.advance(token)
+    number = state.allowed()
+    assert number.shape == (target.vocab_size,) and not number[target.tokenizer.encode(" x")[0]]
+    assert number[target.tokenizer.encode(" 7")[0]] and not number[target.tokenizer.encode("}")[0]]
+
+
+def test_greedy_constrained_speculation_equals_constrained_decoding_and_validates(pair):
+    target, draft = pair
+    name, doc = next(d for d in structured_docs() if d[0] == "textwrap.wrap")
+    ids = target.tokenizer.chat_prompt(prompt_text(name, doc))
+    config = dict(max_new_tokens=160, sampling=GREEDY, constraint=Constraint.json_schema(SCHEMA))
+    plain = generate(target, ids, GenerationConfig(k=1, **config))
+    assert plain.stop_reason == "grammar" and is_valid(plain.text, SCHEMA)
+    assert plain.stats.forced_tokens > len(plain.token_ids) // 5
+    policy = AdaptiveController(k_max=6, calibrate=False)
+    for drafter, k, p in ((ModelDrafter(draft, GREEDY), 3, None),
+                          (HybridDrafter(ModelDrafter(draft, GREEDY), NgramDrafter()), "auto", policy)):
+        result = generate(target, ids, GenerationConfig(k=k, **config), drafter, p)
+        assert result.token_ids == plain.token_ids
+        assert result.stats.sources[FORCED][2] == plain.stats.forced_tokens  # every forced token drafted free
+        assert result.stats.target_calls < plain.stats.target_calls - plain.stats.forced_tokens
