@@ -79,3 +79,8 @@ def test_target_types_name_the_file_by_its_own_type(q4_k_m_file):
 def test_bad_target_types_are_usage_errors(q4_k_m_file, argv, message):
     with pytest.raises(UsageError, match=message):
         target_types(_args("--target", q4_k_m_file, *argv))
+
+
+def test_target_quants_belong_to_the_per_sequence_bench(q4_k_m_file):
+    with pytest.raises(UsageError, match="give one --target-quant"):
+        bench_cli.cmd_bench(_args("--target", q4_k_m_file, "--serve", "--target-quants", "bf16"))

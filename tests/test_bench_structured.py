@@ -5,7 +5,7 @@ import json
 
 from specsample.bench.modes import SETTINGS, LlamaServerMode, Outcome, OurMode
 from specsample.bench.native import completion_request
-from specsample.bench.report import write_report
+from specsample.bench.summary import TargetRun, write_report
 from specsample.bench.runner import BenchConfig, PreparedPrompt, run_bench, total_steps
 from specsample.bench.structured import SCHEMA, is_valid
 from specsample.bench.tasks import TASKS, Prompt, Task, load_task
@@ -68,7 +68,7 @@ def test_structured_runs_hold_every_answer_to_the_schema_and_report_it(tmp_path)
     greedy = {r["mode"]: r["token_ids"] for r in records if r["setting"] == "greedy" and r["prompt_id"] == "p0"}
     assert greedy["ar"] == greedy["spec-k2"] == greedy["spec-auto"]
 
-    write_report(tmp_path, records, None, command="specsample bench --test", machine="toy", plots=False)
+    write_report(tmp_path, [TargetRun("toy", records)], command="specsample bench --test", machine="toy", plots=False)
     summary = (tmp_path / "summary.md").read_text()
     section = summary.split("## Structured output")[1].split("##")[0]
     rows = {row.split("|")[3].strip(): [c.strip() for c in row.split("|")[1:-1]]

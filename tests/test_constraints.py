@@ -289,7 +289,7 @@ def forced_tokens_from_the_unmasked_draft(monkeypatch, trusted=True):
         for i, source in enumerate(d.sources):
             if source == FORCED:
                 row = logits_to_probs(drafter.backend.next_logits(ctx)[None], SamplingConfig())[0]
-                tokens[i] = int(torch.multinomial(row, 1, generator=generator))
+                tokens[i] = int(torch.multinomial(row, 1, generator=generator.generator))
             ctx.append(int(tokens[i]))
         last_sources[:] = d.sources
         probs = None if d.probs is None else d.probs.clone()

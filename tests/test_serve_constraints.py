@@ -14,7 +14,6 @@ from specsample.drafters import ModelDrafter
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig
 from specsample.serve.api import Settings, create_app
-from specsample.serve.worker import drafter_factory
 
 from serve_helpers import running
 from toy import byte_backend
@@ -32,8 +31,9 @@ PROMPT = "weather today? "
 
 @pytest.fixture(scope="module")
 def url():
-    drafter = ModelDrafter(byte_backend(1, "draft"), SamplingConfig())
-    app = create_app(byte_backend(0), drafter_factory(drafter), drafter.name, Settings(model_name="toy", k=3))
+    draft = byte_backend(1, "draft")
+    app = create_app(byte_backend(0), lambda sampling: ModelDrafter(draft, sampling), draft.name,
+                     Settings(model_name="toy", k=3))
     with running(app) as base:
         yield base
 

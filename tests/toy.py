@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from specsample.sampling import Sampler, SamplingConfig
+from specsample.sampling import Sampler, SamplingConfig, logits_to_probs
 
 
 class TrigramBackend:

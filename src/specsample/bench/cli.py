@@ -122,6 +122,9 @@ def cmd_bench(args) -> int:
     from .bandwidth import measure_read_bandwidth
 
     args = resolve_options(args)
+    if (args.serve or args.contention) and args.target_quants:
+        raise UsageError("--target-quants runs the per-sequence benchmark; with --serve or --contention give one "
+                         "--target-quant")
     if args.serve:
         return cmd_serve_load(args)
     if args.contention:

@@ -156,9 +156,9 @@ def structured_table(records: list[dict]) -> str | None:
         total = sum(st.get("total_seconds", 0.0) for st in stats)
         rows.append([task, setting, mode, f"{sum(r['valid'] for r in group)}/{len(group)}",
                      f"{sum(r['stop_reason'] in ('grammar', 'eos') for r in group)}/{len(group)}",
-                     _f(forced / tokens if ours and tokens else None, ".0%"),
-                     _f(1000 * grammar / tokens if ours and tokens else None, ".2f"),
-                     _f(grammar / total if ours and total else None, ".1%")])
+                     cell(forced / tokens if ours and tokens else None, ".0%"),
+                     cell(1000 * grammar / tokens if ours and tokens else None, ".2f"),
+                     cell(grammar / total if ours and total else None, ".1%")])
     return markdown_table(rows)
 
 

@@ -11,9 +11,9 @@ from .bandwidth import read_ceiling
 from .costs import CostCurve
 from .parity import pass_rates
 from .plots import write_plots
-from .report import (CONTROLLER_NOTE, PARITY_NOTE, PREDICTION_NOTE, THROUGHPUT_NOTE, bandwidth_note, controller_table,
-                     cost_table, greedy_identity, main_table, markdown_table, parity_table, prediction_section,
-                     predictions_by_group, write_records)
+from .report import (CONTROLLER_NOTE, PARITY_NOTE, PREDICTION_NOTE, STRUCTURED_NOTE, THROUGHPUT_NOTE, bandwidth_note,
+                     controller_table, cost_table, greedy_identity, main_table, markdown_table, parity_table,
+                     prediction_section, predictions_by_group, structured_table, write_records)
 from .stats import summarise
 from .targets import by_target_section
 
@@ -72,6 +72,9 @@ def run_sections(out: Path, run: TargetRun, read_bandwidth: float | None, plots:
     parts = [f"## Throughput and latency (target {run.label})",
              THROUGHPUT_NOTE + bandwidth_note(run.weight_bytes, read_bandwidth, ceiling), table]
     parts += ["## Greedy exactness", markdown_table(greedy_identity(main))]
+    structured = structured_table(main)
+    if structured:
+        parts += ["## Structured output", STRUCTURED_NOTE, structured]
     choices = controller_table(main)
     if choices:
         parts += ["## What -k auto chose", CONTROLLER_NOTE, choices]
