@@ -92,3 +92,33 @@ def test_hf_stop_criterion_looks_only_at_new_text():
     body = [ord(c) for c in "    return 1\n"]
     assert not stop(torch.tensor([prompt + body]), None).item()
     assert stop(torch.tensor([prompt + body + [ord(c) for c in "def"]]), None).item()
+
+
+def test_every_speculative_request_starts_on_an_empty_draft_context():
+    """llama.cpp's draft keeps its context across requests and hands back an earlier
+    answer to the same prompt as a free draft; before each measured -md request the
+    server is sent a short request whose first token is in neither the new prompt nor
+    the last request's text, which empties it. Plain requests need none."""
+    from specsample.bench.native import LlamaServer
+
+    class Recorder(LlamaServer):
+        def __init__(self):  # no process: record what would be sent
+            self.sent = []
+
+        def request(self, route, body=None):
+            self.sent.append((route, body))
+            return _captured("greedy") if route == "/completion" and body.get("n_predict") != 4 else {}
+
+    server = Recorder()
+    answer = _captured("greedy")["tokens"]
+    for k in (3, None, 4):
+        server.complete(completion_request([5, 6, 1000], 384, SETTINGS["greedy"], 0, HUMANEVAL_STOPS, k))
+    routes = [route for route, _ in server.sent]
+    erase = "/slots/0?action=erase"
+    assert routes == [erase, "/completion", erase, "/completion",  # K = 3: flush, then the request
+                      erase, "/completion",  # plain: the request alone
+                      erase, "/completion", erase, "/completion"]  # K = 4
+    flushes = [body for route, body in server.sent if route == "/completion" and body["n_predict"] == 4]
+    assert len(flushes) == 2 and all(body["speculative.n_max"] > 0 for body in flushes)
+    first = flushes[1]["prompt"][0]
+    assert first not in (5, 6, 1000) and first not in answer  # matches nothing the draft may hold

@@ -158,7 +158,27 @@ class LlamaServer(ServerProcess):
             # core count), so waiting clients queue in the server, not in its backlog.
             "--threads-http", "64"], name="llama-server")
 
+    _seen: frozenset = frozenset()  # the tokens of the last request's prompt and answer
+
     def complete(self, body: dict) -> dict:
         # A fresh prefill every time, as our loops do: forget the previous prompt.
         self.request("/slots/0?action=erase", {})
-        return self.request("/completion", body)
+        if body.get("speculative.n_max"):
+            self.forget_draft(body["prompt"])
+        response = self.request("/completion", body)
+        self._seen = frozenset(body["prompt"]) | frozenset(response.get("tokens") or ())
+        return response
+
+    def forget_draft(self, prompt: list[int]) -> None:
+        """Empty the draft model's context before a measured request. Erasing the slot
+        leaves it, and common_speculative_gen_draft reuses it: when it holds this
+        prompt followed by an earlier answer (the same prompt asked before by another
+        K, the other setting or the warm-up), it hands that answer back as the draft,
+        free and mostly right, which no user's fresh request gets. A short request that
+        starts with a token found in neither this prompt nor the last request's text
+        matches nothing there, so the draft's context is cleared and refilled with it."""
+        seen = self._seen | frozenset(prompt)
+        token = next(t for t in range(1000, 0, -1) if t not in seen)
+        self.request("/completion", {"prompt": [token, token], "n_predict": 4, "temperature": 0.0, "cache_prompt": True,
+                                     "speculative.n_max": 2, "speculative.n_min": 0, "speculative.p_min": 0.0})
+        self.request("/slots/0?action=erase", {})
