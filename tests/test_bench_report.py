@@ -61,7 +61,8 @@ def test_small_run_writes_records_summary_and_plots(tmp_path):
     for row in table.splitlines()[2:]:
         if row.split("|")[3].strip() == "ar":
             assert int(row.split("|")[12].split("(")[1].rstrip("%) ")) <= 100
-    for section in ("Command: `specsample bench --test`", "Cost curve", "Analytic prediction", "Greedy exactness"):
+    for section in ("Command: `specsample bench --test`", "Cost curve", "Analytic prediction", "Greedy exactness",
+                    "## Where a round's time goes"):
         assert section in summary
     # Exactness: greedy speculative output equals greedy autoregressive output.
     assert "| spec-k2 | 4/4 |" in summary and "| ngram-k2 | 4/4 |" in summary and "| spec-auto | 4/4 |" in summary
@@ -118,3 +119,25 @@ def test_two_target_types_get_an_overview_and_a_section_each(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     assert {r["target"] for r in records} == {"q4_k_m", "bf16"}
     assert set(json.loads((tmp_path / "cost_curve.json").read_text())) == {"q4_k_m", "bf16"}
+
+
+def test_round_time_table_splits_decoding_by_round_and_leaves_prefill_out(capsys, tmp_path):
+    from specsample.bench.rounds import main, round_time_table
+
+    def record(mode, tokens, calls, draft_calls, draft, target, prefill, total, calibration=0.0):
+        return {"phase": "main", "task": "t", "setting": "greedy", "mode": mode, "target": "bf16",
+                "stats": {"new_tokens": tokens, "target_calls": calls, "draft_calls": draft_calls,
+                          "draft_seconds": draft, "target_seconds": target, "prefill_seconds": prefill,
+                          "calibration_seconds": calibration, "total_seconds": total}}
+
+    records = [record("spec-k4", 10, 2, 8, 0.2, 0.6, 0.5, 1.4),
+               record("spec-k4", 6, 2, 8, 0.2, 0.6, 0.5, 1.5, calibration=0.1),
+               {"phase": "main", "task": "t", "setting": "greedy", "mode": "llamacpp-spec-k4", "stats": {"new_tokens": 9}}]
+    table = round_time_table(records)
+    row = [c.strip() for c in table.splitlines()[2].split("|")[1:-1]]
+    # 4 rounds, 16 tokens, 16 draft calls; draft 0.4 s, target 1.2 s, other (1.4+1.5-1.0-0.1-1.6) = 0.2 s.
+    assert row == ["t", "greedy", "spec-k4", "2", "4", "4.00", "4.00", "100.0", "300.0", "50.0", "25.0", "112.5"]
+    assert len(table.splitlines()) == 3  # the peer reports no split and gets no row
+    path = tmp_path / "records.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    assert main([str(path)]) == 0 and "target bf16" in capsys.readouterr().out

@@ -11,10 +11,16 @@ runner.py     interleaved runs -> one record per prompt x mode x setting x task
 costs.py      the measured cost curve and the analytic speedup prediction
 parity.py     HumanEval pass@1 of samples, run in a resource-limited subprocess (not a sandbox)
 stats.py      percentiles, confidence intervals, per-mode aggregates
-report.py     records.jsonl and summary.md
+report.py     the summary's tables and notes
+summary.py    records.jsonl, cost_curve.json, summary.md: one target type or several
+targets.py    target types side by side (--target-quants): the overview table
+rounds.py     where a round's time goes (python -m specsample.bench.rounds records.jsonl)
+structured.py the structured-output task: schema, prompts, validation
 plots.py      PNG plots (matplotlib Agg)
 serving.py    --serve: each server under a load of streaming clients; load.py: the clients
 contention.py --contention: two model processes at once, with and without core sharing
 numerics.py   llama.cpp logits by call size (python -m specsample.bench.numerics)
+logprob_cost.py  what log-probabilities cost in decode speed (python -m specsample.bench.logprob_cost)
+harness.py    lm-evaluation-harness against specsample serve, on evaltasks/ (optional extra)
 cli.py        the `bench` subcommand
 """

@@ -14,6 +14,7 @@ from .plots import write_plots
 from .report import (CONTROLLER_NOTE, PARITY_NOTE, PREDICTION_NOTE, STRUCTURED_NOTE, THROUGHPUT_NOTE, bandwidth_note,
                      controller_table, cost_table, greedy_identity, main_table, markdown_table, parity_table,
                      prediction_section, predictions_by_group, structured_table, write_records)
+from .rounds import ROUND_NOTE, round_time_table
 from .stats import summarise
 from .targets import by_target_section
 
@@ -75,6 +76,9 @@ def run_sections(out: Path, run: TargetRun, read_bandwidth: float | None, plots:
     structured = structured_table(main)
     if structured:
         parts += ["## Structured output", STRUCTURED_NOTE, structured]
+    rounds = round_time_table(main)
+    if rounds:
+        parts += ["## Where a round's time goes", ROUND_NOTE, rounds]
     choices = controller_table(main)
     if choices:
         parts += ["## What -k auto chose", CONTROLLER_NOTE, choices]
