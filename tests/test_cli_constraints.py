@@ -82,7 +82,7 @@ def test_greedy_constrained_speculative_output_equals_the_autoregressive_one(cap
 ])
 def test_a_bad_schema_grammar_or_regex_is_one_line_and_exit_2_before_any_model_loads(
         capsys, monkeypatch, tmp_path, option, content, message):
-    monkeypatch.setattr(cli, "load_models", lambda *a, **k: pytest.fail("loaded models for a bad constraint"))
+    monkeypatch.setattr(cli, "assemble", lambda *a, **k: pytest.fail("loaded models for a bad constraint"))
     value = content
     if option != "--regex":
         value = str(tmp_path / "missing")

@@ -166,4 +166,6 @@ def test_the_default_auto_mode_with_the_hybrid_drafter():
             assert sum(usage["draft_length_histogram"][1:]) > 0  # it drafted
         sampled = client.completions.create(model="toy", prompt=PROMPT, max_tokens=30, temperature=0.8, seed=4)
         assert sampled.usage.completion_tokens == 30
-    assert policy.calibrated and policy.typical_length.value is not None  # one controller, across requests
+    # One controller across requests: calibrated once, the draft model's evidence kept;
+    # every answer here was cut by max_tokens, which says nothing of how long answers run.
+    assert policy.calibrated and "model" in policy.sources and policy.typical_length.value is None
