@@ -128,7 +128,8 @@ def test_round_time_table_splits_decoding_by_round_and_leaves_prefill_out(capsys
         return {"phase": "main", "task": "t", "setting": "greedy", "mode": mode, "target": "bf16",
                 "stats": {"new_tokens": tokens, "target_calls": calls, "draft_calls": draft_calls,
                           "draft_seconds": draft, "target_seconds": target, "prefill_seconds": prefill,
-                          "calibration_seconds": calibration, "total_seconds": total}}
+                          "calibration_seconds": calibration, "total_seconds": total,
+                          "other_seconds": total - prefill - calibration - draft - target}}
 
     records = [record("spec-k4", 10, 2, 8, 0.2, 0.6, 0.5, 1.4),
                record("spec-k4", 6, 2, 8, 0.2, 0.6, 0.5, 1.5, calibration=0.1),

@@ -30,8 +30,7 @@ def round_time_table(records: list[dict]) -> str | None:
         g["steps"] += st.get("draft_calls", 0)
         g["draft"] += st["draft_seconds"]
         g["target"] += st["target_seconds"]
-        g["other"] += (st["total_seconds"] - st["prefill_seconds"] - st.get("calibration_seconds", 0.0)
-                       - st["draft_seconds"] - st["target_seconds"])
+        g["other"] += st["other_seconds"]  # GenerationStats.other_seconds: prefill and calibration left out
     if not groups:
         return None
     rows = [["task", "setting", "mode", "seqs", "rounds", "tokens/round", "draft calls/round",
