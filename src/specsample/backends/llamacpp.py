@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +52,10 @@ class LoadedModel:
             raise ValueError(f"llama.cpp could not load {path}")
         self.vocab = lib.llama_model_get_vocab(self.pointer)
 
-    def __del__(self):
-        if getattr(self, "pointer", None):
+    def __del__(self, _exiting=sys.is_finalizing):  # bound now: at exit this module's globals are gone
+        # At interpreter exit the process frees everything, and the bindings may already
+        # be torn down (freeing then raised "'NoneType' object is not callable").
+        if getattr(self, "pointer", None) and not _exiting():
             self.lib.llama_model_free(self.pointer)
 
 
@@ -215,9 +218,9 @@ class LlamaCppBackend:
             raise RuntimeError(f"llama.cpp could not roll back to {length} tokens ({self.name})")
         self._length = length
 
-    def __del__(self):
+    def __del__(self, _exiting=sys.is_finalizing):
         lib = getattr(self, "_lib", None)
-        if lib is None:
+        if lib is None or _exiting():  # as LoadedModel.__del__
             return
         if getattr(self, "_batch", None) is not None:
             lib.llama_batch_free(self._batch)
