@@ -18,8 +18,11 @@ fetch: $(STAMP)
 demo: fetch
 	$(BIN)/specsample bench --preset demo --backend llamacpp --out results/demo
 
+# The pure tests (toy and tiny models, no clock, process or real model) run on every
+# core at once, one thread each; then the rest, alone, as the real models need the cores.
 test: fetch
-	$(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m pure -n auto
+	$(BIN)/python -m pytest -q -m "not pure"
 
 bench: fetch
 	$(BIN)/specsample bench --out results/bench

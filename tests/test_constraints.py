@@ -32,6 +32,8 @@ from specsample.verify import Verdict
 from toy import (CostedBackend, DrafterWrapper, FakeClock, PieceTokenizer, TrigramBackend, byte_backend,
                  chi_square_p_value, exact_constrained_distribution, random_table)
 
+pytestmark = pytest.mark.pure
+
 generate_module = importlib.import_module("specsample.generate")
 drafters_module = importlib.import_module("specsample.drafters")
 

@@ -13,6 +13,8 @@ from specsample.sampling import SamplingConfig
 
 from toy import CostedBackend, FakeClock, TrigramBackend, random_table
 
+pytestmark = pytest.mark.pure
+
 
 def controller(target_costs, draft_step, accept=None, **kw):
     """A calibrated controller: target_costs[n - 1] seconds for n tokens."""

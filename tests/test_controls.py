@@ -25,6 +25,8 @@ from specsample.sampling import Sampler, SamplingConfig
 
 from toy import TrigramBackend, chi_square_p_value, exact_distribution, random_table
 
+pytestmark = pytest.mark.pure
+
 generate_module = importlib.import_module("specsample.generate")
 
 VOCAB, LENGTH, N, ALPHA = 6, 3, 6_000, 1e-3

@@ -22,6 +22,8 @@ from specsample.verify import verify_coupled
 
 from toy import CostedBackend, FakeClock, TrigramBackend, chi_square_p_value, exact_distribution, mixed_tables, random_table
 
+pytestmark = pytest.mark.pure
+
 sampling_module = importlib.import_module("specsample.sampling")
 
 VOCAB, LENGTH, N, ALPHA = 6, 3, 8_000, 1e-3

@@ -29,6 +29,8 @@ from specsample.verify import Verdict, verify
 from toy import (CostedBackend, DrafterWrapper, FakeClock, TrigramBackend, chi_square_p_value, exact_distribution,
                  mixed_tables, random_table)
 
+pytestmark = pytest.mark.pure
+
 # The module, not the function of the same name that specsample/__init__ exports.
 generate_module = importlib.import_module("specsample.generate")
 

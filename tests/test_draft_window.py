@@ -10,6 +10,8 @@ from specsample.sampling import Sampler, SamplingConfig
 
 from toy import TrigramBackend, random_table
 
+pytestmark = pytest.mark.pure
+
 GREEDY = SamplingConfig(temperature=0.0)
 TABLE = random_table(8, seed=3)
 

@@ -10,6 +10,8 @@ from specsample.backends.hf import HFBackend
 from specsample.backends.base import BackendError
 from toy import ByteTokenizer, PoisonedBackend, ScriptedBackend, TrigramBackend, random_table
 
+pytestmark = pytest.mark.pure
+
 GREEDY = SamplingConfig(temperature=0)
 PROMPT = [5, 17, 3, 60, 42, 8, 11, 5, 17]
 

@@ -6,6 +6,8 @@ from specsample.backends.hf import HFBackend
 
 from tiny_hf import VOCAB, tiny_backend, tiny_model
 
+pytestmark = pytest.mark.pure
+
 PROMPT = [5, 17, 3, 60, 42, 8, 11]
 
 

@@ -22,6 +22,8 @@ from specsample.sampling import SamplingConfig
 from tiny_hf import tiny_model, tiny_windowed_model
 from toy import chi_square_p_value, exact_distribution
 
+pytestmark = pytest.mark.pure
+
 VOCAB, LENGTH, N, ALPHA, K = 8, 3, 3_000, 1e-3, 2
 PROMPT = [1, 5, 2]
 SAMPLING = SamplingConfig(temperature=1.0)

@@ -14,6 +14,8 @@ from specsample.sampling import SamplingConfig
 
 from tiny_hf import VOCAB, WINDOW, WINDOWED, tiny_recurrent_model, tiny_windowed_model
 
+pytestmark = pytest.mark.pure
+
 GREEDY = SamplingConfig(temperature=0)
 SEQUENCE = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(0)).tolist()
 

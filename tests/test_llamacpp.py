@@ -143,10 +143,19 @@ def test_default_auto_on_this_machine_equals_autoregressive(pair, greedy_referen
     assert_same_or_flipped_at_a_near_tie(target, ids, result.token_ids, reference)
 
 
-def test_sampling_through_llamacpp_scoring_follows_exact_target(pair):
+@pytest.fixture(scope="module")
+def q4_0_draft():
+    """The 0.5B re-encoded as Q4_0, as `--draft-quant` gives it: its calls take half the
+    time of the shipped Q4_K_M file's, which the sampling checks below make thousands of."""
+    from specsample.backends import load_backend
+
+    return load_backend(DEFAULT_DRAFT, "llamacpp", quant="q4_0")
+
+
+def test_sampling_through_llamacpp_scoring_follows_exact_target(q4_0_draft):
     """The distribution check of test_distribution.py, on this backend's scoring path.
 
-    Target: the real 0.5B with top-k 3 (so three new tokens have at most 27 outcomes);
+    Target: the real 0.5B (Q4_0) with top-k 3 (so three new tokens have at most 27 outcomes);
     draft: the same model at temperature 1.6, top-k 6: a different distribution, so
     rejections and recoveries happen. With K = 1 and three tokens, a rejection in the
     first round leaves room for a second drafted round, which then scores on top of a
@@ -154,15 +163,15 @@ def test_sampling_through_llamacpp_scoring_follows_exact_target(pair):
     prompt is one token, so no prefill is repeated per sample. N = 800; bound:
     chi-square p > 1e-3 (cells expected below 5 are pooled).
     """
-    _, model = pair
-    assert_samples_follow_exact_target(model, SamplingConfig(temperature=1.0, top_k=3), n=800)
-
-
-def assert_samples_follow_exact_target(model, sampling, n):
     from specsample.backends import load_backend
+
+    model = load_backend(DEFAULT_DRAFT, "llamacpp", quant="q4_0")
+    assert_samples_follow_exact_target(model, q4_0_draft, SamplingConfig(temperature=1.0, top_k=3), n=800)
+
+
+def assert_samples_follow_exact_target(model, drafter_backend, sampling, n):
     from specsample.sampling import logits_to_probs
 
-    drafter_backend = load_backend(DEFAULT_DRAFT, "llamacpp")
     prompt = model.tokenizer.encode("def")
     assert len(prompt) == 1
 
@@ -215,10 +224,10 @@ def test_greedy_speculative_equals_autoregressive_on_a_reencoded_target(pair, bf
     assert spec.stats.acceptance_rate > 0.5
 
 
-def test_sampling_on_a_reencoded_target_follows_its_exact_distribution(bf16_target):
+def test_sampling_on_a_reencoded_target_follows_its_exact_distribution(bf16_target, q4_0_draft):
     """The check above on the bf16 re-encoding, whose multi-token calls take
     llama.cpp's bf16 matrix path: top-k 2 (8 outcomes), N = 300."""
-    assert_samples_follow_exact_target(bf16_target, SamplingConfig(temperature=1.0, top_k=2), n=300)
+    assert_samples_follow_exact_target(bf16_target, q4_0_draft, SamplingConfig(temperature=1.0, top_k=2), n=300)
 
 
 def test_tokenizer_keeps_its_model_alive_after_the_backend_is_gone():

@@ -12,6 +12,8 @@ from specsample.sampling import Sampler, SamplingConfig
 
 from toy import CostedBackend, FakeClock, TrigramBackend, random_table
 
+pytestmark = pytest.mark.pure
+
 VOCAB = 8
 TARGET = random_table(VOCAB, seed=4)
 DRAFT = TARGET + 0.5 * random_table(VOCAB, seed=5, scale=1.0)

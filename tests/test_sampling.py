@@ -3,6 +3,8 @@ import torch
 
 from specsample.sampling import MIN_TEMPERATURE, SamplingConfig, _top_p_filter, logits_to_probs, sample
 
+pytestmark = pytest.mark.pure
+
 
 def test_temperature_one_is_softmax():
     logits = torch.tensor([[1.0, 2.0, 3.0]])

@@ -8,6 +8,8 @@ from specsample.verify import residual_distribution, verify
 
 from toy import chi_square_p_value
 
+pytestmark = pytest.mark.pure
+
 HI, LO = 100.0, -100.0
 
 

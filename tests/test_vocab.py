@@ -11,6 +11,8 @@ from specsample.vocab import frequent_tokens, restrict_draft_vocabulary
 from tiny_hf import tiny_backend
 from toy import TrigramBackend, chi_square_p_value, exact_distribution, random_table
 
+pytestmark = pytest.mark.pure
+
 GREEDY = SamplingConfig(temperature=0)
 PROMPT = [5, 17, 3, 60, 42, 8, 11, 5, 17]
 
