@@ -158,10 +158,50 @@ def test_a_lookup_is_scored_in_the_shadow_of_plain_steps():
         probs[lookup[i]] = 0.9
         c.consider("ngram2", lookup[i:])
         c.choose({MODEL: 8, "ngram2": 4 - i}, lag=1)
-        c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, (lookup[i],), probs))
+        c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, (lookup[i],), probs[None]))
     model = c._source("ngram2")
     assert model.at(0).value > before and model.at(1).trials > 0 and model.at(2).trials > 0
     assert model.at(0).hits == pytest.approx(0.9 * model.at(0).trials / 1.0, rel=0.2)
+
+
+def test_a_lookup_is_scored_in_the_shadow_of_a_model_round():
+    import torch
+
+    c = controller(FLAT, 0.1, accept=0.9)
+    lookup = [3, 4, 5, 6]
+    c.consider("ngram2", lookup)
+    assert c.choose({MODEL: 8, "ngram2": 4}, lag=1)[0] == MODEL
+    rows = torch.full((4, 8), 0.05)
+    rows[0, 3], rows[1, 4], rows[2, 5] = 0.9, 0.8, 0.2
+    # Two drafts accepted, then token 9 where the lookup said 5: rows 0-2 each follow
+    # the text emitted before them; row 3 (after a rejection) is not the target's.
+    c.observe(RoundReport([MODEL] * 3, [0.9] * 3, 2, 4, 1.1, [DraftCall(1, 0.1)] * 3, 1.5, (3, 4, 9), rows))
+    model = c._source("ngram2")
+    assert (model.at(0).hits, model.at(0).trials) == (pytest.approx(0.9), 1)
+    assert (model.at(1).hits, model.at(1).trials) == (pytest.approx(0.8 * 0.9 + 0.2), pytest.approx(1.9))  # one rate, decayed
+    assert c._shadow is None  # the text left the lookup
+
+
+def test_a_lookups_later_drafts_share_one_rate_and_the_models_do_not():
+    c = controller(FLAT, 0.1)
+    lookup, model = c._source("ngram3"), c._source(MODEL)
+    assert lookup.at(1) is lookup.at(7) and lookup.at(0) is not lookup.at(1)
+    assert model.at(1) is not model.at(2)
+
+
+def test_lookups_that_fail_after_their_first_token_stop_costing_a_compute_bound_target():
+    """Code repeats a name or a bracket, then goes its own way: a lookup's first token is
+    often right, the rest not. Each failed rate must count against every later draft of
+    the source, or untried positions keep promising long runs (and wide calls, which a
+    compute-bound target pays for in full)."""
+    c = controller(LINEAR, 0.4, accept=0.1)
+    for _ in range(6):
+        c.consider("ngram3", [1, 2, 3, 4, 5, 6, 7, 8])
+        source, m = c.choose({MODEL: 8, "ngram3": 8}, lag=1)
+        if source is None:
+            break
+        c.observe(RoundReport([source] * m, [None] * m, 1, m + 1, 2.0, [], 2.0, (1, 9)))
+    assert c.choose({MODEL: 8, "ngram3": 8}, lag=1) == (None, 0)
 
 
 def test_a_capped_warm_up_does_not_make_the_draft_prefill_look_unpayable():
@@ -245,13 +285,13 @@ def test_a_new_sequence_starts_without_the_last_ones_lookup():
     probs[3] = 0.9
     c.consider("ngram2", lookup)
     c.choose({MODEL: 8, "ngram2": 3}, lag=1)
-    c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, (3,), probs))  # the text followed the lookup's first token
+    c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, (3,), probs[None]))  # the text followed the lookup's first token
     second = c._source("ngram2").at(1)
     seen = (second.hits, second.trials)
     c.begin(None, None, [7, 7], 10)  # the next request
     other = torch.full((8,), 1 / 8)
     other[4] = 0.0  # where the old lookup's second token would be scored
     c.choose({MODEL: 8}, lag=1)
-    c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, (6,), other))
+    c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, (6,), other[None]))
     assert (second.hits, second.trials) == seen
     assert c._shadow is None and c._lookup is None

@@ -183,7 +183,9 @@ def test_negative_control_the_smallest_error_the_check_is_shown_to_detect():
 # so later choices depend on earlier outcomes, as in real use.
 
 MIXED_TARGET, MIXED_DRAFT = mixed_tables(VOCAB, seed=3)
-MIXED_PROMPT = [1, 4]  # ends on a hard context
+# The target's own greedy text from [1, 4], then [1, 4] again: lookups find earlier
+# matches (and are right on easy contexts), and the prompt ends on a hard context.
+MIXED_PROMPT = [1, 4, 3, 2, 5, 3, 1, 2, 1, 4]
 
 
 def adaptive_empirical(kind, sampling, wrap=None, n=N, seed=0):

@@ -60,10 +60,17 @@ def ngram_source(match_length: int) -> str:
     return f"ngram{match_length}"
 
 
+def is_lookup(source: str) -> bool:
+    return source.startswith("ngram")
+
+
 # (first position, later positions): a later draft is only reached when the earlier
 # ones were accepted, and acceptances come in runs (a lookup that is right tends to
-# stay right), so the later rates start higher.
-DEFAULT_PRIORS = {MODEL: (0.7, 0.8), "ngram1": (0.3, 0.8), "ngram2": (0.5, 0.85), "ngram3": (0.8, 0.9),
+# stay right), so the later rates start higher. A lookup's priors are modest: it is
+# scored for free in every round that does not propose it (_shadow_lookup), so on text
+# that repeats the evidence lifts it within a few tokens, while an optimistic prior made
+# a compute-bound target pay for wide calls on lookups that then failed.
+DEFAULT_PRIORS = {MODEL: (0.7, 0.8), "ngram1": (0.2, 0.6), "ngram2": (0.4, 0.7), "ngram3": (0.6, 0.8),
                   FORCED: (1.0, 1.0)}
 
 
@@ -85,7 +92,9 @@ class RoundReport:
     draft_calls: list[DraftCall]
     round_seconds: float  # wall time of the whole round
     emitted_tokens: tuple[int, ...]
-    first_probs: object = None  # [vocab] the target's distribution at the round's first position
+    # [emitted, vocab] or more rows: the target's distributions at the round's positions;
+    # row j follows the text emitted before it (so it exists for every emitted token).
+    target_probs: object = None
 
 
 class Policy(Protocol):
@@ -310,32 +319,41 @@ class AdaptiveController:
         self._generated += len(report.emitted_tokens)
 
     def _shadow_lookup(self, report: RoundReport) -> None:
-        """Learn a lookup's acceptance while not proposing it, from plain steps.
+        """Learn a lookup's acceptance while not proposing it, from any other round.
 
-        Proposing a lookup to find out whether it pays costs a wider target call;
-        but in a plain step the target's distribution p at the round's position is
-        known, and a one-hot draft x there would have been accepted with probability
-        p(x). So the lookup's first token is scored for free, and, while the emitted
-        tokens keep following it, its later tokens too (each conditional on the
-        earlier ones being right, as the per-position rates are defined). On text
-        that repeats, the lookup's rates rise until proposing it pays.
+        Proposing a lookup to find out whether it pays costs a wider target call; but
+        every round knows the target's distribution p at each position it emitted a
+        token (a plain step's one row, a model round's verify rows up to its first
+        rejection), and a one-hot draft x there would have been accepted with
+        probability p(x). So the lookup's first token is scored for free, and, while
+        the emitted tokens keep following it, its later tokens too (each conditional on
+        the earlier ones being right, as the rates are defined). On text that repeats,
+        the lookup's rates rise until proposing it pays; where it does not, they fall
+        without a wide call spent on finding out.
         """
-        if report.sources or report.first_probs is None or len(report.emitted_tokens) != 1:
-            self._shadow = None  # only plain steps move one position at a time
+        proposed = any(map(is_lookup, report.sources))  # observe() scored it
+        if proposed or report.target_probs is None:
+            self._shadow = None
             return
         if self._shadow is None and self._lookup is not None:
             self._shadow = (*self._lookup, 0)
         if self._shadow is None:
             return
         source, tokens, i = self._shadow
-        self._source(source).at(i).update(float(report.first_probs[tokens[i]]), self.decay)
-        follows = report.emitted_tokens[0] == tokens[i] and i + 1 < len(tokens)
-        self._shadow = (source, tokens, i + 1) if follows else None
+        model = self._source(source)
+        for row, token in zip(report.target_probs, report.emitted_tokens):
+            model.at(i).update(float(row[tokens[i]]), self.decay)
+            if token != tokens[i] or i + 1 == len(tokens):
+                self._shadow = None
+                return
+            i += 1
+        self._shadow = (source, tokens, i)
 
     def _source(self, source: str) -> SourceModel:
         if source not in self.sources:
-            prior = self.priors.get(source, self.priors[ngram_source(3)] if source.startswith("ngram") else (0.5, 0.5))
-            self.sources[source] = SourceModel(prior)
+            lookup = is_lookup(source)
+            prior = self.priors.get(source, self.priors[ngram_source(3)] if lookup else (0.5, 0.5))
+            self.sources[source] = SourceModel(prior, pooled=lookup)
         return self.sources[source]
 
 

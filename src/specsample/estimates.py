@@ -48,10 +48,16 @@ class SourceModel:
     previous drafts being accepted), and, for the draft model, per confidence bin."""
 
     prior: tuple[float, float]  # first position, later positions
+    # A lookup's later drafts are one copied text going on: right or wrong together, so
+    # they share one rate. Per position, the rates past its usual first miss would hardly
+    # ever be observed and would keep their prior, promising long runs that never come.
+    pooled: bool = False
     positions: list[Rate] = field(default_factory=list)
     by_confidence: list[Rate] = field(default_factory=list)
 
     def at(self, i: int) -> Rate:
+        if self.pooled:
+            i = min(i, 1)
         while len(self.positions) <= i:
             self.positions.append(Rate(self.prior[0] if not self.positions else self.prior[1]))
         return self.positions[i]

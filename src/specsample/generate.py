@@ -323,7 +323,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar) -> Iter
         # 5. Tell the policy what this round cost and how its drafts fared.
         if drafter is not None:
             policy.observe(RoundReport(draft.sources, draft.confidences, verdict.num_accepted, len(fed), t2 - t1,
-                                       draft.calls, clock() - t0, tuple(emitted), target_probs[0]))
+                                       draft.calls, clock() - t0, tuple(emitted), target_probs))
         stats.constraint_seconds = 0.0 if grammar is None else grammar.seconds
         stats.total_seconds = clock() - start
         yield Chunk(emitted, text.take(), scored)
