@@ -340,9 +340,9 @@ class AdaptiveController:
         if self._shadow is None:
             return
         source, tokens, i = self._shadow
-        model = self._source(source)
+        rates = self._source(source)
         for row, token in zip(report.target_probs, report.emitted_tokens):
-            model.at(i).update(float(row[tokens[i]]), self.decay)
+            rates.at(i).update(float(row[tokens[i]]), self.decay)
             if token != tokens[i] or i + 1 == len(tokens):
                 self._shadow = None
                 return
