@@ -18,8 +18,10 @@ fetch: $(STAMP)
 demo: fetch
 	$(BIN)/specsample bench --preset demo --backend llamacpp --out results/demo
 
-# The pure tests (toy and tiny models, no clock, process or real model) run on every
-# core at once, one thread each; then the rest, alone, as the real models need the cores.
+# Every test is marked pure, system or real (tests/conftest.py refuses one that is not).
+# The pure ones (toy and tiny models, no clock, process or real model) run on every core
+# at once, one thread each; then the rest, alone: processes, servers and timings must
+# not be crowded, and the real models need the cores.
 test: fetch
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m pure -n auto
 	$(BIN)/python -m pytest -q -m "not pure"

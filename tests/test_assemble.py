@@ -10,6 +10,8 @@ from specsample.sampling import SamplingConfig
 from test_cli import WORDS, save_tiny
 from toy import TrigramBackend, random_table
 
+pytestmark = pytest.mark.pure
+
 SAMPLING = SamplingConfig(temperature=0.7, top_p=0.9)
 
 

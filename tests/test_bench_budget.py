@@ -2,6 +2,8 @@ import pytest
 
 from specsample.bench.budget import Cell, estimate_seconds, format_duration, trim_to_budget
 
+pytestmark = pytest.mark.pure
+
 CELLS = {"humaneval": Cell(prompts=8, runs=6, new_tokens=384, prompt_tokens=150),
          "copy": Cell(prompts=4, runs=6, new_tokens=384, prompt_tokens=250)}
 

@@ -5,6 +5,8 @@ from specsample.bench.cli import bench_config, parse_prompts, resolve_options, t
 from specsample.arguments import UsageError
 from specsample.cli import build_parser
 
+pytestmark = pytest.mark.pure
+
 
 def _args(*argv):
     return resolve_options(build_parser().parse_args(["bench", *argv]))

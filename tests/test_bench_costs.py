@@ -2,6 +2,8 @@ import pytest
 
 from specsample.bench.costs import expected_tokens_per_round, predict, predicted_speedup, recommend
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.mark.parametrize("alpha,k,expected", [
     (0.0, 4, 1.0),  # every draft rejected: one token per round

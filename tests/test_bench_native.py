@@ -11,6 +11,8 @@ from specsample.bench.modes import SETTINGS, LlamaServerMode, build_modes
 from specsample.bench.native import completion_request, parse_completion
 from specsample.bench.tasks import HUMANEVAL_STOPS
 
+pytestmark = pytest.mark.pure
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

@@ -1,7 +1,11 @@
 import time
 
+import pytest
+
 from specsample.bench.parity import build_program, extract_code, pass_rates, run_program
 from specsample.bench.tasks import load_task
+
+pytestmark = pytest.mark.system
 
 PROBLEM = load_task("humaneval", 1)[0].problem  # has_close_elements
 GOOD_BODY = PROBLEM["canonical_solution"]

@@ -15,6 +15,8 @@ from specsample.sampling import SamplingConfig
 
 from tiny_hf import tiny_backend
 
+pytestmark = pytest.mark.pure
+
 
 def test_every_sampling_field_has_a_row_for_every_peer():
     assert set(FIELDS) == {f.name for f in dataclasses.fields(SamplingConfig)}

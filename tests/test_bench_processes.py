@@ -17,6 +17,8 @@ import pytest
 from specsample.bench import contention, native
 from specsample.bench.servers import ServerProcess
 
+pytestmark = pytest.mark.system
+
 SRC = str(Path(native.__file__).parents[2])
 
 

@@ -2,11 +2,15 @@
 
 import json
 
+import pytest
+
 from specsample.bench.costs import measure_cost_curve
 from specsample.bench.modes import SETTINGS, OurMode
 from specsample.bench.summary import TargetRun, write_report
 from specsample.bench.runner import BenchConfig, prepare, run_bench
 from toy import TrigramBackend, random_table
+
+pytestmark = pytest.mark.pure
 
 VOCAB = 12
 

@@ -17,6 +17,8 @@ from specsample.cli import build_parser
 
 from serve_helpers import WordTokenizer, running, toy_app
 
+pytestmark = pytest.mark.system
+
 PROMPTS = ["the cat sat on a mat", "a dog ran far away", "the big red dog", "it was over here"]
 
 

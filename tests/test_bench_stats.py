@@ -2,6 +2,8 @@ import pytest
 
 from specsample.bench.stats import percentile, summarise, wilson_interval
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.mark.parametrize("q,expected", [(0, 1.0), (50, 2.5), (90, 3.7), (99, 3.97), (100, 4.0)])
 def test_percentile_interpolates_like_numpy(q, expected):

@@ -3,6 +3,8 @@ validity check on every answer, and the report's section."""
 
 import json
 
+import pytest
+
 from specsample.bench.modes import SETTINGS, LlamaServerMode, Outcome, OurMode
 from specsample.bench.native import completion_request
 from specsample.bench.summary import TargetRun, write_report
@@ -11,6 +13,8 @@ from specsample.bench.structured import SCHEMA, is_valid
 from specsample.bench.tasks import TASKS, Prompt, Task, load_task
 
 from toy import byte_backend
+
+pytestmark = pytest.mark.pure
 
 SMALL = {"type": "object", "properties": {"f": {"type": "string", "maxLength": 3}, "ok": {"type": "boolean"}},
          "required": ["f", "ok"], "additionalProperties": False}

@@ -2,6 +2,8 @@ import pytest
 
 from specsample.bench.tasks import HUMANEVAL_STOPS, TASKS, first_stop, load_task
 
+pytestmark = pytest.mark.pure
+
 
 def test_humaneval_is_the_raw_completion_protocol():
     prompts = load_task("humaneval")

@@ -7,7 +7,6 @@ sampler's TV at the same N); seeds are fixed, so every run is deterministic.
 """
 
 import importlib
-import time
 
 import pytest
 import torch
@@ -22,6 +21,8 @@ from test_distribution import accept_everything, recover_from_target
 from toy import TrigramBackend, random_table
 
 generate_module = importlib.import_module("specsample.generate")
+
+pytestmark = pytest.mark.pure
 
 VOCAB = 6
 TARGET = random_table(VOCAB, seed=0)
@@ -138,30 +139,6 @@ def test_an_error_above_the_detectable_tv_fails_and_the_bound_shrinks_with_n(mon
         distance.append(total_variation(sampled, torch.tensor([c.exact for c in p.cells], dtype=torch.float64)))
     assert sum(distance) / len(distance) > wrong.detectable
     assert not wrong.passed
-
-
-class Sleepy(TrigramBackend):
-    """Calls that take real time, the same for 1 or 5 tokens: drafting pays."""
-
-    def __init__(self, table, seconds, name="sleepy"):
-        super().__init__(table, name=name)
-        self.seconds = seconds
-
-    def score(self, token_ids, num_logits):
-        time.sleep(self.seconds)
-        return super().score(token_ids, num_logits)
-
-
-@pytest.mark.parametrize("wrong_verify", [None, accept_everything])
-def test_auto_checks_the_controllers_own_draft_lengths(monkeypatch, wrong_verify):
-    """-k auto: the adaptive controller drafts (up to k_max) as it would in use, the
-    reference scores the second token in a one-token call; a wrong sampler still fails."""
-    if wrong_verify is not None:
-        monkeypatch.setattr(generate_module, "verify", wrong_verify)
-    config = CheckConfig(samples=1500, k="auto", k_max=4, sampling=SAMPLING)
-    result = check(Sleepy(TARGET, 0.001), ModelDrafter(Sleepy(DRAFT, 0.0001, name="draft"), SAMPLING), PROMPTS, config)
-    assert any(p.acceptance_rate is not None for p in result.prompts)  # it drafted
-    assert result.passed == (wrong_verify is None)
 
 
 # --- the command line, on the same toys ---------------------------------------

@@ -15,6 +15,8 @@ from specsample.cli import main
 
 from tiny_hf import tiny_model
 
+pytestmark = pytest.mark.pure
+
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
                                           "w": {"enum": ["yes", "no"]}},
           "required": ["n", "w"], "additionalProperties": False}

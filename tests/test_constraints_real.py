@@ -10,23 +10,20 @@ from specsample.constraints import Constraint, start
 from specsample.control import FORCED, AdaptiveController
 from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.generate import GenerationConfig, generate
-from specsample.models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, cache_dir
 from specsample.sampling import SamplingConfig
 
 pytestmark = pytest.mark.real
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specsample[llamacpp]')")
-if not all((cache_dir() / "models" / m.filename).exists() for m in DEFAULT_MODELS.values()):
-    pytest.skip("default model pair not fetched: run `specsample fetch` (make test does)", allow_module_level=True)
 
 GREEDY = SamplingConfig(temperature=0)
 
 
 @pytest.fixture(scope="module")
-def pair():
+def pair(real_pair):
     from specsample.backends import load_backend
 
-    return (load_backend(DEFAULT_TARGET, "llamacpp", batch_invariant=True),
-            load_backend(DEFAULT_DRAFT, "llamacpp", quant="q4_0"))
+    return (load_backend(real_pair.target, "llamacpp", batch_invariant=True),
+            load_backend(real_pair.draft, "llamacpp", quant="q4_0"))
 
 
 def test_the_engine_reads_the_gguf_vocabulary(pair):

@@ -6,6 +6,8 @@ import pytest
 
 from specsample.backends.cpushare import TICKS, CpuShare, read_proc
 
+pytestmark = pytest.mark.system
+
 
 class FakeProc:
     """/proc as a script: each read advances the wall clock by 0.5 s, during which

@@ -11,6 +11,8 @@ from specsample.detokenize import TextTracker
 
 from toy import ByteTokenizer
 
+pytestmark = pytest.mark.pure
+
 
 def word_level(words, decoder=None, **kw):
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)} | {"[UNK]": len(words)}, unk_token="[UNK]"))

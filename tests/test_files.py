@@ -15,6 +15,8 @@ from specsample.files import build_once
 
 from test_models import CHUNKS, fake_spec, fake_wheel
 
+pytestmark = pytest.mark.system
+
 
 def leftovers(folder: Path) -> list[str]:
     """Everything in `folder` but the lock files, which stay by design."""

@@ -12,7 +12,7 @@ from serve_helpers import running, toy_app, toy_pair
 pytest.importorskip("lm_eval")
 pytest.importorskip("tenacity")  # the harness's API models need it
 
-pytestmark = pytest.mark.harness
+pytestmark = [pytest.mark.harness, pytest.mark.system]
 
 
 def test_the_harness_scores_alike_autoregressive_and_speculative():

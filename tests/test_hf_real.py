@@ -8,7 +8,6 @@ import pytest
 
 from specsample.drafters import ModelDrafter, NgramDrafter
 from specsample.generate import GenerationConfig, generate
-from specsample.models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, cache_dir
 from specsample.sampling import SamplingConfig
 
 pytestmark = pytest.mark.real
@@ -16,15 +15,12 @@ pytestmark = pytest.mark.real
 GREEDY = SamplingConfig(temperature=0)
 PROMPT = "Write a Python function `is_palindrome(s)` that ignores case and spaces."
 
-if not all((cache_dir() / "models" / m.filename).exists() for m in DEFAULT_MODELS.values()):
-    pytest.skip("default model pair not fetched: run `specsample fetch` (make test does)", allow_module_level=True)
-
 
 @pytest.fixture(scope="module")
-def hf_pair():
+def hf_pair(real_pair):
     from specsample.backends import load_backend
 
-    return load_backend(DEFAULT_TARGET, "hf"), load_backend(DEFAULT_DRAFT, "hf")
+    return load_backend(real_pair.target, "hf"), load_backend(real_pair.draft, "hf")
 
 
 def test_hf_greedy_speculative_equals_autoregressive_with_high_acceptance(hf_pair):
@@ -45,13 +41,13 @@ def test_hf_greedy_ngram_equals_autoregressive(hf_pair):
     assert generate(target, ids, config, NgramDrafter()).token_ids == generate(target, ids, config).token_ids
 
 
-def test_mixed_backends_llamacpp_draft_for_hf_target(hf_pair):
+def test_mixed_backends_llamacpp_draft_for_hf_target(real_pair, hf_pair):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     from specsample.backends import load_backend
     from specsample.backends.base import check_same_vocabulary
 
     target, _ = hf_pair
-    draft = load_backend(DEFAULT_DRAFT, "llamacpp")
+    draft = load_backend(real_pair.draft, "llamacpp")
     check_same_vocabulary(target, draft)  # both cut Qwen's padding rows to 151,665
     ids = target.tokenizer.chat_prompt(PROMPT)
     assert draft.tokenizer.chat_prompt(PROMPT) == ids  # same template, same token ids

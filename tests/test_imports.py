@@ -4,7 +4,11 @@ functions too (a lazy import only hides a cycle until someone moves it)."""
 import ast
 from pathlib import Path
 
+import pytest
+
 import specsample
+
+pytestmark = pytest.mark.pure
 
 PACKAGE = Path(specsample.__file__).parent
 

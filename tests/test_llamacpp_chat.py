@@ -8,6 +8,8 @@ import pytest
 from specsample.backends.base import ChatTemplateError
 from specsample.backends.llamacpp import LlamaCppTokenizer, render_chat, with_bos
 
+pytestmark = pytest.mark.pure
+
 # Mistral's template (as llama-cpp-python ships it): BOS written by the template, and
 # alternation enforced with raise_exception.
 MISTRAL = ("{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"

@@ -11,24 +11,22 @@ import torch
 from specsample.control import AdaptiveController
 from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.generate import GenerationConfig, generate
-from specsample.models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, cache_dir
 from specsample.sampling import SamplingConfig
 
 from toy import chi_square_p_value
 
+pytestmark = pytest.mark.real
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specsample[llamacpp]')")
-if not all((cache_dir() / "models" / m.filename).exists() for m in DEFAULT_MODELS.values()):
-    pytest.skip("default model pair not fetched: run `specsample fetch` (make test does)", allow_module_level=True)
 
 GREEDY = SamplingConfig(temperature=0)
 PROMPT = "Write a Python function `fizzbuzz(n)` returning the list of FizzBuzz strings."
 
 
 @pytest.fixture(scope="module")
-def pair():
+def pair(real_pair):
     from specsample.backends import load_backend
 
-    return load_backend(DEFAULT_TARGET, "llamacpp"), load_backend(DEFAULT_DRAFT, "llamacpp")
+    return load_backend(real_pair.target, "llamacpp"), load_backend(real_pair.draft, "llamacpp")
 
 
 def test_vocabulary_and_eos(pair):
@@ -144,15 +142,15 @@ def test_default_auto_on_this_machine_equals_autoregressive(pair, greedy_referen
 
 
 @pytest.fixture(scope="module")
-def q4_0_draft():
+def q4_0_draft(real_pair):
     """The 0.5B re-encoded as Q4_0, as `--draft-quant` gives it: its calls take half the
     time of the shipped Q4_K_M file's, which the sampling checks below make thousands of."""
     from specsample.backends import load_backend
 
-    return load_backend(DEFAULT_DRAFT, "llamacpp", quant="q4_0")
+    return load_backend(real_pair.draft, "llamacpp", quant="q4_0")
 
 
-def test_sampling_through_llamacpp_scoring_follows_exact_target(q4_0_draft):
+def test_sampling_through_llamacpp_scoring_follows_exact_target(real_pair, q4_0_draft):
     """The distribution check of test_distribution.py, on this backend's scoring path.
 
     Target: the real 0.5B (Q4_0) with top-k 3 (so three new tokens have at most 27 outcomes);
@@ -165,7 +163,7 @@ def test_sampling_through_llamacpp_scoring_follows_exact_target(q4_0_draft):
     """
     from specsample.backends import load_backend
 
-    model = load_backend(DEFAULT_DRAFT, "llamacpp", quant="q4_0")
+    model = load_backend(real_pair.draft, "llamacpp", quant="q4_0")
     assert_samples_follow_exact_target(model, q4_0_draft, SamplingConfig(temperature=1.0, top_k=3), n=800)
 
 
@@ -200,12 +198,12 @@ def assert_samples_follow_exact_target(model, drafter_backend, sampling, n):
 
 
 @pytest.fixture(scope="module")
-def bf16_target():
+def bf16_target(real_pair):
     """A re-encoded target small enough for the suite: the 0.5B as bf16 (made once,
     cached), the encoding `--target-quant bf16` gives the default 1.5B."""
     from specsample.backends import load_backend
 
-    return load_backend(DEFAULT_DRAFT, "llamacpp", quant="bf16")
+    return load_backend(real_pair.draft, "llamacpp", quant="bf16")
 
 
 def test_a_reencoded_file_says_its_type(pair, bf16_target):
@@ -230,7 +228,7 @@ def test_sampling_on_a_reencoded_target_follows_its_exact_distribution(bf16_targ
     assert_samples_follow_exact_target(bf16_target, q4_0_draft, SamplingConfig(temperature=1.0, top_k=2), n=300)
 
 
-def test_tokenizer_keeps_its_model_alive_after_the_backend_is_gone():
+def test_tokenizer_keeps_its_model_alive_after_the_backend_is_gone(real_pair):
     """The tokenizer holds llama.cpp's vocab pointer, which the model owns; freeing the
     model with the backend left it reading freed memory (a crash or garbage). In a child
     process, so that a crash fails this test instead of ending the run."""
@@ -239,7 +237,7 @@ def test_tokenizer_keeps_its_model_alive_after_the_backend_is_gone():
     script = f"""if True:
         import gc
         from specsample.backends import load_backend
-        backend = load_backend({DEFAULT_DRAFT!r}, "llamacpp")
+        backend = load_backend({real_pair.draft!r}, "llamacpp")
         tokenizer = backend.tokenizer
         ids = tokenizer.encode({PROMPT!r})
         del backend
@@ -253,10 +251,10 @@ def test_tokenizer_keeps_its_model_alive_after_the_backend_is_gone():
 
 
 @pytest.fixture(scope="module")
-def invariant_target():
+def invariant_target(real_pair):
     from specsample.backends import load_backend
 
-    return load_backend(DEFAULT_TARGET, "llamacpp", batch_invariant=True)
+    return load_backend(real_pair.target, "llamacpp", batch_invariant=True)
 
 
 def test_batch_invariant_logits_do_not_depend_on_the_call_size(pair, invariant_target):

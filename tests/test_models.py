@@ -7,6 +7,8 @@ import pytest
 from specsample import models
 from specsample.models import ChunkedModel, ModelError, cache_dir, fetch_default, resolve
 
+pytestmark = pytest.mark.system
+
 CHUNKS = [b"first chunk ", b"second chunk ", b"third"]
 
 

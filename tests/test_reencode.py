@@ -10,6 +10,8 @@ import pytest
 from specsample.backends import llamacpp, reencode
 from specsample.models import ModelError
 
+pytestmark = pytest.mark.pure
+
 
 class Params(ctypes.Structure):
     _fields_ = [("ftype", ctypes.c_int), ("allow_requantize", ctypes.c_bool), ("nthread", ctypes.c_int)]

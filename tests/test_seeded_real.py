@@ -8,24 +8,20 @@ import pytest
 
 from specsample.drafters import ModelDrafter, NgramDrafter
 from specsample.generate import GenerationConfig, generate
-from specsample.models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, cache_dir
 from specsample.sampling import SamplingConfig
 
 pytestmark = pytest.mark.real
-
-if not all((cache_dir() / "models" / m.filename).exists() for m in DEFAULT_MODELS.values()):
-    pytest.skip("default model pair not fetched: run `specsample fetch` (make test does)", allow_module_level=True)
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
 QUESTION = "Write a Python function that merges two sorted lists."
 
 
 @pytest.fixture(scope="module")
-def models():
+def models(real_pair):
     from specsample.backends import load_backend
 
-    return (load_backend(DEFAULT_TARGET, "llamacpp", batch_invariant=True), load_backend(DEFAULT_TARGET, "llamacpp"),
-            load_backend(DEFAULT_DRAFT, "llamacpp"))
+    return (load_backend(real_pair.target, "llamacpp", batch_invariant=True), load_backend(real_pair.target, "llamacpp"),
+            load_backend(real_pair.draft, "llamacpp"))
 
 
 def test_a_seed_gives_the_same_text_whatever_drafts_it(models):

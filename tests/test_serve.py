@@ -13,6 +13,8 @@ from specsample.sampling import SamplingConfig
 
 from serve_helpers import WordTokenizer, running, toy_app, toy_pair
 
+pytestmark = pytest.mark.system
+
 PROMPT = "the cat sat on a mat and the dog ran"
 
 

@@ -15,6 +15,8 @@ from specsample.generate import GenerationConfig
 from serve_helpers import running
 from test_cli import WORDS, save_tiny
 
+pytestmark = pytest.mark.system
+
 
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):

@@ -18,6 +18,8 @@ from specsample.serve.api import Settings, create_app
 from serve_helpers import running
 from toy import byte_backend
 
+pytestmark = pytest.mark.system
+
 SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 6}, "rainy": {"type": "boolean"},

@@ -11,6 +11,8 @@ from specsample.drafters import ModelDrafter
 
 from serve_helpers import ToyBackend, running, toy_app
 
+pytestmark = pytest.mark.system
+
 GOOD = {"model": "toy", "prompt": "the cat", "max_tokens": 4, "seed": 0}
 MESSAGES = [{"role": "user", "content": "the cat"}]
 

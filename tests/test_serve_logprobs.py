@@ -18,6 +18,8 @@ from specsample.sampling import SamplingConfig
 from serve_helpers import WordTokenizer, running, toy_app, toy_pair
 from test_serve import client, url  # noqa: F401 (fixtures: one toy server for the module)
 
+pytestmark = pytest.mark.system
+
 PROMPT = "the cat sat on a mat and the dog ran"
 FIXTURES = Path(__file__).parent / "fixtures"
 

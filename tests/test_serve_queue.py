@@ -10,6 +10,8 @@ import pytest
 
 from serve_helpers import running, toy_app, wait_until
 
+pytestmark = pytest.mark.system
+
 BODY = {"model": "toy", "prompt": "the cat", "max_tokens": 4, "seed": 0}
 
 

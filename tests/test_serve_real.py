@@ -5,18 +5,14 @@ import pytest
 
 from specsample.drafters import ModelDrafter
 from specsample.generate import GenerationConfig, generate
-from specsample.models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, cache_dir
 from specsample.sampling import SamplingConfig
 
 from serve_helpers import running
 
 pytestmark = pytest.mark.real
 
-if not all((cache_dir() / "models" / m.filename).exists() for m in DEFAULT_MODELS.values()):
-    pytest.skip("default model pair not fetched: run `specsample fetch` (make test does)", allow_module_level=True)
 
-
-def test_streamed_chat_on_the_default_pair_equals_the_library():
+def test_streamed_chat_on_the_default_pair_equals_the_library(real_pair):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     from openai import OpenAI
 
@@ -24,7 +20,7 @@ def test_streamed_chat_on_the_default_pair_equals_the_library():
     from specsample.serve.api import Settings, create_app
     from specsample.assemble import Models
 
-    target, draft = load_backend(DEFAULT_TARGET, "llamacpp"), load_backend(DEFAULT_DRAFT, "llamacpp")
+    target, draft = load_backend(real_pair.target, "llamacpp"), load_backend(real_pair.draft, "llamacpp")
     greedy = SamplingConfig(temperature=0)
     models = Models(target, draft)
     app = create_app(target, models.drafter, models.drafter_name, Settings(model_name=target.name, k=3))

@@ -1,0 +1,62 @@
+"""Where each test runs, and the real default pair.
+
+Every test names where it runs with exactly one of three markers (registered in
+pyproject.toml), at module level (`pytestmark`) unless a file mixes kinds:
+
+- pure: deterministic CPU work on toy or tiny models, no real model, process, socket or
+  wall-clock bound. `make test` runs these first, on every core at once (`-m pure -n auto`).
+- system: starts processes or servers, opens sockets, or bounds wall-clock time; such a
+  test could fail or crawl beside others, so it runs in the second, serial run.
+- real: loads the real default pair through the `real_pair` fixture below, which skips it
+  (saying why) until `specsample fetch` has run; serial, as the models need the cores.
+
+A test with none of them, or with two, fails collection: a new file must say where it
+runs. Since the second run is `-m "not pure"`, the two runs together still run every
+test exactly once whatever its marker.
+"""
+
+from typing import NamedTuple
+
+import pytest
+
+from specsample.models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, cache_dir
+
+PLACES = ("pure", "system", "real")
+
+
+class RealPair(NamedTuple):
+    target: str  # model names, as load_backend takes them
+    draft: str
+
+
+@pytest.fixture(scope="session")
+def real_pair() -> RealPair:
+    if not all((cache_dir() / "models" / m.filename).exists() for m in DEFAULT_MODELS.values()):
+        pytest.skip("default model pair not fetched: run `specsample fetch` (make test does)")
+    return RealPair(DEFAULT_TARGET, DEFAULT_DRAFT)
+
+
+def placement_problem(item) -> str | None:
+    """What is wrong with where `item` says it runs; None for a well-marked test."""
+    places = sorted({m.name for m in item.iter_markers() if m.name in PLACES})
+    if len(places) != 1:
+        return f"needs exactly one of the markers {', '.join(PLACES)} (has {' and '.join(places) or 'none'})"
+    uses_pair = "real_pair" in item.fixturenames  # the fixtures it asks for, directly or through others
+    if uses_pair and places[0] != "real":
+        return f"marked {places[0]}, but it loads the real pair"
+    if places[0] == "real" and not uses_pair:
+        return "marked real, but it does not ask for the real_pair fixture (which skips it without the pair)"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: every run checks every test
+def pytest_collection_modifyitems(items):
+    problems = {}  # (file, problem) -> the tests that have it
+    for item in items:
+        problem = placement_problem(item)
+        if problem:
+            problems.setdefault((item.location[0], problem), []).append(item.name)
+    if problems:
+        lines = [f"{path}: {problem}: {names[0]}" + (f" and {len(names) - 1} more" if len(names) > 1 else "")
+                 for (path, problem), names in problems.items()]
+        raise pytest.UsageError("tests that do not say where they run:\n  " + "\n  ".join(lines))
