@@ -1,18 +1,18 @@
 """Where each test runs, and the real default pair.
 
-Every test names where it runs with exactly one of three markers (registered in
+Every test says where it runs with exactly one of three markers (registered in
 pyproject.toml), at module level (`pytestmark`) unless a file mixes kinds:
 
-- pure: deterministic CPU work on toy or tiny models, no real model, process, socket or
-  wall-clock bound. `make test` runs these first, on every core at once (`-m pure -n auto`).
-- system: starts processes or servers, opens sockets, or bounds wall-clock time; such a
-  test could fail or crawl beside others, so it runs in the second, serial run.
+- pure: deterministic CPU work on toy or tiny models: no real model, process, socket or
+  clock. `make test` runs these first, on every core at once (`-m pure -n auto`).
+- system: starts processes or servers, opens sockets, or depends on wall-clock time;
+  crowded by other tests it could fail or crawl, so it runs in the second, serial run.
 - real: loads the real default pair through the `real_pair` fixture below, which skips it
   (saying why) until `specsample fetch` has run; serial, as the models need the cores.
 
-A test with none of them, or with two, fails collection: a new file must say where it
-runs. Since the second run is `-m "not pure"`, the two runs together still run every
-test exactly once whatever its marker.
+A file with a test that has none of them or two, or that asks for `real_pair` without
+being marked real (or the reverse), fails collection: a new file must say where it runs.
+As the second run is `-m "not pure"`, the two runs together run every test exactly once.
 """
 
 from typing import NamedTuple
@@ -49,14 +49,21 @@ def placement_problem(item) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects: every run checks every test
-def pytest_collection_modifyitems(items):
-    problems = {}  # (file, problem) -> the tests that have it
-    for item in items:
-        problem = placement_problem(item)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """Fails the collection of a test file any of whose tests does not say where it
+    runs: before -m deselects, so every run checks every test (and pytest-xdist's
+    workers report it as the collection error it is)."""
+    report = (yield).get_result()
+    if not isinstance(collector, pytest.Module) or not report.passed:
+        return
+    problems = {}  # problem -> the tests that have it
+    for item in report.result:
+        problem = placement_problem(item) if isinstance(item, pytest.Function) else None
         if problem:
-            problems.setdefault((item.location[0], problem), []).append(item.name)
+            problems.setdefault(problem, []).append(item.name)
     if problems:
-        lines = [f"{path}: {problem}: {names[0]}" + (f" and {len(names) - 1} more" if len(names) > 1 else "")
-                 for (path, problem), names in problems.items()]
-        raise pytest.UsageError("tests that do not say where they run:\n  " + "\n  ".join(lines))
+        report.outcome, report.result = "failed", []
+        report.longrepr = "tests that do not say where they run:\n" + "\n".join(
+            f"  {problem}: {', '.join(names[:3])}" + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            for problem, names in problems.items())
