@@ -28,6 +28,12 @@ class RealPair(NamedTuple):
     target: str  # model names, as load_backend takes them
     draft: str
 
+    def load(self, backend: str):
+        """Both models on `backend`, as shipped: (target, draft)."""
+        from specsample.backends import load_backend
+
+        return load_backend(self.target, backend), load_backend(self.draft, backend)
+
 
 @pytest.fixture(scope="session")
 def real_pair() -> RealPair:

@@ -18,9 +18,7 @@ PROMPT = "Write a Python function `is_palindrome(s)` that ignores case and space
 
 @pytest.fixture(scope="module")
 def hf_pair(real_pair):
-    from specsample.backends import load_backend
-
-    return load_backend(real_pair.target, "hf"), load_backend(real_pair.draft, "hf")
+    return real_pair.load("hf")
 
 
 def test_hf_greedy_speculative_equals_autoregressive_with_high_acceptance(hf_pair):

@@ -24,9 +24,7 @@ PROMPT = "Write a Python function `fizzbuzz(n)` returning the list of FizzBuzz s
 
 @pytest.fixture(scope="module")
 def pair(real_pair):
-    from specsample.backends import load_backend
-
-    return load_backend(real_pair.target, "llamacpp"), load_backend(real_pair.draft, "llamacpp")
+    return real_pair.load("llamacpp")
 
 
 def test_vocabulary_and_eos(pair):

@@ -16,11 +16,10 @@ def test_streamed_chat_on_the_default_pair_equals_the_library(real_pair):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     from openai import OpenAI
 
-    from specsample.backends import load_backend
     from specsample.serve.api import Settings, create_app
     from specsample.assemble import Models
 
-    target, draft = load_backend(real_pair.target, "llamacpp"), load_backend(real_pair.draft, "llamacpp")
+    target, draft = real_pair.load("llamacpp")
     greedy = SamplingConfig(temperature=0)
     models = Models(target, draft)
     app = create_app(target, models.drafter, models.drafter_name, Settings(model_name=target.name, k=3))
