@@ -57,11 +57,11 @@ def placement_problem(item) -> str | None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector):
-    """Fails the collection of a test file any of whose tests does not say where it
-    runs: before -m deselects, so every run checks every test (and pytest-xdist's
-    workers report it as the collection error it is)."""
+    """Fails the collection of a test file (or class) any of whose tests does not say
+    where it runs: before -m deselects, so every run checks every test (and
+    pytest-xdist's workers report it as the collection error it is)."""
     report = (yield).get_result()
-    if not isinstance(collector, pytest.Module) or not report.passed:
+    if not isinstance(collector, (pytest.Module, pytest.Class)) or not report.passed:
         return
     problems = {}  # problem -> the tests that have it
     for item in report.result:
