@@ -2,6 +2,8 @@ import pytest
 
 from specsample.bench.stats import percentile, summarise, wilson_interval
 
+from bench_helpers import record
+
 
 @pytest.mark.parametrize("q,expected", [(0, 1.0), (50, 2.5), (90, 3.7), (99, 3.97), (100, 4.0)])
 def test_percentile_interpolates_like_numpy(q, expected):
@@ -25,8 +27,7 @@ def test_wilson_interval():
 
 def _record(mode, family, tokens, seconds, accepted=0, drafted=0, calls=None, k=None):
     stats = {"new_tokens": tokens, "accepted": accepted, "drafted": drafted, "target_calls": calls or tokens}
-    return {"task": "t", "setting": "greedy", "mode": mode, "family": family, "k": k, "stats": stats,
-            "latency_seconds": seconds}
+    return record(mode=mode, family=family, k=k, stats=stats, latency_seconds=seconds)
 
 
 def test_summarise_aggregates_and_speedup():

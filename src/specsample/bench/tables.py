@@ -1,23 +1,17 @@
-"""The report's pieces: tables, sections and notes of summary.md (summary.py writes it)."""
+"""The reports' pieces: tables and notes, as markdown text (report.py writes the files)."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
+from collections.abc import Callable
 from importlib import metadata
-from pathlib import Path
 
 from .costs import CostCurve, Prediction, predict, recommend
 from .parity import PassRate
 from .bandwidth import effective_bandwidth
+from .records import Record
 from .stats import ModeSummary, two_proportion_z_test
-
-
-def write_records(path: Path, records: list[dict]) -> None:
-    with open(path, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
 
 
 def main_table(summaries: list[ModeSummary], weight_bytes: int | None = None, read_bandwidth: float | None = None) -> str:
@@ -94,30 +88,31 @@ def _verdict(preds: list[Prediction], measured: dict, task: str, setting: str) -
     return line
 
 
-def greedy_identity(records: list[dict], field: str = "token_ids",
+def greedy_identity(records: list, answer: Callable = lambda r: r.token_ids,
                     header: tuple[str, str] = ("mode", "greedy outputs identical to ar")) -> list[list[str]]:
-    """Per mode: how many greedy outputs equal the `ar` output (its `field`: token ids,
-    or the text a server streamed). Failed requests (an `error`) are left out."""
-    ar = {(r["task"], r["prompt_id"]): r[field] for r in records if r["setting"] == "greedy" and r["mode"] == "ar"}
+    """Per mode: how many greedy outputs equal the `ar` output. `answer(record)` is
+    what is compared (a Record's token ids, or the text a server streamed); None for
+    a failed request, which is left out."""
+    ar = {(r.task, r.prompt_id): answer(r) for r in records if r.setting == "greedy" and r.mode == "ar"}
     counts: dict[str, list[int]] = {}
     for r in records:
-        key = (r["task"], r["prompt_id"])
-        if r["setting"] != "greedy" or r["mode"] == "ar" or key not in ar or r.get("error") is not None:
+        key = (r.task, r.prompt_id)
+        if r.setting != "greedy" or r.mode == "ar" or key not in ar or answer(r) is None:
             continue
-        c = counts.setdefault(r["mode"], [0, 0])
-        c[0] += r[field] == ar[key]
+        c = counts.setdefault(r.mode, [0, 0])
+        c[0] += answer(r) == ar[key]
         c[1] += 1
     return [list(header)] + [[m, f"{a}/{n}"] for m, (a, n) in counts.items()]
 
 
-def controller_table(records: list[dict]) -> str | None:
+def controller_table(records: list[Record]) -> str | None:
     """Rounds by draft length and by source, per task and setting, for adaptive modes."""
     groups: dict[tuple, dict] = {}
     for r in records:
-        st = r["stats"]
-        if r["k"] != "auto" or "draft_length_histogram" not in st:
+        st = r.stats
+        if r.k != "auto" or "draft_length_histogram" not in st:
             continue
-        g = groups.setdefault((r["task"], r["setting"], r["mode"]), {"lengths": [], "sources": {}})
+        g = groups.setdefault((r.task, r.setting, r.mode), {"lengths": [], "sources": {}})
         for m, count in enumerate(st["draft_length_histogram"]):
             g["lengths"].extend([0] * (m + 1 - len(g["lengths"])))
             g["lengths"][m] += count
@@ -136,26 +131,26 @@ def controller_table(records: list[dict]) -> str | None:
     return markdown_table(rows)
 
 
-def structured_table(records: list[dict]) -> str | None:
+def structured_table(records: list[Record]) -> str | None:
     """Per task with a schema, setting and mode: answers valid under the schema, the
     share of tokens the grammar forced, and the time spent in the grammar engine."""
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[Record]] = {}
     for r in records:
-        if "valid" in r:
-            groups.setdefault((r["task"], r["setting"], r["mode"]), []).append(r)
+        if r.valid is not None:
+            groups.setdefault((r.task, r.setting, r.mode), []).append(r)
     if not groups:
         return None
     rows = [["task", "setting", "mode", "valid answers", "ended by the grammar", "forced tokens",
              "grammar ms/token", "grammar share of time"]]
     for (task, setting, mode), group in groups.items():
-        stats = [r["stats"] for r in group]
+        stats = [r.stats for r in group]
         tokens = sum(st.get("new_tokens", 0) for st in stats)
         ours = all("forced_tokens" in st for st in stats)  # peers report neither
         forced = sum(st["forced_tokens"] for st in stats) if ours else None
         grammar = sum(st["constraint_seconds"] for st in stats) if ours else None
         total = sum(st.get("total_seconds", 0.0) for st in stats)
-        rows.append([task, setting, mode, f"{sum(r['valid'] for r in group)}/{len(group)}",
-                     f"{sum(r['stop_reason'] in ('grammar', 'eos') for r in group)}/{len(group)}",
+        rows.append([task, setting, mode, f"{sum(r.valid for r in group)}/{len(group)}",
+                     f"{sum(r.stop_reason in ('grammar', 'eos') for r in group)}/{len(group)}",
                      cell(forced / tokens if ours and tokens else None, ".0%"),
                      cell(1000 * grammar / tokens if ours and tokens else None, ".2f"),
                      cell(grammar / total if ours and total else None, ".1%")])
@@ -174,6 +169,44 @@ CONTROLLER_NOTE = (
     "Summed over the mode's sequences. A plain step scores one token with the target and drafts nothing; the last "
     "round of an answer is plain when only one token is left to emit. Sources: the draft model, or a context "
     "lookup whose suffix match had n tokens (ngram<n>), or tokens a grammar forced (forced).")
+
+
+def round_time_table(records: list[Record]) -> str | None:
+    """Where a round of our loop spends its time, per task, setting and mode: draft
+    steps (the draft's prefill and catch-up included), the target call, and the rest
+    (sampling, verification, the policy, the grammar), per round and per token."""
+    groups: dict[tuple, dict[str, float]] = {}
+    for r in records:
+        st = r.stats
+        if "target_seconds" not in st or not st.get("target_calls"):
+            continue  # peers report no split
+        g = groups.setdefault((r.task, r.setting, r.mode), dict.fromkeys(
+            ("seqs", "tokens", "rounds", "steps", "draft", "target", "other"), 0.0))
+        g["seqs"] += 1
+        g["tokens"] += st["new_tokens"]
+        g["rounds"] += st["target_calls"]
+        g["steps"] += st.get("draft_calls", 0)
+        g["draft"] += st["draft_seconds"]
+        g["target"] += st["target_seconds"]
+        g["other"] += st["other_seconds"]  # GenerationStats.other_seconds: prefill and calibration left out
+    if not groups:
+        return None
+    rows = [["task", "setting", "mode", "seqs", "rounds", "tokens/round", "draft calls/round",
+             "ms/round: draft", "target", "other", "ms/draft call", "decode ms/token"]]
+    for (task, setting, mode), g in groups.items():
+        n = g["rounds"]
+        rows.append([task, setting, mode, str(int(g["seqs"])), str(int(n)), f"{g['tokens'] / n:.2f}",
+                     f"{g['steps'] / n:.2f}", f"{1000 * g['draft'] / n:.1f}", f"{1000 * g['target'] / n:.1f}",
+                     f"{1000 * g['other'] / n:.1f}", cell(1000 * g["draft"] / g["steps"] if g["steps"] else None, ".1f"),
+                     f"{1000 * (g['draft'] + g['target'] + g['other']) / g['tokens']:.1f}"])
+    return markdown_table(rows)
+
+
+ROUND_NOTE = (
+    "Our loop's decoding time, summed over the mode's sequences, split by round (one target call each; the prompt "
+    "prefill and the controller's one-off calibration left out). Draft time includes the draft's own prompt prefill "
+    "and catch-up on tokens it has not seen; other is sampling, verification, the policy and the grammar. "
+    "`python -m specsample.studies.rounds records.jsonl` prints this table for any run's records.")
 
 
 def parity_table(rates: list[PassRate], baseline: str = "ar") -> str:

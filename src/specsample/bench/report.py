@@ -1,0 +1,89 @@
+"""The one writer of a bench's output folder: every file `specsample bench` leaves
+there is named and written here, from the sections and tables the other modules build.
+
+    records.jsonl, cost_curve.json, summary.md, *.png   the per-sequence benchmark
+    serve.jsonl, serve.md                                --serve
+    contention.md                                        --contention
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from .summary import TargetRun, run_sections
+from .targets import by_target_section
+
+RECORDS, CURVES, SUMMARY = "records.jsonl", "cost_curve.json", "summary.md"
+SERVE_RECORDS, SERVE_SUMMARY = "serve.jsonl", "serve.md"
+CONTENTION_SUMMARY = "contention.md"
+
+
+def write_report(out: Path, runs: list[TargetRun], *, command: str, machine: str, notes: list[str] = (),
+                 plots: bool = True, read_bandwidth: float | None = None) -> str:
+    """records.jsonl, cost_curve.json, summary.md and plots in `out`; returns the
+    tables to print. Several target types get an overview by type, then a section each."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_records(out / RECORDS, [r for run in runs for r in run.records])
+    curves = {run.label: asdict(run.curve) for run in runs if run.curve is not None}
+    if curves:
+        (out / CURVES).write_text(json.dumps(curves) + "\n")
+    parts, printed = [], []
+    if len(runs) > 1:
+        overview = by_target_section(runs, read_bandwidth)
+        parts += ["## By target type", overview]
+        printed.append(overview)
+    for run in runs:
+        built = run_sections(run, read_bandwidth, plots)
+        sections = built.sections
+        if built.figures:
+            images = _save_figures(out, built.figures, f"-{run.label}" if len(runs) > 1 else "")
+            sections = sections + ["## Plots", "\n".join(f"![{p.stem}]({p.name})" for p in images)]
+        if len(runs) > 1:
+            parts += [f"## Target {run.label}"] + ["#" + p if p.startswith("## ") else p for p in sections]
+            printed.append(f"Target {run.label}:\n{built.table}")
+        else:
+            parts += sections
+            printed.append(built.table)
+    _write_markdown(out / SUMMARY, "specsample bench", command, machine, parts, notes)
+    return "\n\n".join(printed)
+
+
+def write_serve_report(out: Path, records: list, sections: list[str], *, command: str, machine: str,
+                       notes: list[str]) -> None:
+    """serve.jsonl (serving.ServedRecord, one a line) and serve.md in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_records(out / SERVE_RECORDS, records)
+    _write_markdown(out / SERVE_SUMMARY, "specsample bench --serve", command, machine, sections, notes)
+
+
+def write_contention_report(out: Path, sections: list[str], *, command: str, machine: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    _write_markdown(out / CONTENTION_SUMMARY, "specsample bench --contention", command, machine, sections)
+
+
+def write_records(path: Path, records: list) -> None:
+    """One record a line, each as its own to_json() gives it."""
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r.to_json()) + "\n")
+
+
+def _write_markdown(path: Path, title: str, command: str, machine: str, sections: list[str],
+                    notes: list[str] = ()) -> None:
+    parts = [f"# {title}", f"Command: `{command}`", f"Machine: {machine}", *sections]
+    if notes:
+        parts += ["## Notes", "\n".join(f"- {n}" for n in notes)]
+    path.write_text("\n\n".join(parts) + "\n")
+
+
+def _save_figures(out: Path, figures: dict, suffix: str) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for name, figure in figures.items():
+        paths.append(out / f"{name}{suffix}.png")
+        figure.savefig(paths[-1], dpi=110)
+        plt.close(figure)
+    return paths
