@@ -15,6 +15,8 @@ from bench_helpers import record
 
 RESULTS = Path(__file__).parents[1] / "docs" / "results"
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.mark.parametrize("path", sorted(RESULTS.glob("*/records.jsonl")), ids=lambda p: p.parent.name)
 def test_a_committed_records_file_reads_and_writes_back_unchanged(path, tmp_path):
