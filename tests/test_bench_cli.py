@@ -86,3 +86,12 @@ def test_bad_target_types_are_usage_errors(q4_k_m_file, argv, message):
 def test_target_quants_belong_to_the_per_sequence_bench(q4_k_m_file):
     with pytest.raises(UsageError, match="give one --target-quant"):
         bench_cli.cmd_bench(_args("--target", q4_k_m_file, "--serve", "--target-quants", "bf16"))
+
+
+def test_no_native_server_is_none_when_unasked_and_a_reason_when_it_cannot_run():
+    from specsample.bench.servers import ServerUnavailable
+
+    args = _args("--draft", "ngram")
+    assert bench_cli._start_server(args, ["ar", "spec-auto"], 512, 4, None) is None
+    with pytest.raises(ServerUnavailable, match="needs a draft model"):
+        bench_cli._start_server(args, ["ar", "llamacpp-spec"], 512, 4, None)

@@ -73,7 +73,7 @@ def test_server_mode_runs_through_the_parser():
 
 
 def test_build_modes_skips_the_native_peer_with_its_reason():
-    modes, skipped = build_modes(["llamacpp-spec"], [3], [3], target=object(), server="cmake not found")
+    modes, skipped = build_modes(["llamacpp-spec"], [3], [3], target=object(), no_server="cmake not found")
     assert modes == [] and skipped == ["llamacpp-spec: cmake not found"]
     modes, _ = build_modes(["llamacpp-server", "llamacpp-spec"], [3], [3], target=object(), server=FakeServer())
     assert [m.name for m in modes] == ["llamacpp-server", "llamacpp-spec-k3"]

@@ -5,6 +5,8 @@ import pytest
 from specsample.bench.parity import build_program, extract_code, pass_rates, run_program
 from specsample.bench.tasks import load_task
 
+from bench_helpers import record
+
 pytestmark = pytest.mark.system
 
 PROBLEM = load_task("humaneval", 1)[0].problem  # has_close_elements
@@ -57,9 +59,11 @@ def test_candidate_cannot_touch_the_harness_process(tmp_path):
 
 
 def test_pass_rates():
-    records = [{"mode": "ar", "passed": True}, {"mode": "ar", "passed": False}, {"mode": "spec-k3", "passed": True}]
+    records = [record(mode="ar", passed=True), record(mode="ar", passed=False), record(mode="spec-k3", passed=True),
+               record(mode="spec-k3")]  # a main-phase record: no execution outcome, not counted
     rates = {r.mode: r for r in pass_rates(records)}
     assert (rates["ar"].passed, rates["ar"].total) == (1, 2) and rates["spec-k3"].rate == 1.0
+    assert rates["spec-k3"].total == 1
 
 
 def test_the_harness_says_what_it_is_not(tmp_path):

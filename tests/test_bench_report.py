@@ -1,13 +1,16 @@
 """A whole small benchmark on toy backends: runner, cost curve, report files."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from specsample.bench.costs import measure_cost_curve
 from specsample.bench.modes import SETTINGS, OurMode
-from specsample.bench.summary import TargetRun, write_report
+from specsample.bench.report import write_report
 from specsample.bench.runner import BenchConfig, prepare, run_bench
+from specsample.bench.summary import TargetRun
+from bench_helpers import record
 from toy import TrigramBackend, random_table
 
 pytestmark = pytest.mark.pure
@@ -42,7 +45,7 @@ def test_small_run_writes_records_summary_and_plots(tmp_path):
     records = run_bench(modes, prompts, config)
     assert len(records) == 2 * 2 * 2 * len(modes)
     # Interleaving: the first mode run rotates from prompt to prompt.
-    firsts = [records[i]["mode"] for i in range(0, len(records), len(modes))]
+    firsts = [records[i].mode for i in range(0, len(records), len(modes))]
     assert firsts[:5] == ["ar", "spec-k1", "spec-k2", "ngram-k2", "spec-auto"]
 
     curve = measure_cost_curve(target, draft, prompts["humaneval"][0].ids, 3, reps=2)
@@ -90,7 +93,7 @@ def test_toy_speculation_accepts_with_an_identical_draft():
 
 def test_parity_table_has_intervals_and_a_z_test():
     from specsample.bench.parity import PassRate
-    from specsample.bench.report import parity_table
+    from specsample.bench.tables import parity_table
 
     table = parity_table([PassRate("ar", 20, 40), PassRate("spec-k3", 24, 40)])
     assert "| ar | 20/40 | 0.50 |" in table and "| ar | 20/40 | 0.50 | [0.35, 0.65] | – | – |" in table
@@ -108,7 +111,7 @@ def test_two_target_types_get_an_overview_and_a_section_each(tmp_path):
     prompts = prepare(target, config.tasks, {"humaneval": 2})
     runs = []
     for label, cost in (("q4_k_m", [0.03, 0.055, 0.075]), ("bf16", [0.09, 0.1, 0.11])):
-        records = [dict(r, target=label) for r in run_bench(modes, prompts, config)]
+        records = [replace(r, target=label) for r in run_bench(modes, prompts, config)]
         runs.append(TargetRun(label, records, CostCurve(24, 0.01, cost, 2, plain=cost[0]), 1_000_000_000))
     printed = write_report(tmp_path, runs, command="specsample bench --target-quants q4_k_m,bf16", machine="toy",
                            plots=False, read_bandwidth=10e9)
@@ -126,23 +129,27 @@ def test_two_target_types_get_an_overview_and_a_section_each(tmp_path):
 
 
 def test_round_time_table_splits_decoding_by_round_and_leaves_prefill_out(capsys, tmp_path):
-    from specsample.bench.rounds import main, round_time_table
+    from specsample.bench.report import write_records
+    from specsample.bench.tables import round_time_table
+    from specsample.studies.rounds import main
 
-    def record(mode, tokens, calls, draft_calls, draft, target, prefill, total, calibration=0.0):
-        return {"phase": "main", "task": "t", "setting": "greedy", "mode": mode, "target": "bf16",
-                "stats": {"new_tokens": tokens, "target_calls": calls, "draft_calls": draft_calls,
-                          "draft_seconds": draft, "target_seconds": target, "prefill_seconds": prefill,
-                          "calibration_seconds": calibration, "total_seconds": total,
-                          "other_seconds": total - prefill - calibration - draft - target}}
+    def split(mode, tokens, calls, draft_calls, draft, target, prefill, total, calibration=0.0):
+        return record(task="t", mode=mode, target="bf16",
+                      stats={"new_tokens": tokens, "target_calls": calls, "draft_calls": draft_calls,
+                             "draft_seconds": draft, "target_seconds": target, "prefill_seconds": prefill,
+                             "calibration_seconds": calibration, "total_seconds": total,
+                             "other_seconds": total - prefill - calibration - draft - target})
 
-    records = [record("spec-k4", 10, 2, 8, 0.2, 0.6, 0.5, 1.4),
-               record("spec-k4", 6, 2, 8, 0.2, 0.6, 0.5, 1.5, calibration=0.1),
-               {"phase": "main", "task": "t", "setting": "greedy", "mode": "llamacpp-spec-k4", "stats": {"new_tokens": 9}}]
+    records = [split("spec-k4", 10, 2, 8, 0.2, 0.6, 0.5, 1.4),
+               split("spec-k4", 6, 2, 8, 0.2, 0.6, 0.5, 1.5, calibration=0.1),
+               record(task="t", mode="llamacpp-spec-k4", stats={"new_tokens": 9})]
     table = round_time_table(records)
     row = [c.strip() for c in table.splitlines()[2].split("|")[1:-1]]
     # 4 rounds, 16 tokens, 16 draft calls; draft 0.4 s, target 1.2 s, other (1.4+1.5-1.0-0.1-1.6) = 0.2 s.
     assert row == ["t", "greedy", "spec-k4", "2", "4", "4.00", "4.00", "100.0", "300.0", "50.0", "25.0", "112.5"]
     assert len(table.splitlines()) == 3  # the peer reports no split and gets no row
     path = tmp_path / "records.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    assert main([str(path)]) == 0 and "target bf16" in capsys.readouterr().out
+    write_records(path, records)
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "target bf16" in out and "| t | greedy | spec-k4 | 2 | 4 |" in out

@@ -10,9 +10,9 @@ from openai import OpenAI
 from specsample.bench.cli import resolve_options, serve_argv
 from specsample.bench.load import RequestTiming, run_load, summarise_load
 from specsample.bench.modes import SETTINGS
+from specsample.bench.report import write_serve_report
 from specsample.bench.servers import ServerProcess, ServerUnavailable
-from specsample.bench.report import greedy_identity
-from specsample.bench.serving import SERVED_IDENTITY, ServedMode, serve_table, served_modes, write_serve_report
+from specsample.bench.serving import ServedMode, ServedRecord, serve_sections, serve_table, served_modes
 from specsample.cli import build_parser
 
 from serve_helpers import WordTokenizer, running, toy_app
@@ -56,10 +56,10 @@ def test_time_per_output_token_leaves_out_the_first_token():
 
 
 def _record(mode, setting, prompt, text, tokens, wall=2.0, error=None, **timing):
-    return {"mode": mode, "family": mode, "k": None, "task": "humaneval", "setting": setting, "prompt_id": prompt,
-            "clients": 2, "wall_seconds": wall, "index": int(prompt[-1]), "sent": 0.0, "first_text": 0.5,
-            "finished": 1.5, "completion_tokens": tokens, "chunk_gaps": [0.1], "text": text, "finish_reason": "stop",
-            "drafted": 0, "accepted": 0, "error": error, **timing}
+    timing = RequestTiming(**{"index": int(prompt[-1]), "sent": 0.0, "first_text": 0.5, "finished": 1.5,
+                              "completion_tokens": tokens, "chunk_gaps": [0.1], "text": text, "finish_reason": "stop",
+                              "error": error, **timing})
+    return ServedRecord(mode, mode, None, "humaneval", setting, prompt, 2, wall, timing)
 
 
 def test_serve_table_compares_each_server_with_ar_and_counts_identical_greedy_answers():
@@ -70,15 +70,20 @@ def test_serve_table_compares_each_server_with_ar_and_counts_identical_greedy_an
     ar_row, spec_row = table.splitlines()[2:4]
     assert "| 10.00 | 1.00 |" in ar_row  # 20 tokens in 2 s
     assert "| 20.00 | 2.00 |" in spec_row and spec_row.endswith("| 0.67 |")  # 8 of 12 drafts accepted
-    assert greedy_identity(records, **SERVED_IDENTITY)[1] == ["spec-auto", "1/2"]
+    failed = [_record("ar", "greedy", "p2", "x", 10), _record("spec-auto", "greedy", "p2", "x", 4, error="boom")]
+    identity = serve_sections(records + failed)[0][-1]
+    assert "| spec-auto | 1/2 |" in identity  # the failed request is left out, whatever text it streamed
 
 
 def test_the_serve_report_keeps_every_request_and_the_command(tmp_path):
     records = [_record("ar", "greedy", "p0", "a", 10), _record("spec-auto", "greedy", "p0", "a", 10, error="boom")]
-    table = write_serve_report(tmp_path, records, command="specsample bench --serve", machine="m", notes=["a note"])
+    sections, table = serve_sections(records)
+    write_serve_report(tmp_path, records, sections, command="specsample bench --serve", machine="m", notes=["a note"])
     report = (tmp_path / "serve.md").read_text()
     assert table in report and "`specsample bench --serve`" in report and "- a note" in report
-    assert [json.loads(line)["mode"] for line in (tmp_path / "serve.jsonl").read_text().splitlines()] == ["ar", "spec-auto"]
+    lines = (tmp_path / "serve.jsonl").read_text().splitlines()
+    assert [json.loads(line)["mode"] for line in lines] == ["ar", "spec-auto"]
+    assert [ServedRecord.from_json(json.loads(line)) for line in lines] == records  # flat on disk, whole on reading
 
 
 def test_served_modes_and_their_request_bodies():

@@ -2,6 +2,8 @@ import pytest
 
 from specsample.bench.stats import percentile, summarise, wilson_interval
 
+from bench_helpers import record
+
 pytestmark = pytest.mark.pure
 
 
@@ -27,8 +29,7 @@ def test_wilson_interval():
 
 def _record(mode, family, tokens, seconds, accepted=0, drafted=0, calls=None, k=None):
     stats = {"new_tokens": tokens, "accepted": accepted, "drafted": drafted, "target_calls": calls or tokens}
-    return {"task": "t", "setting": "greedy", "mode": mode, "family": family, "k": k, "stats": stats,
-            "latency_seconds": seconds}
+    return record(mode=mode, family=family, k=k, stats=stats, latency_seconds=seconds)
 
 
 def test_summarise_aggregates_and_speedup():

@@ -7,8 +7,9 @@ import pytest
 
 from specsample.bench.modes import SETTINGS, LlamaServerMode, Outcome, OurMode
 from specsample.bench.native import completion_request
-from specsample.bench.summary import TargetRun, write_report
+from specsample.bench.report import write_report
 from specsample.bench.runner import BenchConfig, PreparedPrompt, run_bench, total_steps
+from specsample.bench.summary import TargetRun
 from specsample.bench.structured import SCHEMA, is_valid
 from specsample.bench.tasks import TASKS, Prompt, Task, load_task
 
@@ -63,13 +64,13 @@ def test_structured_runs_hold_every_answer_to_the_schema_and_report_it(tmp_path)
                               for i in range(2)]}
     config = BenchConfig(tasks=("humaneval",), settings=("greedy", "sample"), default_prompts=2)
     records = run_bench(modes, prompts, config)
-    assert {r["mode"] for r in records} == {"ar", "spec-k2", "spec-auto", "llamacpp-spec-k3"}  # plain-only sits out
+    assert {r.mode for r in records} == {"ar", "spec-k2", "spec-auto", "llamacpp-spec-k3"}  # plain-only sits out
     assert len(records) == total_steps(modes, prompts, config) - len(modes) == 2 * 2 * 4
-    assert all(r["valid"] for r in records)
-    ours = [r for r in records if r["mode"] != "llamacpp-spec-k3"]
-    assert all(r["stop_reason"] == "grammar" and r["stats"]["forced_tokens"] > 0 for r in ours)
+    assert all(r.valid for r in records)
+    ours = [r for r in records if r.mode != "llamacpp-spec-k3"]
+    assert all(r.stop_reason == "grammar" and r.stats["forced_tokens"] > 0 for r in ours)
     assert "json_schema" not in server.bodies[0] and server.bodies[-1]["json_schema"] == SMALL  # warm-up, then the task
-    greedy = {r["mode"]: r["token_ids"] for r in records if r["setting"] == "greedy" and r["prompt_id"] == "p0"}
+    greedy = {r.mode: r.token_ids for r in records if r.setting == "greedy" and r.prompt_id == "p0"}
     assert greedy["ar"] == greedy["spec-k2"] == greedy["spec-auto"]
 
     write_report(tmp_path, [TargetRun("toy", records)], command="specsample bench --test", machine="toy", plots=False)

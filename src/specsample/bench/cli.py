@@ -7,6 +7,7 @@ import os
 import shlex
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from ..arguments import UsageError, add_model_arguments, model_options
@@ -16,16 +17,17 @@ from .costs import measure_cost_curve
 from .modes import FAMILIES, SETTINGS, OurMode, build_modes
 from .native import LlamaServer, ensure_server
 from .bandwidth import weight_bytes
-from .report import machine_description
-from .summary import TargetRun, write_report
+from .records import Record
+from .report import write_contention_report, write_report, write_serve_report
 from .runner import BenchConfig, prepare, run_bench, run_parity, total_steps
 from .servers import ServerUnavailable
+from .summary import TargetRun
+from .tables import machine_description
 from .tasks import TASKS
 
-# `make bench`: every task, both settings, 8 prompts each, answers to their task's
-# limit, and 40 HumanEval problems per mode for parity. On a 2-core CPU that is hours
-# with the float32 HF backend: the estimate is printed up front and --budget-minutes
-# trims prompts to fit. A preset replaces the defaults it names.
+# `make bench`: every task, both settings, 8 prompts each, answers to their task's limit, and 40
+# HumanEval problems per mode for parity: a long run on a CPU (docs/benchmarks.md), so the estimate
+# is printed up front and --budget-minutes trims prompts to fit. A preset replaces the defaults it names.
 DEFAULTS = dict(tasks="humaneval,summarize,humaneval-chat,copy,structured", settings="greedy,sample", modes="auto",
                 ks="2,3,4", peer_k="3", prompts="8", parity_prompts=40, parity_k=3, parity=True, plots=True,
                 target_quants=None)
@@ -33,8 +35,8 @@ PRESETS = {
     # `make demo`: HumanEval completions to the end of the function on the llama.cpp
     # backend, on the default target as shipped (Q4_K_M: compute-bound calls) and on
     # its BF16 re-encoding (memory-bound: the regime speculation is for), each beside
-    # llama.cpp's own speculative decoding on the same files; under 10 minutes on a
-    # fresh 2-core machine once the models are fetched and llama-server is built.
+    # llama.cpp's own speculative decoding on the same files; short enough for a first
+    # look (docs/benchmarks.md: its time on the project's machine).
     "demo": dict(tasks="humaneval", settings="greedy", modes="ar,spec-auto,spec,llamacpp-spec", ks="4", peer_k="4",
                  prompts="4", parity=False, plots=False, target_quants="q4_k_m,bf16"),
 }
@@ -149,7 +151,7 @@ def cmd_bench(args) -> int:
             print(f"specsample: target {label}", file=sys.stderr, flush=True)
         records, curve, run_notes = _bench_target(args, config, families, ks, peer_ks, target, draft, parity=i == 0)
         gguf = getattr(target, "path", None)
-        runs.append(TargetRun(label, [dict(r, target=label) for r in records], curve, weight_bytes(target, gguf)))
+        runs.append(TargetRun(label, [replace(r, target=label) for r in records], curve, weight_bytes(target, gguf)))
         notes += [f"{label}: {n}" if len(types) > 1 else n for n in run_notes]
         target = None  # free it before the next type loads
     machine = machine_description(engine, _threads(args))
@@ -162,7 +164,7 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bool) -> tuple[list[dict], object, list[str]]:
+def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bool) -> tuple[list[Record], object, list[str]]:
     """Every mode on one target type: its cost curve, then the interleaved runs."""
     counts = {t: config.prompt_count(t) for t in config.tasks}
     prompts = prepare(target, config.tasks, counts)
@@ -173,10 +175,13 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bo
     most_tokens = max(config.new_tokens(t) for t in config.tasks + ("humaneval",))
     n_ctx = longest + most_tokens + max(ks + peer_ks) + 16
     gguf = getattr(target, "path", None) if _is_llamacpp(target) else None
-    server = _start_server(args, families, n_ctx, max(ks + peer_ks), gguf, draft)
     try:
-        modes, skipped = build_modes(families, ks, peer_ks, target, draft, target_gguf=gguf,
-                                     ngram_max=args.ngram_max, n_ctx=n_ctx, server=server)
+        server, no_server = _start_server(args, families, n_ctx, max(ks + peer_ks), gguf, draft), None
+    except ServerUnavailable as e:
+        server, no_server = None, str(e)
+    try:
+        modes, skipped = build_modes(families, ks, peer_ks, target, draft, target_gguf=gguf, ngram_max=args.ngram_max,
+                                     n_ctx=n_ctx, server=server, no_server=no_server)
         notes = [f"not run: {n}" for n in skipped]
         parity_modes = _parity_modes(target, draft, args.parity_k) if parity_prompts else []
         if parity_count and not parity_modes:
@@ -184,7 +189,7 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bo
         prompts, parity_prompts = _plan(args, config, curve, modes, prompts, parity_prompts, len(parity_modes), notes)
         records = _run(modes, prompts, config, parity_modes, parity_prompts)
     finally:
-        if server is not None and not isinstance(server, str):
+        if server is not None:
             server.close()
     return records, curve, notes
 
@@ -232,7 +237,7 @@ def target_label(target, args) -> str:
 
 
 def cmd_serve_load(args) -> int:
-    from .serving import DEFAULT_SERVE_FAMILIES, SERVE_FAMILIES, run_serving, served_modes, write_serve_report
+    from .serving import DEFAULT_SERVE_FAMILIES, SERVE_FAMILIES, run_serving, serve_sections, served_modes
 
     load_at_start = os.getloadavg()[0]
     config = bench_config(args)
@@ -249,32 +254,29 @@ def cmd_serve_load(args) -> int:
     n_ctx = longest + max(config.new_tokens(t) for t in config.tasks) + max(ks + peer_ks) + 16
     del target  # the servers load their own copies; this process only sends requests
 
-    def llama_server():
-        server = _start_server(args, ["llamacpp-spec"], n_ctx, max(peer_ks), gguf)
-        if isinstance(server, str):
-            raise ServerUnavailable(server)
-        return server
-
+    llama_server = partial(_start_server, args, ["llamacpp-spec"], n_ctx, max(peer_ks), gguf)
     records, notes = run_serving(served_modes(families, ks, peer_ks), prompts, config.settings,
                                  clients=args.clients, model_argv=serve_argv(args), llama_server=llama_server,
                                  new_tokens=config.new_tokens)
     machine = machine_description("gguf" if gguf else args.dtype, _threads(args))
     machine += f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
-    table = write_serve_report(args.out, records, command=_command(), machine=machine, notes=notes)
+    sections, table = serve_sections(records)
+    write_serve_report(args.out, records, sections, command=_command(), machine=machine, notes=notes)
     print(table)
     print(f"specsample: wrote {args.out}/serve.jsonl and {args.out}/serve.md", file=sys.stderr)
     return 0
 
 
 def cmd_contention(args, reps: int = 6, tokens: int = 32) -> int:
-    from .contention import CONFIGURATIONS, measure, write_contention_report
+    from .contention import CONFIGURATIONS, contention_sections, measure
 
     results = []
     for label, env in CONFIGURATIONS:
         print(f"specsample: contention: {label}", file=sys.stderr, flush=True)
         results.append(measure(_model_argv(args), label, env, reps=reps, tokens=tokens))
     machine = machine_description("gguf" if args.backend != "hf" else args.dtype, _threads(args))
-    table = write_contention_report(args.out, results, command=_command(), machine=machine, reps=reps, tokens=tokens)
+    sections, table = contention_sections(results, reps, tokens)
+    write_contention_report(args.out, sections, command=_command(), machine=machine)
     print(table)
     return 0
 
@@ -332,7 +334,7 @@ def _plan(args, config, curve, modes, prompts, parity_prompts, n_parity_modes: i
     return prompts, parity_prompts
 
 
-def _run(modes, prompts, config, parity_modes, parity_prompts) -> list[dict]:
+def _run(modes, prompts, config, parity_modes, parity_prompts) -> list[Record]:
     from tqdm import tqdm
 
     steps = total_steps(modes, prompts, config, len(parity_modes), len(parity_prompts))
@@ -342,25 +344,23 @@ def _run(modes, prompts, config, parity_modes, parity_prompts) -> list[dict]:
     return records
 
 
-def _start_server(args, families, n_ctx: int, k_max: int, target_gguf: Path | None, loaded_draft=None):
+def _start_server(args, families, n_ctx: int, k_max: int, target_gguf: Path | None, loaded_draft=None) -> LlamaServer | None:
     """A running llama-server for the native peer on the target file our modes run
-    (re-encoded as --target-quant says), or the one-line reason there is none."""
+    (re-encoded as --target-quant says); None when no mode asks for one. Raises
+    ServerUnavailable with the one-line reason when it cannot run here."""
     if not {"llamacpp-spec", "llamacpp-server"} & set(families):
         return None
     from ..models import resolve
 
     if args.draft == "ngram":
-        return "needs a draft model"
+        raise ServerUnavailable("needs a draft model")
     draft = resolve(args.draft)
     if target_gguf is None or draft.gguf_path is None:
-        return "needs GGUF files for target and draft"
-    try:
-        binary = ensure_server(build=args.build, jobs=min(2, os.cpu_count() or 1))
-        # The peer gets the very files our modes use (the draft as requantized by --draft-quant).
-        draft_path = getattr(loaded_draft, "path", None) or _draft_file(args, draft.gguf_path)
-        return LlamaServer(binary, target_gguf, draft_path, threads=_threads(args), n_ctx=n_ctx, k_max=k_max)
-    except ServerUnavailable as e:
-        return str(e)
+        raise ServerUnavailable("needs GGUF files for target and draft")
+    binary = ensure_server(build=args.build, jobs=min(2, os.cpu_count() or 1))
+    # The peer gets the very files our modes use (the draft as requantized by --draft-quant).
+    draft_path = getattr(loaded_draft, "path", None) or _draft_file(args, draft.gguf_path)
+    return LlamaServer(binary, target_gguf, draft_path, threads=_threads(args), n_ctx=n_ctx, k_max=k_max)
 
 
 def _draft_file(args, gguf: Path) -> Path:

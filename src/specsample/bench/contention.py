@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass
 
 from ..processes import dies_with_parent
+from .tables import markdown_table
 
 # Seconds a set of workers may take to load and sample, all together: seven
 # samples of a pair with fixed threads on the transformers backend take about
@@ -65,19 +66,13 @@ NOTE = ("Each worker process loads the pair, draws one warm-up sample, waits unt
         "at once.")
 
 
-def write_contention_report(out, results: list[Contention], *, command: str, machine: str, reps: int,
-                            tokens: int) -> str:
-    out.mkdir(parents=True, exist_ok=True)
+def contention_sections(results: list[Contention], reps: int, tokens: int) -> tuple[list[str], str]:
+    """contention.md's sections, and its table (which the command line prints)."""
     table = contention_table(results)
-    parts = ["# specsample bench --contention", f"Command: `{command}`", f"Machine: {machine}",
-             NOTE.format(reps=reps, tokens=tokens, last=reps - 1), table]
-    (out / "contention.md").write_text("\n\n".join(parts) + "\n")
-    return table
+    return [NOTE.format(reps=reps, tokens=tokens, last=reps - 1), table], table
 
 
 def contention_table(results: list[Contention]) -> str:
-    from .report import markdown_table
-
     base = results[0].lone
     rows = [["configuration", "one process: s/sample", "two at once: s/sample", "slowdown in a pair",
              "alone, vs the first row"]]

@@ -17,7 +17,7 @@ from ..constraints import Constraint
 from ..control import AdaptiveController
 from ..generate import GenerationConfig, generate
 from ..sampling import SamplingConfig
-from .native import completion_request, parse_completion
+from .native import LlamaServer, completion_request, parse_completion
 from .peer_sampling import peer_sampling
 from .tasks import first_stop
 
@@ -247,12 +247,13 @@ def _decode(backend, ids: list[int]) -> str:
     return backend.tokenizer.decode(ids) if backend.tokenizer is not None else ""
 
 
-def build_modes(families, ks, peer_ks, target, draft=None, *, target_gguf=None, ngram_max=3, n_ctx=2048, server=None):
+def build_modes(families, ks, peer_ks, target, draft=None, *, target_gguf=None, ngram_max=3, n_ctx=2048,
+                server: LlamaServer | None = None, no_server: str | None = None):
     """The modes to run, and a note for every requested family that cannot run here.
 
     peer_ks: the draft lengths of the peers' fixed-K families (one mode per K).
-    server: a running native.LlamaServer for the llamacpp-spec and llamacpp-server
-    families, or the one-line reason (a str) why there is none."""
+    server: a running llama-server for the llamacpp-spec and llamacpp-server
+    families; without one, no_server is the one-line reason why."""
     modes, skipped = [], []
     hf_target, hf_draft = hasattr(target, "model"), hasattr(draft, "model")
     for family in families:
@@ -287,8 +288,8 @@ def build_modes(families, ks, peer_ks, target, draft=None, *, target_gguf=None, 
                 modes.append(LlamaCppMode(name, target_gguf, target.tokenizer, target.eos_token_ids,
                                           threads=target.threads, n_ctx=n_ctx, k=k, ngram_max=ngram_max))
         elif family in ("llamacpp-server", "llamacpp-spec"):
-            if server is None or isinstance(server, str):
-                skipped.append(f"{family}: {server or 'needs GGUF files for target and draft'}")
+            if server is None:
+                skipped.append(f"{family}: {no_server or 'needs GGUF files for target and draft'}")
                 continue
             for k in peer_ks if family == "llamacpp-spec" else [None]:
                 modes.append(LlamaServerMode(f"llamacpp-spec-k{k}" if k else family, server, k))

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from .records import Record
 from .stats import wilson_interval
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -123,13 +124,13 @@ class PassRate:
         return wilson_interval(self.passed, self.total)
 
 
-def pass_rates(records: list[dict]) -> list[PassRate]:
+def pass_rates(records: list[Record]) -> list[PassRate]:
     """pass@1 per mode over parity records that carry an execution outcome."""
     rates: dict[str, PassRate] = {}
     for r in records:
-        if "passed" not in r:
+        if r.passed is None:
             continue
-        rate = rates.setdefault(r["mode"], PassRate(r["mode"], 0, 0))
+        rate = rates.setdefault(r.mode, PassRate(r.mode, 0, 0))
         rate.total += 1
-        rate.passed += bool(r["passed"])
+        rate.passed += r.passed
     return list(rates.values())

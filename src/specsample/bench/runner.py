@@ -10,9 +10,10 @@ checked against it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .modes import SETTINGS
+from .records import Record
 from .structured import is_valid
 from .parity import build_program, run_program
 from .tasks import TASKS, Prompt, Task, load_task
@@ -68,7 +69,7 @@ def prepare(target, tasks: tuple[str, ...], counts: dict[str, int]) -> dict[str,
     return out
 
 
-def run_bench(modes, prompts: dict[str, list[PreparedPrompt]], config: BenchConfig, progress=None) -> list[dict]:
+def run_bench(modes, prompts: dict[str, list[PreparedPrompt]], config: BenchConfig, progress=None) -> list[Record]:
     """Warm up every mode, then run them all on every prompt, task and setting."""
     # A short prompt: the warm-up is for first-call costs, not for a long prefill.
     warmup_ids = next(iter(prompts.values()))[0].ids[:32]
@@ -91,7 +92,7 @@ def runs_task(modes: list, task: Task) -> list:
     return [m for m in modes if task.schema is None or getattr(m, "structured", False)]
 
 
-def run_parity(modes, prompts: list[PreparedPrompt], config: BenchConfig, progress=None) -> list[dict]:
+def run_parity(modes, prompts: list[PreparedPrompt], config: BenchConfig, progress=None) -> list[Record]:
     """Sample HumanEval completions with every given mode and execute them (in a
     resource-limited subprocess with the user's rights: parity.py)."""
     records = []
@@ -99,29 +100,25 @@ def run_parity(modes, prompts: list[PreparedPrompt], config: BenchConfig, progre
         for mode in _rotated(modes, i):
             record = _run_one(mode, prepared, config.parity_setting, i, config.new_tokens(prepared.task.name),
                               config.seed + i, phase="parity")
-            program = build_program(prepared.prompt.problem, record["text"])
+            program = build_program(prepared.prompt.problem, record.text)
             execution = run_program(program, timeout=config.parity_timeout)
-            record.update(passed=execution.passed, outcome=execution.outcome)
-            records.append(record)
+            records.append(replace(record, passed=execution.passed, outcome=execution.outcome))
             _tick(progress, f"parity {mode.name}")
     return records
 
 
 def _run_one(mode, prepared: PreparedPrompt, setting: str, index: int, max_new_tokens: int,
-             seed: int, phase: str = "main") -> dict:
+             seed: int, phase: str = "main") -> Record:
     schema = prepared.task.schema
     held = {} if schema is None else {"schema": schema}
     t0 = time.perf_counter()
     outcome = mode.run(prepared.ids, max_new_tokens, SETTINGS[setting], seed, prepared.task.stop_strings, **held)
     latency = time.perf_counter() - t0
-    extra = {} if schema is None else {"valid": is_valid(outcome.text, schema)}
-    return {
-        "phase": phase, "task": prepared.task.name, "setting": setting, "prompt_id": prepared.prompt.id,
-        "prompt_index": index, "prompt_tokens": len(prepared.ids), "mode": mode.name, "family": mode.family,
-        "k": mode.k, "seed": seed, "max_new_tokens": max_new_tokens, "latency_seconds": latency,
-        "stop_reason": outcome.stop_reason, "stats": outcome.stats, "token_ids": outcome.token_ids, "text": outcome.text,
-        **extra,
-    }
+    return Record(phase=phase, task=prepared.task.name, setting=setting, prompt_id=prepared.prompt.id,
+                  prompt_index=index, prompt_tokens=len(prepared.ids), mode=mode.name, family=mode.family, k=mode.k,
+                  seed=seed, max_new_tokens=max_new_tokens, latency_seconds=latency, stop_reason=outcome.stop_reason,
+                  stats=outcome.stats, token_ids=outcome.token_ids, text=outcome.text,
+                  valid=None if schema is None else is_valid(outcome.text, schema))
 
 
 def _rotated(modes: list, turn: int) -> list:

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from .load import LoadSummary, RequestTiming, run_load, summarise_load
 from .modes import SETTINGS
 from .native import completion_request
 from .peer_sampling import peer_sampling
-from .report import cell, greedy_identity, markdown_table, write_records
 from .servers import ServerProcess, ServerUnavailable, specsample_server
+from .tables import cell, greedy_identity, markdown_table
 
 SERVE_FAMILIES = ("ar", "spec-auto", "spec", "llamacpp-server", "llamacpp-spec")
 DEFAULT_SERVE_FAMILIES = ("ar", "spec-auto", "llamacpp-server", "llamacpp-spec")
@@ -45,6 +44,32 @@ class ServedMode:
             return {"model": model, **body}
         return {"model": model, "prompt": list(prompt_ids), "max_tokens": max_tokens,
                 **peer_sampling("openai", sampling), "stop": list(stops), "seed": seed}
+
+
+@dataclass
+class ServedRecord:
+    """One request of the load: which server, task and prompt, and what its client saw.
+    serve.jsonl holds one per line, the timing's fields after the others."""
+
+    mode: str
+    family: str
+    k: int | str | None
+    task: str
+    setting: str
+    prompt_id: str
+    clients: int
+    wall_seconds: float  # of the whole (task, setting) load this request was part of
+    timing: RequestTiming
+
+    def to_json(self) -> dict:
+        row = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "timing"}
+        return {**row, **vars(self.timing)}
+
+    @classmethod
+    def from_json(cls, row: dict) -> ServedRecord:
+        timing = {name: value for name, value in row.items() if name in RequestTiming.__dataclass_fields__}
+        rest = {name: value for name, value in row.items() if name not in timing}
+        return cls(**rest, timing=RequestTiming(**timing))
 
 
 def served_modes(families, ks: list[int], peer_ks: list[int]) -> list[ServedMode]:
@@ -70,7 +95,7 @@ def start_server(mode: ServedMode, model_argv: list[str], llama_server) -> Serve
 
 
 def run_serving(modes: list[ServedMode], prompts: dict, settings: tuple[str, ...], *, clients: int, model_argv,
-                llama_server, new_tokens, log=None) -> tuple[list[dict], list[str]]:
+                llama_server, new_tokens, log=None) -> tuple[list[ServedRecord], list[str]]:
     """Records (one per request) for every mode, task and setting; and notes on modes not run."""
     log = log or (lambda msg: print(f"specsample: {msg}", file=sys.stderr, flush=True))
     records, notes, native = [], [], None
@@ -86,9 +111,9 @@ def run_serving(modes: list[ServedMode], prompts: dict, settings: tuple[str, ...
                 continue
             try:
                 done = _load_one_server(mode, server, prompts, settings, clients, new_tokens, log)
-                failed = [r for r in done if r["error"]]
+                failed = [r.timing.error for r in done if r.timing.error]
                 if failed:
-                    notes.append(f"{mode.name}: {len(failed)} of {len(done)} requests failed; first: {failed[0]['error']}")
+                    notes.append(f"{mode.name}: {len(failed)} of {len(done)} requests failed; first: {failed[0]}")
                 records += done
             finally:
                 if not is_native:
@@ -99,7 +124,7 @@ def run_serving(modes: list[ServedMode], prompts: dict, settings: tuple[str, ...
     return records, notes
 
 
-def _load_one_server(mode, server, prompts, settings, clients, new_tokens, log) -> list[dict]:
+def _load_one_server(mode, server, prompts, settings, clients, new_tokens, log) -> list[ServedRecord]:
     model = server.request("/v1/models")["data"][0]["id"]
     warm = next(iter(prompts.values()))[0]
     run_load(server.url, [mode.request_body(model, warm.ids[:32], 8, SETTINGS["greedy"], 0, ())], 1)
@@ -111,22 +136,20 @@ def _load_one_server(mode, server, prompts, settings, clients, new_tokens, log) 
             log(f"serve load: {mode.name}, {task} {setting}: {len(bodies)} requests from {clients} clients")
             timings, wall = run_load(server.url, bodies, clients)
             for t, p in zip(timings, group):
-                records.append({"mode": mode.name, "family": mode.family, "k": mode.k, "task": task, "setting": setting,
-                                "prompt_id": p.prompt.id, "clients": clients, "wall_seconds": wall, **vars(t)})
+                records.append(ServedRecord(mode.name, mode.family, mode.k, task, setting, p.prompt.id, clients, wall, t))
     return records
 
 
-def summaries(records: list[dict]) -> dict[tuple, LoadSummary]:
+def summaries(records: list[ServedRecord]) -> dict[tuple, LoadSummary]:
     """One LoadSummary per (task, setting, mode), in first-seen order."""
-    fields = RequestTiming.__dataclass_fields__
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[ServedRecord]] = {}
     for r in records:
-        groups.setdefault((r["task"], r["setting"], r["mode"]), []).append(r)
-    return {key: summarise_load([RequestTiming(**{k: r[k] for k in fields}) for r in rs], rs[0]["clients"],
-                                rs[0]["wall_seconds"]) for key, rs in groups.items()}
+        groups.setdefault((r.task, r.setting, r.mode), []).append(r)
+    return {key: summarise_load([r.timing for r in rs], rs[0].clients, rs[0].wall_seconds)
+            for key, rs in groups.items()}
 
 
-def serve_table(records: list[dict]) -> str:
+def serve_table(records: list[ServedRecord]) -> str:
     by_key = summaries(records)
     rows = [["task", "setting", "server", "clients", "requests", "errors", "tokens", "wall s", "requests/s",
              "tokens/s", "tokens/s vs ar", "TTFT P50 / P99 s", "TPOT P50 / P99 ms", "ITL P50 / P99 ms", "acceptance"]]
@@ -140,20 +163,17 @@ def serve_table(records: list[dict]) -> str:
     return markdown_table(rows)
 
 
-# The greedy exactness table of a serving run: streamed text against the plain server's.
-SERVED_IDENTITY = dict(field="text", header=("server", "greedy answers identical to ar"))
+def served_answer(r: ServedRecord) -> str | None:
+    """What the greedy exactness table compares: the text the server streamed; None
+    for a failed request."""
+    return r.timing.text if r.timing.error is None else None
 
 
-def write_serve_report(out: Path, records: list[dict], *, command: str, machine: str, notes: list[str]) -> str:
-    out.mkdir(parents=True, exist_ok=True)
-    write_records(out / "serve.jsonl", records)
+def serve_sections(records: list[ServedRecord]) -> tuple[list[str], str]:
+    """serve.md's sections, and its main table (which the command line prints)."""
     table = serve_table(records)
-    parts = ["# specsample bench --serve", f"Command: `{command}`", f"Machine: {machine}", "## Serving load", SERVE_NOTE,
-             table, "## Greedy exactness through the server", markdown_table(greedy_identity(records, **SERVED_IDENTITY))]
-    if notes:
-        parts += ["## Notes", "\n".join(f"- {n}" for n in notes)]
-    (out / "serve.md").write_text("\n\n".join(parts) + "\n")
-    return table
+    identity = greedy_identity(records, served_answer, ("server", "greedy answers identical to ar"))
+    return ["## Serving load", SERVE_NOTE, table, "## Greedy exactness through the server", markdown_table(identity)], table
 
 
 SERVE_NOTE = (

@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .records import Record
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """q-th percentile (0..100) with linear interpolation between order statistics
@@ -88,25 +90,25 @@ class ModeSummary:
         return percentile(self.latencies, q)
 
 
-def summarise(records: list[dict], baseline: str = "ar") -> list[ModeSummary]:
+def summarise(records: list[Record], baseline: str = "ar") -> list[ModeSummary]:
     """One summary per (task, setting, mode), in first-seen order, with speedups
     over the baseline mode of the same task and setting."""
     groups: dict[tuple, ModeSummary] = {}
     for r in records:
-        key = (r["task"], r["setting"], r["mode"])
+        key = (r.task, r.setting, r.mode)
         s = groups.get(key)
         if s is None:
-            s = groups[key] = ModeSummary(r["task"], r["setting"], r["mode"], r["family"], r.get("k"), 0, 0, 0.0, 0, 0, 0, [])
-        st = r["stats"]
+            s = groups[key] = ModeSummary(r.task, r.setting, r.mode, r.family, r.k, 0, 0, 0.0, 0, 0, 0, [])
+        st = r.stats
         s.sequences += 1
         s.new_tokens += st["new_tokens"]
-        s.seconds += r["latency_seconds"]
+        s.seconds += r.latency_seconds
         s.accepted += st.get("accepted") or 0
         s.drafted += st.get("drafted") or 0
         s.target_calls += st.get("target_calls") or 0
-        s.latencies.append(r["latency_seconds"])
+        s.latencies.append(r.latency_seconds)
         if s.decode_seconds is not None and "prefill_seconds" in st:
-            s.decode_seconds += r["latency_seconds"] - st["prefill_seconds"]
+            s.decode_seconds += r.latency_seconds - st["prefill_seconds"]
         else:
             s.decode_seconds = None
     for s in groups.values():

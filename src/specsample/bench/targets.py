@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from .bandwidth import effective_bandwidth, read_ceiling
 from .costs import recommend
-from .report import cell, markdown_table, predictions_by_group
+from .records import Record
+from .tables import cell, markdown_table, predictions_by_group
 from .stats import ModeSummary, summarise
+from .summary import TargetRun
 
 NOTE = (
     "Decode speedups over each target's own `ar` (our autoregressive loop on the same file), prompt prefill left out, "
@@ -23,12 +25,12 @@ NOTE = (
     "of that target's read ceiling (see each target's section).")
 
 
-def by_target_section(runs: list, probe: float | None) -> str:
+def by_target_section(runs: list[TargetRun], probe: float | None) -> str:
     rows = [["target", "task", "setting", "weights GB", "call of n tokens / 1 token", "ar decode tok/s", "-k auto",
              "best fixed K", "llama-server -md", "predicted (best K)", "-k auto eff. GB/s (% of ceiling)",
              "-k auto plain steps"]]
     for run in runs:
-        summaries = summarise([r for r in run.records if r["phase"] == "main"])
+        summaries = summarise([r for r in run.records if r.phase == "main"])
         ceiling = read_ceiling(probe, [s.decode_tokens_per_second for s in summaries
                                        if s.mode == "ar" and s.decode_tokens_per_second], run.weight_bytes)
         predictions = predictions_by_group(summaries, run.curve)
@@ -48,7 +50,7 @@ def by_target_section(runs: list, probe: float | None) -> str:
     return "\n\n".join([NOTE, markdown_table(rows), why_they_differ(runs)])
 
 
-def why_they_differ(runs: list) -> str:
+def why_they_differ(runs: list[TargetRun]) -> str:
     """One sentence from the run's cost curves and what -k auto did with them."""
     said = []
     for run in runs:
@@ -75,7 +77,7 @@ def _best(group: list[ModeSummary], family: str) -> ModeSummary | None:
     return max(ranked, key=lambda s: s.decode_speedup, default=None)
 
 
-def _call_ratios(run) -> str:
+def _call_ratios(run: TargetRun) -> str:
     if run.curve is None or len(run.curve.target_cost) < 2:
         return "–"
     n = len(run.curve.target_cost)
@@ -89,14 +91,14 @@ def _bandwidth(weight_bytes: int | None, auto: ModeSummary | None, ceiling: floa
     return f"{effective / 1e9:.1f}" + (f" ({100 * effective / ceiling:.0f}%)" if ceiling else "")
 
 
-def _plain_shares(records: list[dict]) -> dict[tuple, float]:
+def _plain_shares(records: list[Record]) -> dict[tuple, float]:
     """Share of -k auto's rounds that were plain steps, per (task, setting)."""
     rounds: dict[tuple, list[int]] = {}
     for r in records:
-        histogram = r["stats"].get("draft_length_histogram")
-        if r["phase"] != "main" or r.get("k") != "auto" or not histogram:
+        histogram = r.stats.get("draft_length_histogram")
+        if r.phase != "main" or r.k != "auto" or not histogram:
             continue
-        c = rounds.setdefault((r["task"], r["setting"]), [0, 0])
+        c = rounds.setdefault((r.task, r.setting), [0, 0])
         c[0] += histogram[0]
         c[1] += sum(histogram)
     return {key: plain / total for key, (plain, total) in rounds.items() if total}

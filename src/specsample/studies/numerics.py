@@ -6,7 +6,7 @@ the next 1, 2, 4 and 8 tokens in one call each, and compares the first row: tota
 variation between the softmaxes (T = 1) and the largest logit difference, over ten
 positions; and it times a 1-token and a 4-token call.
 
-    python -m specsample.bench.numerics [--threads 2] [--target NAME]
+    python -m specsample.studies.numerics [--threads 2] [--target NAME]
 """
 
 from __future__ import annotations
@@ -84,11 +84,11 @@ def load_with(path, threads: int, model_overrides: dict, context_overrides: dict
 
 
 def main(argv=None) -> None:
-    from ..bench.report import markdown_table
+    from ..bench.tables import markdown_table
     from ..bench.tasks import humaneval_problems
     from ..models import DEFAULT_TARGET, resolve
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m specsample.studies.numerics", description=__doc__.splitlines()[0])
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)

@@ -2,7 +2,7 @@
 generations with logprobs off and at 5, interleaved (off, on, on, off, ...) so that a
 machine slowing down over the run charges both alike.
 
-    python -m specsample.bench.logprob_cost --out results/logprob-cost        # default pair, -k auto
+    python -m specsample.studies.logprob_cost --out results/logprob-cost        # default pair, -k auto
 
 The target: less than 5% of decode speed at logprobs 5 (issue 16).
 """
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..generate import GenerationConfig, generate
     from ..sampling import SamplingConfig
 
-    p = argparse.ArgumentParser(prog="python -m specsample.bench.logprob_cost", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m specsample.studies.logprob_cost", description=__doc__.splitlines()[0])
     add_model_arguments(p)
     add_draft_length_arguments(p)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"tokens_per_second": rates,
               "cost": {mode: 1 - rates[f"{mode}, logprobs 5"] / rates[f"{mode}, logprobs None"]
                        for mode in ("greedy", "sample")},
-              "command": "python -m specsample.bench.logprob_cost " + " ".join(argv or sys.argv[1:])}
+              "command": "python -m specsample.studies.logprob_cost " + " ".join(argv or sys.argv[1:])}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "logprob-cost.json").write_text(json.dumps(report, indent=1) + "\n")
     json.dump(report, sys.stdout, indent=1)

@@ -7,8 +7,8 @@ Run once against `serve --autoregressive` and once against `serve` (speculative,
 greedy as the tasks ask), the scores must be identical, and every log-likelihood the
 harness computed must equal the library's own prompt scoring of the same tokens.
 
-    python -m specsample.bench.harness --out results/lm-eval            # the default pair
-    python -m specsample.bench.harness --out results/lm-eval --batch-invariant -k 3
+    python -m specsample.studies.harness --out results/lm-eval            # the default pair
+    python -m specsample.studies.harness --out results/lm-eval --batch-invariant -k 3
 
 Needs the `eval` extra (pip install -e '.[eval]').
 """
@@ -91,9 +91,9 @@ def compare(runs: dict[str, dict], target=None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from ..arguments import add_model_arguments, model_options
     from ..assemble import assemble
-    from .servers import specsample_server
+    from ..bench.servers import specsample_server
 
-    p = argparse.ArgumentParser(prog="python -m specsample.bench.harness", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m specsample.studies.harness", description=__doc__.splitlines()[0])
     add_model_arguments(p)
     p.add_argument("-k", default="auto", help="the speculative server's -k (default auto)")
     p.add_argument("--limit", type=int, help="samples per task (default: all)")

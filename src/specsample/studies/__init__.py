@@ -1,0 +1,15 @@
+"""One-off studies: measurements tied to past questions, each runnable on its own and
+none run by `specsample bench` (bench/ holds that). Each writes or prints its own
+report; docs/ names the question each answered and its result.
+
+rounds.py        where a round's time goes, from any run's records.jsonl
+                 (python -m specsample.studies.rounds RECORDS.jsonl)
+numerics.py      llama.cpp logits by call size under each engine setting
+                 (python -m specsample.studies.numerics)
+logprob_cost.py  what log-probabilities cost in decode speed
+                 (python -m specsample.studies.logprob_cost --out DIR)
+seeded.py        a seed's text across real `specsample serve` processes, default and
+                 batch-invariant kernels (python -m specsample.studies.seeded --out DIR)
+harness.py       lm-evaluation-harness against `specsample serve` on evaltasks/, the
+                 eval extra (python -m specsample.studies.harness --out DIR)
+"""
