@@ -21,7 +21,8 @@ def test_streamed_chat_on_the_default_pair_equals_the_library():
     from openai import OpenAI
 
     from specsample.backends import load_backend
-    from specsample.serve.api import Settings, create_app
+    from specsample.serve.app import create_app
+    from specsample.serve.settings import Settings
     from specsample.assemble import Models
 
     target, draft = load_backend(DEFAULT_TARGET, "llamacpp"), load_backend(DEFAULT_DRAFT, "llamacpp")
