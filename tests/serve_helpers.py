@@ -11,7 +11,8 @@ import time
 import uvicorn
 
 from specsample.assemble import Models
-from specsample.serve.api import Settings, create_app
+from specsample.serve.app import create_app
+from specsample.serve.settings import Settings
 
 from toy import TrigramBackend, random_table
 

@@ -109,6 +109,12 @@ def test_generate_streams_text_and_prints_stats_to_stderr(capsys, tiny_dirs):
     (["--repetition-penalty", "0"], "repetition-penalty"),
     (["--logit-bias", "cat=2"], "TOKEN=BIAS"),
     (["--logit-bias", "3=500"], "logit-bias"),
+    (["--logit-bias", "3=nan"], "logit-bias"),
+    (["--logit-bias", "\u0663=1"], "TOKEN=BIAS"),  # an Arabic-Indic 3: int() reads it, the server does not
+    (["--logit-bias", "5000=1"], "logit-bias maps token ids in [0, "),  # past the vocabulary: refused, not dropped
+    (["--temperature", "inf"], "temperature"),
+    (["--top-p", "nan"], "top-p"),
+    (["--presence-penalty", "nan"], "presence-penalty"),
     (["--logprobs", "21"], "logprobs"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, tiny_dirs, args, message):

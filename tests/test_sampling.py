@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from specsample.sampling import MIN_TEMPERATURE, SamplingConfig, _top_p_filter, logits_to_probs, sample
+from specsample.sampling import (MIN_TEMPERATURE, InvalidSetting, SamplingConfig, _top_p_filter, bias_entry,
+                                 logits_to_probs, sample)
 
 pytestmark = pytest.mark.pure
 
@@ -90,13 +91,19 @@ def test_min_p_keeps_tokens_within_a_factor_of_the_top_one():
     assert probs[0, 3] > 0 and probs[0, 2] > 0
 
 
-def test_logit_bias_moves_greedy_and_sampling_and_ignores_ids_past_the_vocabulary():
+def test_logit_bias_moves_greedy_and_sampling_and_refuses_ids_past_the_vocabulary():
     logits = torch.tensor([[2.0, 1.0, 0.0]])
-    greedy = SamplingConfig(temperature=0, logit_bias={1: 1.5, 99: 100.0})
-    assert greedy.logit_bias == ((1, 1.5), (99, 100.0))
+    greedy = SamplingConfig(temperature=0, logit_bias={1: 1.5})
+    assert greedy.logit_bias == ((1, 1.5),)
     assert logits_to_probs(logits, greedy).tolist() == [[0, 1, 0]]
     probs = logits_to_probs(logits, SamplingConfig(logit_bias={2: -100}))
     assert probs[0, 2] < 1e-40 and torch.allclose(probs[0, :2], torch.softmax(logits[0, :2], -1))
+    past = SamplingConfig(logit_bias={1: 1.5, 99: 100.0})  # the config cannot know the vocabulary
+    with pytest.raises(ValueError, match=r"token ids in \[0, 3\)"):  # a bias that would do nothing
+        logits_to_probs(logits, past)
+    with pytest.raises(ValueError, match=r"token ids in \[0, 99\)"):
+        past.check_vocabulary(99)
+    past.check_vocabulary(100)
 
 
 def test_penalties_count_generated_tokens_and_the_repetition_penalty_the_prompt_too():
@@ -131,6 +138,39 @@ def test_each_row_of_a_block_counts_the_tokens_before_it():
 def test_invalid_new_controls_are_refused(kwargs):
     with pytest.raises(ValueError):
         SamplingConfig(**kwargs)
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=INF), dict(temperature=NAN), dict(top_p=NAN), dict(min_p=NAN),
+                                    dict(presence_penalty=NAN), dict(frequency_penalty=-INF),
+                                    dict(repetition_penalty=INF), dict(logit_bias={1: NAN}),
+                                    dict(logit_bias={1: INF}), dict(top_k=1 << 31)])
+def test_non_finite_and_unbounded_controls_are_refused(kwargs):
+    with pytest.raises(InvalidSetting) as refused:
+        SamplingConfig(**kwargs)
+    assert refused.value.field == next(iter(kwargs))
+
+
+def test_a_refusal_names_its_field_in_each_callers_spelling():
+    with pytest.raises(InvalidSetting) as refused:
+        SamplingConfig(top_p=1.5)
+    assert str(refused.value) == "top-p must be in (0, 1], got 1.5"  # the CLI's
+    assert refused.value.message("top_p") == "top_p must be in (0, 1], got 1.5"  # the server's
+
+
+@pytest.mark.parametrize("token", ["\u0663", "\u00b2", "3.0", "-1", " 3", "", True, 1.0])
+def test_logit_bias_ids_are_ascii_digits_or_ints_only(token):
+    """str.isdigit takes an Arabic-Indic 3 (which int() reads as 3) and a superscript 2
+    (which int() refuses): ids are ASCII digits, as OpenAI's JSON keys are."""
+    with pytest.raises(InvalidSetting, match="token ids in"):
+        bias_entry(token, 1.0, vocab_size=10)
+
+
+def test_logit_bias_ids_as_strings_of_ascii_digits_are_read():
+    assert bias_entry("3", 2, vocab_size=10) == (3, 2.0)
+    assert SamplingConfig(logit_bias={"7": -1.0}).logit_bias == ((7, -1.0),)
 
 
 # --- coupled draws --------------------------------------------------------------

@@ -100,3 +100,13 @@ def test_target_only_control_is_exact_but_accepts_less():
     _, matched = empirical(sampling, sampling, draft_table=CLOSE, n=2000)
     # ~6,000 drafts each: a standard error near .004 on either rate
     assert matched > unmatched + 0.015
+
+
+def test_a_logit_bias_id_past_the_vocabulary_is_refused_before_any_model_call():
+    """The CLI's path (a library call) refuses it as the server does, rather than
+    generating as if the bias were not there."""
+    target = TrigramBackend(TARGET)
+    config = GenerationConfig(max_new_tokens=LENGTH, k=3, sampling=SamplingConfig(logit_bias={VOCAB: 5.0}))
+    with pytest.raises(ValueError, match=rf"token ids in \[0, {VOCAB}\)"):
+        generate(target, PROMPT, config, ModelDrafter(TrigramBackend(FAR, name="draft"), config.sampling))
+    assert target.length == 0

@@ -141,7 +141,8 @@ def test_the_default_auto_mode_with_the_hybrid_drafter():
     and keeps its measurements from one request to the next."""
     from specsample.assemble import Models
     from specsample.control import AdaptiveController
-    from specsample.serve.api import Settings, create_app
+    from specsample.serve.app import create_app
+    from specsample.serve.settings import Settings
 
     from serve_helpers import ToyBackend
 

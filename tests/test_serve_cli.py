@@ -33,6 +33,8 @@ def test_draft_length_is_auto_or_an_integer_and_bad_ones_are_refused():
 
 @pytest.mark.parametrize("args,message", [
     (["--max-queue", "0"], "--max-queue must be positive"),
+    (["--queue-timeout", "nan"], "--queue-timeout must be positive and finite"),
+    (["--queue-timeout", "inf"], "--queue-timeout must be positive and finite"),
     (["--port", "70000"], "--port must be in"),
     (["--target", "no-such-model"], "unknown model"),
 ])

@@ -13,7 +13,8 @@ from specsample.constraints import Constraint
 from specsample.drafters import ModelDrafter
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig
-from specsample.serve.api import Settings, create_app
+from specsample.serve.app import create_app
+from specsample.serve.settings import Settings
 
 from serve_helpers import running
 from toy import byte_backend

@@ -71,6 +71,10 @@ CASES = [  # (path, body, status, param, words in the message)
     ("/v1/completions", completion(logit_bias={"25": 1}), 400, "logit_bias", "token ids in [0, 25)"),
     ("/v1/completions", completion(logit_bias={"3": 101}), 400, "logit_bias", "[-100, 100]"),
     ("/v1/completions", completion(logit_bias={"3": "up"}), 400, "logit_bias", "number"),
+    # str.isdigit takes these: an Arabic-Indic 3 (int() reads it as 3) and a superscript 2 (int() refuses it)
+    ("/v1/completions", completion(logit_bias={"\u0663": 1}), 400, "logit_bias", "token ids in [0, 25)"),
+    ("/v1/completions", completion(logit_bias={"\u00b2": 1}), 400, "logit_bias", "token ids in [0, 25)"),
+    ("/v1/completions", completion(top_k=2**31), 400, "top_k", "top_k must be in [0, 2147483648)"),
     ("/v1/completions", completion(echo="yes"), 400, "echo", "boolean"),
     ("/v1/completions", completion(colour="red"), 400, "colour", "colour"),
     ("/v1/completions", completion(prompt=""), 400, "prompt", "empty"),
@@ -180,3 +184,12 @@ def test_a_request_the_engine_refuses_before_generating_is_still_a_400():
     with running(app) as url:
         r = httpx.post(url + "/v1/completions", json={**GOOD, "max_tokens": 40}, timeout=10)
         assert r.status_code == 400 and "does not fit the context of the draft model" in r.json()["error"]["message"]
+        # A later choice refused once the first one ran is still the request's fault: a
+        # 400 for a whole answer, and the 400's body as the error event of a stream.
+        body = {**GOOD, "prompt": ["the cat", "the " * 10]}  # the second leaves the short draft no room
+        r = httpx.post(url + "/v1/completions", json=body, timeout=10)
+        assert r.status_code == 400 and "does not fit the context of the draft model" in r.json()["error"]["message"]
+        with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=10) as r:
+            events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+        assert r.status_code == 200 and json.loads(events[0])["choices"][0]["index"] == 0
+        assert json.loads(events[-2])["error"]["type"] == "invalid_request_error" and events[-1] == "[DONE]"

@@ -95,14 +95,19 @@ def add_verifier_argument(p: argparse.ArgumentParser) -> None:
 
 
 def sampling_config(args) -> SamplingConfig:
-    bias = {}
-    for item in getattr(args, "logit_bias", None) or []:
-        token, _, value = item.partition("=")
-        try:
-            bias[int(token)] = float(value)
-        except ValueError:
-            raise UsageError(f"--logit-bias takes TOKEN=BIAS, got {item!r}") from None
+    bias = dict(_bias_item(item) for item in getattr(args, "logit_bias", None) or [])
     return SamplingConfig(args.temperature, args.top_k, args.top_p, min_p=getattr(args, "min_p", 0.0),
                           presence_penalty=getattr(args, "presence_penalty", 0.0),
                           frequency_penalty=getattr(args, "frequency_penalty", 0.0),
                           repetition_penalty=getattr(args, "repetition_penalty", 1.0), logit_bias=bias)
+
+
+def _bias_item(item: str) -> tuple[int, float]:
+    """TOKEN=BIAS; SamplingConfig checks the ranges (and the loop the vocabulary)."""
+    token, _, value = item.partition("=")
+    if token.isascii() and token.isdigit():  # as the server reads ids: int() also takes other scripts' digits
+        try:
+            return int(token), float(value)
+        except ValueError:
+            pass
+    raise UsageError(f"--logit-bias takes TOKEN=BIAS, got {item!r}")

@@ -11,11 +11,12 @@ import torch
 from .backends.base import Backend, check_cache, check_same_vocabulary, claim_cache, finite_logits
 from .constraints import Constraint, constrained_logits
 from .constraints import start as start_grammar
+from .context_fit import new_token_room
 from .control import Policy, RoundReport, make_policy
 from .detokenize import TextTracker
 from .drafters import Draft, Drafter, draft_round
 from .logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
-from .sampling import Sampler, SamplingConfig
+from .sampling import InvalidSetting, Sampler, SamplingConfig
 from .verify import verify, verify_coupled
 
 VERIFIERS = ("auto", "coupled", "rejection")
@@ -132,7 +133,9 @@ class GenerationConfig:
         if self.verifier not in VERIFIERS:
             raise ValueError(f"verifier must be one of {', '.join(VERIFIERS)}, got {self.verifier!r}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP:
-            raise ValueError(f"logprobs must be in [0, {MAX_TOP}], got {self.logprobs}")
+            raise InvalidSetting("logprobs", f"must be in [0, {MAX_TOP}]", self.logprobs)
+        if self.seed is not None and not -(1 << 63) <= self.seed < 1 << 64:  # what torch's manual_seed takes
+            raise InvalidSetting("seed", f"must be in [{-(1 << 63)}, {(1 << 64) - 1}]", self.seed)
         if self.logprobs_mode not in MODES:
             raise ValueError(f"logprobs mode must be one of {', '.join(MODES)}, got {self.logprobs_mode!r}")
 
@@ -200,12 +203,13 @@ def stream(
                              "in speculative decoding; run it autoregressively")
         # Every model in the round holds the text so far plus drafts; a llama.cpp draft
         # (n_ctx 4096) behind a long-context target fails first.
-        if len(prompt_ids) + config.max_new_tokens + policy.k_max + 1 > backend.context_length:
+        if config.max_new_tokens > new_token_room(backend.context_length, len(prompt_ids), policy.k_max):
             raise ValueError(
                 f"prompt of {len(prompt_ids)} tokens plus {config.max_new_tokens} new tokens and "
                 f"{policy.k_max + 1} for drafts does not fit the context of the {role} model "
                 f"{backend.name}: {backend.context_length} tokens"
             )
+    config.sampling.check_vocabulary(target.vocab_size)
     grammar = None if config.constraint is None else start_grammar(config.constraint, target, config.max_new_tokens)
     return Stream(_rounds(target, prompt_ids, config, drafter, policy, clock, grammar))
 

@@ -33,6 +33,43 @@ import torch
 MIN_TEMPERATURE = 1e-5
 
 
+class InvalidSetting(ValueError):
+    """A configuration field outside what it takes. `field` names it, so each caller
+    can say it in its own spelling (the CLI's top-p, the server's top_p); str() is
+    the CLI's."""
+
+    def __init__(self, field: str, rule: str, value: object):
+        self.field, self.rule, self.value = field, rule, value
+        super().__init__(self.message(field.replace("_", "-")))
+
+    def message(self, name: str) -> str:
+        return f"{name} {self.rule}, got {self.value}"
+
+
+def check_range(field: str, value: float, low: float, high: float, low_open: bool = False) -> None:
+    """value in [low, high] (or (low, high]); NaN and infinities never are."""
+    if not (low < value if low_open else low <= value) or not value <= high or not math.isfinite(value):
+        raise InvalidSetting(field, f"must be in {'(' if low_open else '['}{low}, {high}]", value)
+
+
+MAX_TOP_K = 1 << 31  # a C int, as every engine's top_k is
+
+
+def bias_entry(token: int | str, bias: float, vocab_size: int | None = None) -> tuple[int, float]:
+    """One logit_bias entry, checked: a token id (an int, or a string of ASCII digits:
+    str.isdigit also takes other scripts' digits, int() too) in [0, vocab_size), and a
+    bias in [-100, 100]. Without vocab_size only the lower end of the id is known."""
+    if isinstance(token, str) and token.isascii() and token.isdigit():
+        token = int(token)
+    valid = isinstance(token, int) and not isinstance(token, bool) and token >= 0
+    if valid and vocab_size is not None:
+        valid = token < vocab_size
+    if not valid or not -100 <= bias <= 100:  # NaN fails the comparison
+        ids = "token ids >= 0" if vocab_size is None else f"token ids in [0, {vocab_size})"
+        raise InvalidSetting("logit_bias", f"maps {ids} to biases in [-100, 100]", f"{token!r}: {bias}")
+    return token, float(bias)
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     temperature: float = 1.0  # 0, or anything below MIN_TEMPERATURE, means greedy (argmax)
@@ -46,25 +83,23 @@ class SamplingConfig:
     logit_bias: tuple[tuple[int, float], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top-k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min-p must be in [0, 1], got {self.min_p}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -2 <= getattr(self, name) <= 2:  # OpenAI's range
-                raise ValueError(f"{name.replace('_', '-')} must be in [-2, 2], got {getattr(self, name)}")
-        if not 0 < self.repetition_penalty <= 10 or not math.isfinite(self.repetition_penalty):
-            raise ValueError(f"repetition-penalty must be in (0, 10], got {self.repetition_penalty}")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise InvalidSetting("temperature", "must be a finite number >= 0", self.temperature)
+        if not 0 <= self.top_k < MAX_TOP_K:
+            raise InvalidSetting("top_k", f"must be in [0, {MAX_TOP_K})", self.top_k)
+        check_range("top_p", self.top_p, 0, 1, low_open=True)
+        check_range("min_p", self.min_p, 0, 1)
+        check_range("presence_penalty", self.presence_penalty, -2, 2)  # OpenAI's range
+        check_range("frequency_penalty", self.frequency_penalty, -2, 2)
+        check_range("repetition_penalty", self.repetition_penalty, 0, 10, low_open=True)
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
-        bias = tuple(sorted((int(t), float(b)) for t, b in bias))
-        for token, value in bias:
-            if token < 0 or not -100 <= value <= 100:
-                raise ValueError(f"logit-bias takes token ids >= 0 and biases in [-100, 100], got {token}: {value}")
-        object.__setattr__(self, "logit_bias", bias)
+        object.__setattr__(self, "logit_bias", tuple(sorted(bias_entry(t, b) for t, b in bias)))
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """logit_bias ids past the vocabulary are refused, on the CLI as on the server,
+        rather than dropped: a bias that silently does nothing is a wrong answer."""
+        for token, bias in self.logit_bias:
+            bias_entry(token, bias, vocab_size)
 
     @property
     def greedy(self) -> bool:
@@ -117,8 +152,9 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, history: Histor
     """
     logits = logits.float()
     if config.logit_bias:
-        tokens = torch.tensor([t for t, _ in config.logit_bias if t < logits.shape[-1]], dtype=torch.long)
-        bias = torch.tensor([b for t, b in config.logit_bias if t < logits.shape[-1]])
+        config.check_vocabulary(logits.shape[-1])
+        tokens = torch.tensor([t for t, _ in config.logit_bias], dtype=torch.long)
+        bias = torch.tensor([b for _, b in config.logit_bias])
         logits = logits.index_add(-1, tokens, bias.expand(logits.shape[0], -1).contiguous())
     if config.penalised:
         if history is None:
@@ -152,10 +188,11 @@ def _penalise(logits: torch.Tensor, config: SamplingConfig, history: History) ->
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     # Keep the smallest prefix of tokens (by descending probability) whose mass
-    # reaches top_p; the token that crosses the threshold is kept. Sorting a 152k
-    # vocabulary costs ~11 ms a row on our CPU, so look at the top 256 first and widen
-    # only when they hold less than top_p (with a margin, so that rounding cannot
-    # decide whether the next token would have been kept).
+    # reaches top_p; the token that crosses the threshold is kept. A full sort of a
+    # large vocabulary per row is slow beside the rest of sampling, and top_p's mass
+    # usually sits in a few tokens, so look at the top 256 first and widen only when
+    # they hold less than top_p (with a margin, so that rounding cannot decide whether
+    # the next token would have been kept).
     vocab = probs.shape[-1]
     k = min(vocab, 256)
     while True:
@@ -172,10 +209,10 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One token id per row, by inverting the cumulative distribution.
 
-    probs: [n, vocab] -> [n] int64. torch.multinomial takes ~2.6 ms per row over a
-    152k vocabulary on our CPU (a tenth of a llama.cpp decoding step); a float64
-    cumsum and a binary search take ~0.2 ms. float64 keeps the rounding error of the
-    running sum (~1e-11 over 152k terms) far below anything a test could see.
+    probs: [n, vocab] -> [n] int64. A float64 cumsum and a binary search instead of
+    torch.multinomial, which is several times slower per row over a large vocabulary.
+    float64 keeps the rounding error of the running sum (~1e-11 over 152k terms) far
+    below anything a test could see.
     Zero-probability tokens are never chosen: their cumulative value equals the one
     before them, and the search returns the first index whose value exceeds u.
     """

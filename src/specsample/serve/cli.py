@@ -3,6 +3,7 @@ only when the command runs."""
 
 from __future__ import annotations
 
+import math
 import os
 
 from ..arguments import UsageError, add_draft_length_arguments, add_model_arguments, model_options
@@ -31,14 +32,16 @@ def add_serve_parser(sub) -> None:
 
 def cmd_serve(args) -> int:
     for name in ("max_queue", "max_tokens", "max_body_bytes", "queue_timeout"):
-        if getattr(args, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+        value = getattr(args, name)
+        if not (value > 0 and math.isfinite(value)):  # NaN fails both; inf would wait forever
+            raise UsageError(f"--{name.replace('_', '-')} must be positive and finite, got {value}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
     GenerationConfig(k=args.k, k_max=args.k_max)  # a bad -k fails now, not on every request
     import uvicorn
 
-    from .api import Settings, create_app
+    from .app import create_app
+    from .settings import Settings
 
     # Drafters are built per request, with the request's own sampling.
     models = assemble(model_options(args), drafting=not args.autoregressive)

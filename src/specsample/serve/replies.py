@@ -1,11 +1,17 @@
 """The OpenAI shapes of an answer: chat or text completion, whole or in chunks, with
-n choices, log-probabilities and usage."""
+n choices, log-probabilities and usage; and the answer so far, built from the
+worker's events."""
 
 from __future__ import annotations
 
 import time
 import uuid
 from dataclasses import dataclass, field
+
+from ..backends.base import Tokenizer
+from ..generate import GenerationResult
+from ..logprobs import TokenLogprob
+from .events import ChoiceEvent, Finished, Generated, PromptScored
 
 FINISH_REASONS = {"length": "length", "eos": "stop", "stop_string": "stop", "grammar": "stop"}
 # JSON has no -inf: a token the controls removed ("processed" log-probabilities) gets
@@ -19,12 +25,12 @@ class Choice:
 
     index: int
     text: str = ""
-    entries: list = field(default_factory=list)  # (token id, TokenLogprob or None for a first prompt token)
+    entries: list[tuple[int, TokenLogprob | None]] = field(default_factory=list)  # None: a prompt's first token
 
 
 class Reply:
-    def __init__(self, chat: bool, model: str, prompt_tokens: int, drafter_name: str | None, tokenizer=None,
-                 logprobs: int | None = None):
+    def __init__(self, chat: bool, model: str, prompt_tokens: int, drafter_name: str | None,
+                 tokenizer: Tokenizer | None = None, logprobs: int | None = None):
         self.chat, self.model, self.prompt_tokens, self.drafter_name = chat, model, prompt_tokens, drafter_name
         self.tokenizer = tokenizer
         self.logprobs = logprobs  # None: none asked for; N: alternatives per token
@@ -48,13 +54,13 @@ class Reply:
         return self._wrap("chat.completion.chunk", [{"index": part.index, "delta": delta, "logprobs": logprobs,
                                                      "finish_reason": finish_reason}])
 
-    def usage_chunk(self, results: dict) -> dict:
+    def usage_chunk(self, results: dict[int, GenerationResult]) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return self._wrap(obj, [], usage=self.usage(results))
 
     # ---- whole ----
 
-    def whole(self, parts: dict[int, Choice], results: dict) -> dict:
+    def whole(self, parts: dict[int, Choice], results: dict[int, GenerationResult]) -> dict:
         choices = []
         for index in sorted(results):
             part, finish = parts[index], FINISH_REASONS[results[index].stop_reason]
@@ -66,7 +72,7 @@ class Reply:
                 choices.append({"index": index, "text": part.text, "logprobs": logprobs, "finish_reason": finish})
         return self._wrap("chat.completion" if self.chat else "text_completion", choices, usage=self.usage(results))
 
-    def usage(self, results: dict) -> dict:
+    def usage(self, results: dict[int, GenerationResult]) -> dict:
         n = sum(len(r.token_ids) for r in results.values())
         # An extension: the speculative statistics (acceptance rate, tokens per target
         # call, accepted-per-round histogram, time split); one object per choice when
@@ -113,6 +119,37 @@ class Reply:
 
         return {"content": [{**entry(token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
                             for token, lp in part.entries]}
+
+
+class Answer:
+    """The answer so far, from the worker's events: each event's part of its choice,
+    and the whole of every choice."""
+
+    def __init__(self, echoes: dict[int, tuple[list[int], str | None]], tokenizer: Tokenizer):
+        self.echoes = echoes  # choice -> its prompt's ids and text, sent before the choice's first text
+        self.tokenizer = tokenizer
+        self.whole: dict[int, Choice] = {}
+        self.results: dict[int, GenerationResult] = {}
+
+    def part(self, event: ChoiceEvent) -> Choice | None:
+        """The new part of a choice an event brings, or None."""
+        index = event.index
+        whole = self.whole.setdefault(index, Choice(index))
+        part = Choice(index)
+        if index in self.echoes and not whole.text and not whole.entries:  # the prompt comes first
+            ids, text = self.echoes.pop(index)
+            part.text = text if text is not None else self.tokenizer.decode(ids)
+            if isinstance(event, PromptScored):
+                part.entries = list(zip(ids, event.logprobs))
+        if isinstance(event, Generated):
+            part.text += event.chunk.text
+            if event.chunk.logprobs is not None:
+                part.entries += list(zip(event.chunk.token_ids, event.chunk.logprobs))
+        elif isinstance(event, Finished):
+            self.results[index] = event.result
+        whole.text += part.text
+        whole.entries += part.entries
+        return part if part.text or part.entries else None
 
 
 def _finite(value: float) -> float:

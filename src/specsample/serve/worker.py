@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from ..drafters import Drafter
 from ..generate import GenerationConfig, GenerationResult, GenerationStats, stream
 from ..logprobs import score_prompt
+from .events import End, Ended, Event, Finished, Generated, PromptScored, Started
 
 
 class QueueFull(Exception):
@@ -40,16 +41,19 @@ class Job:
     tasks: list[Task]  # run in turn: n samples of each prompt
     make_drafter: Callable[[], Drafter | None]  # built in the worker: a ModelDrafter follows the request's sampling
     loop: asyncio.AbstractEventLoop
-    # ("started", None), then per task ("prompt", (index, log-probabilities)) and
-    # ("chunk", (index, Chunk)) events and one ("result", (index, GenerationResult)),
-    # then ("done", None); or ("error", exception) / ("cancelled", None) at any point.
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)  # in the order events.py gives
     cancelled: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.monotonic)
+    started: bool = False  # Started was sent
 
-    def emit(self, kind: str, value=None) -> None:
+    def emit(self, event: Event) -> None:
         """Called from the worker thread."""
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def start(self) -> None:
+        if not self.started:
+            self.started = True
+            self.emit(Started())
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -97,7 +101,7 @@ class Worker:
     def _drop_cancelled(self) -> None:
         for job in [j for j in self._waiting if j.cancelled.is_set()]:
             self._waiting.remove(job)
-            job.emit("cancelled")
+            job.emit(Ended(End.CANCELLED))
 
     def _next(self) -> Job | None:
         """The next job, waiting for one; None once stopped."""
@@ -109,7 +113,7 @@ class Worker:
     def _run(self) -> None:
         while (job := self._next()) is not None:
             if job.cancelled.is_set():  # timed out or disconnected while waiting
-                job.emit("cancelled")
+                job.emit(Ended(End.CANCELLED))
                 continue
             self.busy = True
             try:
@@ -118,34 +122,36 @@ class Worker:
                 self.busy = False
 
     def _generate(self, job: Job) -> None:
-        # Every job ends with exactly one of "done", "error" or "cancelled".
+        # Every job ends with exactly one Ended. A task's checks (stream()'s) come
+        # before any model call for it, so a refusal is told apart by where it was
+        # raised, and the first task's comes before Started, while a stream can still
+        # answer with a 400.
         try:
-            drafter, started = None, False
+            drafter = None
             for task in job.tasks:
+                s = None
+                if task.config is not None:
+                    drafter = drafter or job.make_drafter()
+                    policy = self.policy if task.config.k == "auto" else None
+                    try:
+                        s = stream(self.target, task.prompt_ids, task.config, drafter, policy)  # checks the request
+                    except ValueError as e:
+                        job.emit(Ended(End.REFUSED, e))
+                        return
+                job.start()
                 if task.prompt_logprobs is not None:
                     scored = score_prompt(self.target, task.prompt_ids, task.prompt_logprobs)
-                    started = started or _started(job)
-                    job.emit("prompt", (task.index, scored))
-                if task.config is None:
-                    started = started or _started(job)
-                    job.emit("result", (task.index, GenerationResult([], "", GenerationStats(), "length")))
+                    job.emit(PromptScored(task.index, scored))
+                if s is None:
+                    job.emit(Finished(task.index, GenerationResult([], "", GenerationStats(), "length")))
                     continue
-                drafter = drafter or job.make_drafter()
-                policy = self.policy if task.config.k == "auto" else None
-                s = stream(self.target, task.prompt_ids, task.config, drafter, policy)  # checks the request
-                started = started or _started(job)
                 for chunk in s:
-                    job.emit("chunk", (task.index, chunk))
+                    job.emit(Generated(task.index, chunk))
                     if job.cancelled.is_set():  # before computing the next round
-                        job.emit("cancelled")  # the next job starts with a rollback: nothing to clean up
+                        job.emit(Ended(End.CANCELLED))  # the next job starts with a rollback: nothing to clean up
                         return
-                job.emit("result", (task.index, s.result))
+                job.emit(Finished(task.index, s.result))
         except Exception as e:  # reported to the request; the worker keeps serving
-            job.emit("error", e)
+            job.emit(Ended(End.FAILED, e))
             return
-        job.emit("done")
-
-
-def _started(job: Job) -> bool:
-    job.emit("started")
-    return True
+        job.emit(Ended(End.DONE))

@@ -1,0 +1,86 @@
+"""The app: routes, the API-key middleware, error handlers, and the worker's lifespan."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+from collections.abc import Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..backends.base import Backend
+from ..drafters import Drafter
+from ..sampling import SamplingConfig
+from . import routes
+from .errors import APIError
+from .metrics import CountRequests, Metrics
+from .settings import Server, Settings
+from .worker import Worker
+
+
+class RequireKey:
+    """ASGI middleware: every path but /health needs `Authorization: Bearer <key>`."""
+
+    def __init__(self, app, key: str):
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):  # constant time
+                error = APIError(401, "a valid API key is required: Authorization: Bearer <key>",
+                                 code="invalid_api_key")
+                return await error.response()(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+async def _api_error(request: Request, e: APIError) -> Response:
+    return e.response()
+
+
+async def _http_error(request: Request, e: HTTPException) -> Response:
+    return APIError(e.status_code, str(e.detail), code="not_found" if e.status_code == 404 else None).response()
+
+
+async def _internal_error(request: Request, e: Exception) -> Response:
+    return APIError(500, f"internal error: {type(e).__name__}", type="server_error").response()
+
+
+def create_app(target: Backend, make_drafter: Callable[[SamplingConfig], Drafter | None], drafter_name: str | None,
+               settings: Settings) -> Starlette:
+    """make_drafter(sampling) -> a Drafter or None (autoregressive), built per request."""
+    if target.tokenizer is None:
+        raise ValueError(f"{target.name} has no tokenizer; the server needs one")
+    worker = Worker(target, settings.max_queue, settings.policy)
+    server = Server(target, make_drafter, drafter_name, settings, worker, Metrics(queue_depth=lambda: worker.depth))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        worker.start()
+        try:
+            yield
+        finally:
+            worker.stop()
+
+    paths = [
+        Route("/v1/completions", routes.completions, methods=["POST"]),
+        Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+        Route("/v1/models", routes.list_models, methods=["GET"]),
+        Route("/tokenize", routes.tokenize, methods=["POST"]),
+        Route("/detokenize", routes.detokenize, methods=["POST"]),
+        Route("/tokenizer_info", routes.tokenizer_info, methods=["GET"]),
+        Route("/health", routes.health, methods=["GET"]),
+        Route("/metrics", routes.metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=paths, lifespan=lifespan, exception_handlers={
+        APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
+    if settings.api_key:
+        app.add_middleware(RequireKey, key=settings.api_key)
+    app.add_middleware(CountRequests, metrics=server.metrics, endpoints={r.path for r in paths})  # outermost
+    app.state.server = server
+    return app

@@ -1,0 +1,212 @@
+"""A request's parameters -> the GenerationConfig and the tasks the worker runs: the
+one path that checks them.
+
+The library's configs own their ranges; their InvalidSetting becomes a 400 that names
+the request's parameter. Checked here is only what is the server's own: its caps
+(max_tokens, n, prompts, stop strings, logit_bias entries), OpenAI's temperature
+limit, the response_format, and whether each prompt fits the context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..backends.base import Backend, ChatTemplateError
+from ..constraints import Constraint, ConstraintError
+from ..context_fit import new_token_room
+from ..generate import GenerationConfig
+from ..sampling import InvalidSetting, SamplingConfig, bias_entry, check_range
+from .errors import APIError
+from .schemas import ChatRequest, CompletionRequest, GenerationRequest, ResponseFormat, TokenizeRequest
+from .settings import Settings
+from .worker import Task
+
+# OpenAI takes 4; the HumanEval completion protocol needs 5, and vLLM and llama-server
+# set no limit. Each stop string is searched in the text after every round.
+MAX_STOP_STRINGS = 16
+MAX_CHOICES = 32  # prompts x n in one request; they take turns on the model like separate requests
+MAX_LOGIT_BIAS = 300  # OpenAI's limit
+MAX_TEMPERATURE = 2  # OpenAI's limit; the library takes any temperature >= 0
+
+Prompt = tuple[list[int], str | None]  # token ids, and the text when it came as text (for echo)
+
+
+@dataclass
+class Plan:
+    """What a request asks for, checked; max_new_tokens is fitted to each prompt later."""
+
+    config: GenerationConfig | None  # None: nothing to generate (echo with max_tokens 0: the prompt is only scored)
+    requested: int | None  # max_tokens as asked; None: as many as fit
+    logprobs: int | None  # alternatives per token; None: none asked for
+    n: int
+    echo: bool
+
+
+def plan(request: GenerationRequest, settings: Settings, vocab_size: int) -> Plan:
+    chat = isinstance(request, ChatRequest)
+    requested = request.max_tokens
+    if chat and request.max_completion_tokens is not None:
+        requested = request.max_completion_tokens
+    echo = not chat and request.echo
+    try:
+        return _plan(request, requested, echo, settings, vocab_size)
+    except InvalidSetting as e:
+        param = {"max_new_tokens": "max_tokens", "stop_strings": "stop",
+                 "logprobs": "top_logprobs" if chat else "logprobs"}.get(e.field, e.field)
+        raise APIError(400, e.message(param), param=param, code="invalid_value") from None
+    except ValueError as e:  # a config's check without a field of its own
+        raise APIError(400, str(e)) from None
+
+
+def _plan(request: GenerationRequest, requested: int | None, echo: bool, settings: Settings,
+          vocab_size: int) -> Plan:
+    if request.temperature is not None:
+        check_range("temperature", request.temperature, 0, MAX_TEMPERATURE)
+    if requested is not None:
+        check_range("max_tokens", requested, 0 if echo else 1, settings.max_tokens)
+    if request.n is not None:
+        check_range("n", request.n, 1, MAX_CHOICES)
+    stop = [request.stop] if isinstance(request.stop, str) else request.stop or []
+    if len(stop) > MAX_STOP_STRINGS or not all(stop):
+        raise APIError(400, f"stop takes at most {MAX_STOP_STRINGS} non-empty strings", param="stop",
+                       code="invalid_value")
+    sampling = SamplingConfig(
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_k=request.top_k or 0, top_p=1.0 if request.top_p is None else request.top_p,
+        min_p=request.min_p or 0.0, presence_penalty=request.presence_penalty or 0.0,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+        logit_bias=logit_bias(request.logit_bias, vocab_size),
+    )
+    logprobs = requested_logprobs(request)
+    # Built even when nothing is generated: its checks (logprobs, seed) hold for scoring too.
+    config = GenerationConfig(max_new_tokens=requested or settings.max_tokens, k=settings.k, k_max=settings.k_max,
+                              sampling=sampling, seed=request.seed, stop_strings=tuple(stop),
+                              verifier=settings.verifier, logprobs=logprobs,
+                              logprobs_mode=request.logprobs_mode or "raw",
+                              constraint=response_constraint(request.response_format))
+    return Plan(None if requested == 0 else config, requested, logprobs, request.n or 1, echo)
+
+
+def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+    """Token ids come as strings of ASCII digits; the entries are checked by sampling's rule."""
+    if not bias:
+        return {}
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise APIError(400, f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens, got {len(bias)}",
+                       param="logit_bias", code="invalid_value")
+    return dict(bias_entry(key, value, vocab_size) for key, value in bias.items())
+
+
+def requested_logprobs(request: GenerationRequest) -> int | None:
+    """Alternatives per token, or None when no log-probabilities are asked for
+    (GenerationConfig checks the range)."""
+    if isinstance(request, CompletionRequest):
+        return request.logprobs
+    if request.top_logprobs and not request.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+    return (request.top_logprobs or 0) if request.logprobs else None
+
+
+def response_constraint(response_format: ResponseFormat | None) -> Constraint | None:
+    """OpenAI's response_format: text, any JSON object, or JSON under a schema. The
+    output always follows the schema; `strict` (default false, as OpenAI's) says
+    whether schema keywords the grammar engine does not implement are refused."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return Constraint.json_object()
+    spec = response_format.json_schema
+    if spec is None:
+        raise APIError(400, "response_format.json_schema is required when the type is json_schema",
+                       param="response_format.json_schema", code="missing_required_parameter")
+    try:
+        return Constraint.json_schema(spec.schema_ or {"type": "object"}, strict=bool(spec.strict))
+    except ConstraintError as e:
+        raise APIError(400, f"response_format.json_schema.schema: {e}", param="response_format.json_schema.schema",
+                       code="invalid_value") from None
+
+
+# ---- prompts ----------------------------------------------------------------------
+
+def completion_prompts(request: CompletionRequest, target: Backend) -> list[Prompt]:
+    prompt = request.prompt
+    if isinstance(prompt, str) or prompt and isinstance(prompt[0], int):
+        prompts = [prompt]  # one text, or one list of token ids
+    else:
+        prompts = prompt
+    if not prompts:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    if len(prompts) > MAX_CHOICES:
+        raise APIError(400, f"at most {MAX_CHOICES} prompts per request, got {len(prompts)}", param="prompt")
+    out = []
+    for p in prompts:
+        if isinstance(p, list):  # token ids
+            if not p or not all(0 <= t < target.vocab_size for t in p):
+                raise APIError(400, f"prompt token ids must be in [0, {target.vocab_size}), at least one",
+                               param="prompt")
+            out.append((list(p), None))
+            continue
+        ids = target.tokenizer.encode(p) if p else []
+        if not ids:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        out.append((ids, p))
+    return out
+
+
+def chat_prompt(request: ChatRequest | TokenizeRequest, target: Backend) -> list[int]:
+    messages = [{"role": "system" if m.role == "developer" else m.role,
+                 "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
+                for m in request.messages]
+    try:
+        return target.tokenizer.chat_messages(messages)
+    except ChatTemplateError as e:  # the template refused these messages (raise_exception)
+        raise APIError(400, str(e), param="messages") from None
+    except ValueError as e:  # no chat template
+        raise APIError(400, f"{e}; use /v1/completions", param="messages") from None
+
+
+# ---- prompts x n -> tasks ---------------------------------------------------------
+
+def tasks(plan: Plan, prompts: list[Prompt], context_length: int, param: str) -> list[Task]:
+    """One task per choice: n samples of each prompt, each fitted to the context, with
+    seeds seed, seed + 1, ... (each sample reproducible alone)."""
+    if len(prompts) * plan.n > MAX_CHOICES:
+        raise APIError(400, f"{len(prompts)} prompts x n = {plan.n} asks for more than {MAX_CHOICES} choices",
+                       param="n", code="invalid_value")
+    out = []
+    for p, (ids, _) in enumerate(prompts):
+        fitted = fit_context(plan, len(ids), context_length, param)
+        for i in range(plan.n):
+            seeded = None if fitted is None else dataclasses.replace(fitted, seed=_nth_seed(fitted.seed, i))
+            out.append(Task(p * plan.n + i, ids, seeded, plan.logprobs if plan.echo else None))
+    return out
+
+
+def fit_context(plan: Plan, prompt_length: int, context: int, param: str) -> GenerationConfig | None:
+    """The config with max_new_tokens fitted to what the prompt leaves of the context
+    (context_fit's rule, which stream() checks too); a prompt or max_tokens that
+    cannot fit is a 400."""
+    config = plan.config
+    if config is None:  # scoring alone
+        if prompt_length > context:
+            raise APIError(400, f"the prompt has {prompt_length} tokens, but this model's context takes at most "
+                           f"{context}", param=param, code="context_length_exceeded")
+        return None
+    room = new_token_room(context, prompt_length, config.k if isinstance(config.k, int) else config.k_max)
+    if room < 1:
+        raise APIError(400, f"the prompt has {prompt_length} tokens, but this model's context of {context} tokens "
+                       f"takes prompts of at most {prompt_length + room - 1}", param=param,
+                       code="context_length_exceeded")
+    if plan.requested is not None and plan.requested > room:
+        raise APIError(400, f"max_tokens {plan.requested} does not fit: the prompt has {prompt_length} tokens, which "
+                       f"leaves room for {room} in this model's context of {context} tokens",
+                       param="max_tokens", code="context_length_exceeded")
+    return dataclasses.replace(config, max_new_tokens=min(room, config.max_new_tokens))
+
+
+def _nth_seed(seed: int | None, i: int) -> int | None:
+    if seed is None:
+        return None
+    return seed + i if seed + i < 1 << 64 else seed - i

@@ -1,0 +1,213 @@
+"""The routes. A completion's path: read and check the request (schemas, request_config),
+tokenize its prompts off the loop, queue one task per choice for the worker, then
+follow the worker's events (one consumer, Follower) into a whole reply or a stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from sse_starlette import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from .errors import APIError, ClientGone, ending_error
+from .events import Ended, Finished, Generated
+from .replies import FINISH_REASONS, Answer, Choice, Reply
+from .request_config import chat_prompt, completion_prompts, plan, tasks
+from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, read_request
+from .settings import Server
+from .worker import Job, QueueFull
+
+
+async def completions(request: Request) -> Response:
+    return await _answer(request, chat=False)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _answer(request, chat=True)
+
+
+async def _answer(request: Request, chat: bool) -> Response:
+    arrived = time.monotonic()
+    server: Server = request.app.state.server
+    settings = server.settings
+    body = await read_request(request, ChatRequest if chat else CompletionRequest, settings.max_body_bytes)
+    if body.model != settings.model_name:
+        raise APIError(404, f"model {body.model!r} not found; this server serves {settings.model_name!r}",
+                       param="model", code="model_not_found")
+    asked = plan(body, settings, server.target.vocab_size)
+    # Tokenizing a long prompt takes a while: off the loop, like generation.
+    if chat:
+        prompts = [(await run_in_threadpool(chat_prompt, body, server.target), None)]
+    else:
+        prompts = await run_in_threadpool(completion_prompts, body, server.target)
+    choices = tasks(asked, prompts, server.target.context_length, "messages" if chat else "prompt")
+    sampling = asked.config.sampling if asked.config is not None else None
+    job = Job(choices, lambda: server.make_drafter(sampling), asyncio.get_running_loop())
+    try:
+        server.worker.submit(job)
+    except QueueFull:
+        raise APIError(429, f"the server is busy: {settings.max_queue} requests are waiting; retry later",
+                       type="rate_limit_error", code="queue_full") from None
+    reply = Reply(chat, settings.model_name, sum(len(ids) for ids, _ in prompts), server.drafter_name,
+                  server.target.tokenizer, asked.logprobs)
+    echoes = {task.index: prompts[task.index // asked.n] for task in choices} if asked.echo else {}
+    follower = Follower(server, job, Answer(echoes, server.target.tokenizer), arrived)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+    try:
+        await follower.started()
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            return EventSourceResponse(_stream(follower, reply, include_usage), sep="\n", ping=15)
+        async for _ in follower.steps():
+            pass
+        return JSONResponse(reply.whole(follower.answer.whole, follower.answer.results))
+    finally:
+        # A stream's disconnects are sse-starlette's to notice from here on.
+        watcher.cancel()
+
+
+async def _cancel_on_disconnect(request: Request, job: Job) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.25)
+    job.cancel()
+
+
+@dataclass
+class Step:
+    """What one event adds to a choice: its new part, and its finish reason once it ended."""
+
+    index: int
+    part: Choice | None
+    finish_reason: str | None = None
+
+
+class Follower:
+    """The one consumer of a job's events, for the whole reply and the stream alike: it
+    keeps the answer and the metrics, and raises the APIError a job's end means."""
+
+    def __init__(self, server: Server, job: Job, answer: Answer, arrived: float):
+        self.server, self.job, self.answer, self.arrived = server, job, answer, arrived
+
+    async def started(self) -> None:
+        """Wait for the worker to take the job, at most the queue timeout."""
+        timeout = self.server.settings.queue_timeout
+        try:
+            event = await asyncio.wait_for(self.job.events.get(), timeout)
+        except asyncio.TimeoutError:
+            self.job.cancel()  # the worker skips it
+            self.server.metrics.cancelled.inc()
+            raise APIError(503, f"timed out after {timeout:g} s waiting for the model; retry later",
+                           type="server_error", code="queue_timeout") from None
+        except asyncio.CancelledError:
+            self.job.cancel()
+            raise
+        if isinstance(event, Ended):  # refused, failed or cancelled before it started
+            self._end(event)
+        self.server.metrics.queue_wait_seconds.observe(time.monotonic() - self.arrived)
+
+    async def steps(self) -> AsyncIterator[Step]:
+        """Each choice's progress until the job ends; raises if it did not finish."""
+        first = True
+        while not isinstance(event := await self.job.events.get(), Ended):
+            if isinstance(event, Generated) and first:
+                self.server.metrics.first_token_seconds.observe(time.monotonic() - self.arrived)
+                first = False
+            step = Step(event.index, self.answer.part(event))
+            if isinstance(event, Finished):
+                self.server.metrics.finished(len(self.job.tasks[0].prompt_ids), event.result.stats)
+                step.finish_reason = FINISH_REASONS[event.result.stop_reason]
+            yield step
+        self._end(event)
+
+    def _end(self, ended: Ended) -> None:
+        error = ending_error(ended)
+        if isinstance(error, ClientGone):
+            self.server.metrics.cancelled.inc()
+        if error is not None:
+            raise error
+
+
+async def _stream(follower: Follower, reply: Reply, include_usage: bool):
+    """Server-sent events: each step as a chunk (a chat choice opens with its role),
+    usage if asked for, an error if the job failed, then [DONE]."""
+    ended, begun = False, set()
+    try:
+        try:
+            async for step in follower.steps():
+                if reply.chat and step.index not in begun:
+                    yield {"data": json.dumps(reply.chunk(Choice(step.index), role=True))}
+                begun.add(step.index)
+                if step.part is not None:
+                    yield {"data": json.dumps(reply.chunk(step.part))}
+                if step.finish_reason is not None:
+                    yield {"data": json.dumps(reply.chunk(Choice(step.index), finish_reason=step.finish_reason))}
+            ended = True
+            if include_usage:
+                yield {"data": json.dumps(reply.usage_chunk(follower.answer.results))}
+        except ClientGone:  # counted by the follower; nobody reads what follows
+            ended = True
+        except APIError as e:
+            ended = True
+            yield {"data": json.dumps(e.body())}
+        yield {"data": "[DONE]"}
+    finally:
+        # On a disconnect sse-starlette cancels this generator: the worker stops at
+        # the next round. Once the generation ended this is a no-op.
+        follower.job.cancel()
+        if not ended:
+            follower.server.metrics.cancelled.inc()
+
+
+# ---- the other routes ---------------------------------------------------------------
+
+async def list_models(request: Request) -> Response:
+    server: Server = request.app.state.server
+    model = {"id": server.settings.model_name, "object": "model", "created": 0, "owned_by": "specsample"}
+    return JSONResponse({"object": "list", "data": [model]})
+
+
+async def tokenize(request: Request) -> Response:
+    """vLLM's /tokenize, which evaluation harnesses use to count context tokens
+    exactly as the server will (lm-evaluation-harness's remote tokenizer)."""
+    server: Server = request.app.state.server
+    body = await read_request(request, TokenizeRequest, server.settings.max_body_bytes)
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "give one of prompt or messages", param="prompt")
+    if body.messages is not None:
+        ids = await run_in_threadpool(chat_prompt, body, server.target)
+    else:
+        ids = await run_in_threadpool(server.target.tokenizer.encode, body.prompt)
+    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": server.target.context_length})
+
+
+async def detokenize(request: Request) -> Response:
+    server: Server = request.app.state.server
+    body = await read_request(request, DetokenizeRequest, server.settings.max_body_bytes)
+    if not all(0 <= t < server.target.vocab_size for t in body.tokens):
+        raise APIError(400, f"token ids must be in [0, {server.target.vocab_size})", param="tokens")
+    return JSONResponse({"prompt": await run_in_threadpool(server.target.tokenizer.decode, body.tokens)})
+
+
+async def tokenizer_info(request: Request) -> Response:
+    server: Server = request.app.state.server
+    # No token text here: special tokens decode to nothing in our tokenizers, and a
+    # client that needs the end-of-text token gets the ids from the model's answers.
+    return JSONResponse({"eos_token": None, "bos_token": None, "pad_token": None,
+                         "chat_template": getattr(server.target, "chat_template", None),
+                         "model_max_length": server.target.context_length})
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(request: Request) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    return Response(generate_latest(request.app.state.server.metrics.registry), media_type=CONTENT_TYPE_LATEST)

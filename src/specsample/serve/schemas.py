@@ -1,0 +1,161 @@
+"""The OpenAI request shapes, and reading a body into one.
+
+Requests are parsed by hand (size-capped body, then pydantic in strict mode) so that
+every bad input, malformed JSON included, gets the OpenAI error shape with a fitting
+status.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+
+from .errors import APIError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(_Strict):
+    name: str
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")  # None: any JSON object
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class GenerationRequest(_Strict):
+    """What completions and chat completions share."""
+
+    model_config = ConfigDict(strict=True, extra="allow")  # extras are checked by name in parse
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None  # None: OpenAI's default, 1
+    top_p: float | None = None
+    top_k: int | None = None  # an extension: 0 = off
+    min_p: float | None = None  # an extension (vLLM's): 0 = off
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # an extension (vLLM's): 1 = off
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    max_tokens: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int | None = None
+    logprobs_mode: Literal["raw", "processed"] | None = None  # an extension; see logprobs.py
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None  # alternatives per token, up to 20
+    echo: bool = False
+
+
+class ChatRequest(GenerationRequest):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+class TokenizeRequest(_Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    add_special_tokens: bool = True  # accepted for vLLM's clients; this tokenizer adds none
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]
+
+
+# OpenAI parameters we cannot honour, accepted only at a value that asks for nothing.
+NEUTRAL = {
+    "best_of": (None, 1), "suffix": (None, ""),
+    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+    "function_call": (None, "none"), "parallel_tool_calls": (None, True, False),
+    "metadata": (None, {}), "store": (None, False), "service_tier": (None, "auto", "default"),
+}
+
+Model = TypeVar("Model", bound=_Strict)
+
+
+async def read_request(request: Request, model: type[Model], limit: int) -> Model:
+    """The body, at most `limit` bytes of JSON, as `model`; unknown parameters are
+    refused unless NEUTRAL allows their value."""
+    data = await read_json(request, limit)
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    try:
+        parsed = model.model_validate(data)
+    except ValidationError as e:
+        raise _validation_error(e) from None
+    unsupported = sorted(name for name, value in (parsed.model_extra or {}).items()
+                         if name not in NEUTRAL or not any(_asks_nothing(value, v) for v in NEUTRAL[name]))
+    if unsupported:
+        raise APIError(400, f"unsupported parameter(s): {', '.join(unsupported)} (specsample serves plain-text "
+                       "completions: no tools, suffix or best_of; see docs/serve.md)",
+                       param=unsupported[0], code="unsupported_parameter")
+    return parsed
+
+
+def _asks_nothing(value, neutral) -> bool:
+    if isinstance(value, bool) or isinstance(neutral, bool):  # True == 1, but "n": true is no count
+        return value is neutral
+    return value == neutral  # 0.0 == 0
+
+
+def _validation_error(e: ValidationError) -> APIError:
+    error = e.errors()[0]
+    # Union members add their type to the location ("content", "str"); drop those.
+    loc = [str(p) for p in error["loc"] if isinstance(p, int) or p.isidentifier() and p not in {"str", "int", "float"}]
+    param = ".".join(loc) or None
+    if error["type"] == "missing":
+        return APIError(400, f"missing required parameter: {param}", param=param, code="missing_required_parameter")
+    return APIError(400, f"{param}: {error['msg']}" if param else error["msg"], param=param, code="invalid_type")
+
+
+async def read_json(request: Request, limit: int):
+    length = request.headers.get("content-length", "0")
+    if not (length.isascii() and length.isdigit()) or int(length) > limit:
+        raise APIError(413, f"the request body exceeds {limit} bytes", code="body_too_large")
+    body = bytearray()
+    async for part in request.stream():  # chunked bodies have no length: count as they come
+        body += part
+        if len(body) > limit:
+            raise APIError(413, f"the request body exceeds {limit} bytes", code="body_too_large")
+    try:
+        return json.loads(body, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as e:
+        raise APIError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
