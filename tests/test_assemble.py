@@ -126,6 +126,17 @@ def test_argv_spells_out_values_a_child_parser_defaults_otherwise():
     assert "--threads" not in ModelOptions().argv() and "--batch-invariant" not in ModelOptions().argv()
 
 
+def test_every_option_is_checked_before_a_model_loads(monkeypatch, tiny_target):
+    """A bad draft option fails before the target's slow load, not after it."""
+    monkeypatch.setattr(assemble_module, "load_backend", lambda *a, **k: pytest.fail("loaded a model"))
+    with pytest.raises(OptionError, match="needs the hf backend"):
+        assemble(ModelOptions(target=tiny_target, draft=tiny_target, draft_backend="llamacpp", draft_vocab=10))
+    with pytest.raises(OptionError, match="--target-quant"):
+        assemble(ModelOptions(target=tiny_target, target_backend="hf", target_quant="q8_0"))
+    with pytest.raises(OptionError, match="--threads"):
+        assemble(ModelOptions(target=tiny_target, threads=0))
+
+
 @pytest.mark.pure
 @pytest.mark.parametrize("command,required", [("generate", ["--prompt", "x"]), ("serve", []), ("bench", []),
                                               ("check", [])])

@@ -133,27 +133,20 @@ def make_drafter(draft: Backend | None, sampling: SamplingConfig, *, lookup: boo
 
 def assemble(options: ModelOptions, drafting: bool = True) -> Models:
     """Load the target and, when drafting, the draft model (none for "ngram")."""
-    check_machine_options(options)
+    target_engine, draft_engine = check_options(options, drafting)
     if options.threads:
         import torch
 
         torch.set_num_threads(options.threads)
     kw = dict(device=options.device, dtype=options.dtype, threads=options.threads)
-    target_engine = pick_backend(options.target, options.target_backend or options.backend, options.device)
     target_quant = None if options.target_quant == "none" else options.target_quant
-    if target_quant and target_engine != "llamacpp":
-        raise OptionError(f"--target-quant re-encodes a GGUF file for llama.cpp; the target runs on {target_engine} "
-                          f"(use --dtype there)")
     target = load_backend(options.target, target_engine, quant=target_quant,
                           batch_invariant=options.batch_invariant, **kw)
     if not drafting:
         return Models(target)
-    if options.draft == "ngram":
+    if draft_engine is None:
         return Models(target, lookup=True, ngram_max=options.ngram_max)
-    draft_engine = pick_backend(options.draft, options.draft_backend or options.backend, options.device)
     quant = options.draft_quant if draft_engine == "llamacpp" and options.draft_quant != "none" else None
-    if options.draft_vocab and draft_engine != "hf":
-        raise OptionError("--draft-vocab needs the hf backend for the draft (--draft-backend hf)")
     draft = load_backend(options.draft, draft_engine, quant=quant, **kw)
     check_same_vocabulary(target, draft)  # before any prompt work
     if options.draft_vocab:
@@ -161,6 +154,23 @@ def assemble(options: ModelOptions, drafting: bool = True) -> Models:
 
         restrict_draft_vocabulary(draft, options.draft_vocab, cache_dir())
     return Models(target, draft, lookup=options.lookup, ngram_max=options.ngram_max)
+
+
+def check_options(options: ModelOptions, drafting: bool = True) -> tuple[str, str | None]:
+    """The engines for the target and the draft model (None: no draft model), once every
+    option has been checked: all before the first slow load, so that a bad draft option
+    does not wait for the target to load."""
+    check_machine_options(options)
+    target_engine = pick_backend(options.target, options.target_backend or options.backend, options.device)
+    if options.target_quant != "none" and target_engine != "llamacpp":
+        raise OptionError(f"--target-quant re-encodes a GGUF file for llama.cpp; the target runs on {target_engine} "
+                          f"(use --dtype there)")
+    if not drafting or options.draft == "ngram":
+        return target_engine, None
+    draft_engine = pick_backend(options.draft, options.draft_backend or options.backend, options.device)
+    if options.draft_vocab and draft_engine != "hf":
+        raise OptionError("--draft-vocab needs the hf backend for the draft (--draft-backend hf)")
+    return target_engine, draft_engine
 
 
 def check_machine_options(options: ModelOptions) -> None:
