@@ -1,9 +1,14 @@
+from dataclasses import fields
+
 import pytest
 
+from specsample.assemble import ModelOptions
 from specsample.bench import cli as bench_cli
-from specsample.bench.cli import bench_config, parse_prompts, resolve_options, target_types
-from specsample.arguments import UsageError
+from specsample.bench.cli import bench_config, parse_prompts, resolve_options, serve_argv, target_types
+from specsample.arguments import UsageError, model_options
 from specsample.cli import build_parser
+
+from test_assemble import other_value
 
 pytestmark = pytest.mark.pure
 
@@ -95,3 +100,37 @@ def test_no_native_server_is_none_when_unasked_and_a_reason_when_it_cannot_run()
     assert bench_cli._start_server(args, ["ar", "spec-auto"], 512, 4, None) is None
     with pytest.raises(ServerUnavailable, match="needs a draft model"):
         bench_cli._start_server(args, ["ar", "llamacpp-spec"], 512, 4, None)
+
+
+# Every model option away from its default, so that one dropped on the way shows.
+CHANGED = ModelOptions(**{f.name: other_value(f) for f in fields(ModelOptions)})
+
+
+@pytest.mark.pure
+def test_served_children_get_every_model_option():
+    args = build_parser().parse_args(["bench", "--serve", *CHANGED.argv()])
+    argv = serve_argv(args)
+    assert model_options(args) == CHANGED and model_options(build_parser().parse_args(["serve", *argv])) == CHANGED
+    assert argv[-4:] == ["--max-queue", str(max(16, args.clients)), "--queue-timeout", "3600"]
+
+
+@pytest.mark.pure
+def test_the_harness_servers_get_every_model_option(monkeypatch, tmp_path):
+    """The harness passed only four options on, so --threads, --dtype, --draft-quant and
+    --lookup never reached its servers."""
+    from specsample.bench import servers
+    from specsample.studies import harness
+
+    started = []
+
+    class Stop(Exception):
+        pass
+
+    def server(model_argv, extra, name):
+        started.append(model_argv)
+        raise Stop  # before any server starts
+
+    monkeypatch.setattr(servers, "specsample_server", server)
+    with pytest.raises(Stop):
+        harness.main([*CHANGED.argv(), "--out", str(tmp_path)])
+    assert model_options(build_parser().parse_args(["serve", *started[0]])) == CHANGED

@@ -1,6 +1,9 @@
 import errno
 import json
+import os
 import sys
+import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -149,6 +152,41 @@ def test_bad_device_or_threads_fail_before_any_model_loads(capsys, monkeypatch, 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda_devices)
     code, _, err = run(capsys, "generate", "--prompt", "the cat", *args)
     assert_one_line_error(code, err, message)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompt", "   "], "the prompt is empty"),
+    (["--prompt-file", "/dev/null"], "the prompt is empty"),  # a character device: read, and empty
+    (["--prompt-file", "/nonexistent/prompt.txt"], "prompt file not found"),
+    (["--prompt-file", "DIR"], "cannot be read"),
+    (["--prompt-file", "LATIN1"], "not UTF-8 text"),
+    (["--json-schema", "/nonexistent/schema.json"], "--json-schema file not found"),
+    (["--draft-backend", "llamacpp", "--draft-vocab", "10"], "needs the hf backend"),
+    (["--target-backend", "hf", "--target-quant", "q8_0"], "--target-quant"),
+])
+def test_every_input_is_checked_before_any_model_loads(capsys, monkeypatch, tmp_path, args, message):
+    monkeypatch.setattr(assemble, "load_backend", lambda *a, **kw: pytest.fail("loaded a model"))
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    files = {"DIR": str(tmp_path), "LATIN1": str(tmp_path / "latin1.txt")}
+    args = [files.get(a, a) for a in args]
+    prompt = [] if "--prompt" in args or "--prompt-file" in args else ["--prompt", "the cat"]
+    code, _, err = run(capsys, "generate", "--target", str(tmp_path), "--draft", str(tmp_path), "--backend", "hf",
+                       *prompt, *args)
+    assert_one_line_error(code, err, message)
+
+
+def test_a_prompt_from_a_pipe_is_read(capsys, tmp_path, tiny_dirs):
+    """--prompt-file <(echo ...): a process substitution is a FIFO, not a regular file."""
+    fifo = tmp_path / "prompt"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_text, args=("the cat sat on",), daemon=True)
+    writer.start()
+    base = ["generate", "--target", tiny_dirs["target"], "--draft", "ngram", "--max-new-tokens", "6", "--json"]
+    code, piped, err = run(capsys, *base, "--prompt-file", str(fifo))
+    writer.join(timeout=10)
+    assert code == 0, err
+    code, given, _ = run(capsys, *base, "--prompt", "the cat sat on")
+    assert json.loads(piped)["token_ids"] == json.loads(given)["token_ids"]
 
 
 def failing(error):

@@ -5,12 +5,9 @@ alone knows them all."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 
-from .assemble import ModelOptions
-from .backends import BACKENDS
-from .backends.hf import DTYPES
-from .backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
-from .models import DEFAULT_DRAFT, DEFAULT_TARGET
+from .assemble import ModelOptions, option_flag
 from .sampling import SamplingConfig
 
 
@@ -19,39 +16,19 @@ class UsageError(Exception):
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default=DEFAULT_TARGET, help="short name, .gguf file, model directory or hub id")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help="a model like --target, or 'ngram' for prompt lookup alone")
-    p.add_argument("--backend", choices=BACKENDS, default="auto",
-                   help="engine for target and draft (default auto: llamacpp for GGUF files on the CPU, else hf)")
-    p.add_argument("--target-backend", choices=BACKENDS, help="engine for the target alone (overrides --backend)")
-    p.add_argument("--draft-backend", choices=BACKENDS, help="engine for the draft alone (overrides --backend)")
-    p.add_argument("--draft-quant", default="q4_0", choices=["none"] + list(DRAFT_QUANTS),
-                   help="llamacpp draft: requantize it to this type, cached (default q4_0: faster kernels; "
-                        "the draft's quality moves acceptance only, never the output distribution)")
-    p.add_argument("--target-quant", default="none", choices=["none"] + list(TARGET_QUANTS),
-                   help="llamacpp target: re-encode its GGUF file to this type first, cached (bf16/f16: the cost "
-                        "structure of a full-precision model, memory-bound, where drafting pays most; default none)")
-    p.add_argument("--draft-vocab", type=int, default=0,
-                   help="hf draft: score only its N most frequent tokens (FR-Spec; 0 = all, the default)")
-    p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
-                   help="beside a draft model, propose from context lookup when it is expected to pay (default on)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="hf backend weights (default float32)")
-    p.add_argument("--device", default="cpu", help="hf backend device: cpu, cuda, cuda:1 ...")
-    p.add_argument("--threads", type=int, help="CPU threads for torch and llama.cpp (default: all cores)")
-    p.add_argument("--ngram-max", type=int, default=3, help="longest n-gram the lookup matches")
-    p.add_argument("--batch-invariant", action="store_true",
-                   help="llamacpp target: kernels whose logits do not depend on how many tokens a call scores, so "
-                        "speculative and plain decoding see the same numbers to the bit (~30%% slower calls here)")
+    """A flag for every ModelOptions field, made from the field's own metadata."""
+    for f in fields(ModelOptions):
+        meta = f.metadata
+        if meta["type"] is bool:
+            action = argparse.BooleanOptionalAction if f.default else "store_true"
+            p.add_argument(option_flag(f.name), action=action, default=f.default, help=meta["help"])
+        else:
+            p.add_argument(option_flag(f.name), type=meta["type"], choices=meta["choices"], default=f.default,
+                           help=meta["help"])
 
 
 def model_options(args) -> ModelOptions:
-    return ModelOptions(
-        target=args.target, draft=args.draft, backend=args.backend, target_backend=args.target_backend,
-        draft_backend=args.draft_backend, draft_quant=args.draft_quant, target_quant=args.target_quant,
-        draft_vocab=args.draft_vocab,
-        lookup=args.lookup, dtype=args.dtype, device=args.device, threads=args.threads, ngram_max=args.ngram_max,
-        batch_invariant=args.batch_invariant,
-    )
+    return ModelOptions(**{f.name: getattr(args, f.name) for f in fields(ModelOptions)})
 
 
 def draft_length(value: str) -> int | str:

@@ -11,10 +11,12 @@ one per decoding setting: `Models.drafter(sampling)` is that function, and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
-from .backends import load_backend, pick_backend
+from .backends import BACKENDS, load_backend, pick_backend
 from .backends.base import Backend, check_same_vocabulary
+from .backends.hf import DTYPES
+from .backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
 from .calibrate import cost_cache_path
 from .control import AdaptiveController, Policy
 from .drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
@@ -26,22 +28,66 @@ class OptionError(ValueError):
     """Options that cannot work together, or not on this machine; the message says which."""
 
 
+def option(default, help: str, *, choices: tuple[str, ...] | None = None, type=None):
+    """A ModelOptions field: its flag is the name with dashes (draft_quant: --draft-quant),
+    and this metadata is all that arguments.add_model_arguments needs to build the flag.
+    `type` converts the flag's text (default: the default's own type); a bool is a
+    switch (--lookup/--no-lookup when on by default, --batch-invariant when off)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "type": type or _type(default)})
+
+
+def _type(default):
+    return str if default is None else type(default)
+
+
+def option_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 @dataclass(frozen=True)
 class ModelOptions:
-    target: str = DEFAULT_TARGET  # short name, .gguf file, model directory or hub id
-    draft: str = DEFAULT_DRAFT  # a model like target, or "ngram" for prompt lookup alone
-    backend: str = "auto"  # engine for both: auto, hf, llamacpp
-    target_backend: str | None = None  # overrides backend for the target
-    draft_backend: str | None = None  # overrides backend for the draft
-    draft_quant: str = "q4_0"  # llamacpp draft: requantize to this type ("none": keep the file)
-    target_quant: str = "none"  # llamacpp target: re-encode to this type (bf16, f16, q8_0; "none": keep the file)
-    draft_vocab: int = 0  # hf draft: score only its N most frequent tokens (0: all)
-    lookup: bool = True  # beside a draft model, n-gram lookup proposes when it pays
-    dtype: str = "float32"  # hf weights
-    device: str = "cpu"  # hf device
-    threads: int | None = None  # CPU threads (None: all cores)
-    ngram_max: int = 3  # longest n-gram the lookup matches
-    batch_invariant: bool = False  # llamacpp target: logits independent of the call size
+    """The models to load and how: the one list from which every subcommand's flags,
+    their parsing and the argv of child processes that load the same models (the
+    bench's servers and contention workers, the harness's servers) are made."""
+
+    target: str = option(DEFAULT_TARGET, "short name, .gguf file, model directory or hub id")
+    draft: str = option(DEFAULT_DRAFT, "a model like --target, or 'ngram' for prompt lookup alone")
+    backend: str = option("auto", "engine for target and draft (default auto: llamacpp for GGUF files on the CPU, "
+                                  "else hf)", choices=BACKENDS)
+    target_backend: str | None = option(None, "engine for the target alone (overrides --backend)", choices=BACKENDS)
+    draft_backend: str | None = option(None, "engine for the draft alone (overrides --backend)", choices=BACKENDS)
+    draft_quant: str = option("q4_0", "llamacpp draft: requantize it to this type, cached (default q4_0: faster "
+                                      "kernels; the draft's quality moves acceptance only, never the output "
+                                      "distribution)", choices=("none", *DRAFT_QUANTS))
+    target_quant: str = option("none", "llamacpp target: re-encode its GGUF file to this type first, cached "
+                                       "(bf16/f16: the cost structure of a full-precision model, memory-bound, "
+                                       "where drafting pays most; default none)", choices=("none", *TARGET_QUANTS))
+    draft_vocab: int = option(0, "hf draft: score only its N most frequent tokens (FR-Spec; 0 = all, the default)")
+    lookup: bool = option(True, "beside a draft model, propose from context lookup when it is expected to pay "
+                                "(default on)")
+    dtype: str = option("float32", "hf backend weights (default float32)", choices=tuple(DTYPES))
+    device: str = option("cpu", "hf backend device: cpu, cuda, cuda:1 ...")
+    threads: int | None = option(None, "CPU threads for torch and llama.cpp (default: all cores)", type=int)
+    ngram_max: int = option(3, "longest n-gram the lookup matches")
+    batch_invariant: bool = option(False, "llamacpp target: kernels whose logits do not depend on how many tokens "
+                                          "a call scores, so speculative and plain decoding see the same numbers "
+                                          "to the bit (calls run slower: docs/benchmarks.md says by how much)")
+
+    def argv(self) -> list[str]:
+        """These options as flags for a child process that parses them with the same
+        list. Every value is spelled out, so a parser with defaults of its own (check
+        turns --lookup off) still gets these; only None and a switch that is off (which
+        have no flag) are left to the child's defaults."""
+        argv = []
+        for f in fields(self):
+            value, flag = getattr(self, f.name), option_flag(f.name)
+            if value is None or value is False and not f.default:
+                continue
+            if isinstance(value, bool):
+                argv.append(flag if value else "--no-" + flag[2:])
+            else:
+                argv += [flag, str(value)]
+        return argv
 
 
 @dataclass
@@ -87,27 +133,20 @@ def make_drafter(draft: Backend | None, sampling: SamplingConfig, *, lookup: boo
 
 def assemble(options: ModelOptions, drafting: bool = True) -> Models:
     """Load the target and, when drafting, the draft model (none for "ngram")."""
-    check_machine_options(options)
+    target_engine, draft_engine = check_options(options, drafting)
     if options.threads:
         import torch
 
         torch.set_num_threads(options.threads)
     kw = dict(device=options.device, dtype=options.dtype, threads=options.threads)
-    target_engine = pick_backend(options.target, options.target_backend or options.backend, options.device)
     target_quant = None if options.target_quant == "none" else options.target_quant
-    if target_quant and target_engine != "llamacpp":
-        raise OptionError(f"--target-quant re-encodes a GGUF file for llama.cpp; the target runs on {target_engine} "
-                          f"(use --dtype there)")
     target = load_backend(options.target, target_engine, quant=target_quant,
                           batch_invariant=options.batch_invariant, **kw)
     if not drafting:
         return Models(target)
-    if options.draft == "ngram":
+    if draft_engine is None:
         return Models(target, lookup=True, ngram_max=options.ngram_max)
-    draft_engine = pick_backend(options.draft, options.draft_backend or options.backend, options.device)
     quant = options.draft_quant if draft_engine == "llamacpp" and options.draft_quant != "none" else None
-    if options.draft_vocab and draft_engine != "hf":
-        raise OptionError("--draft-vocab needs the hf backend for the draft (--draft-backend hf)")
     draft = load_backend(options.draft, draft_engine, quant=quant, **kw)
     check_same_vocabulary(target, draft)  # before any prompt work
     if options.draft_vocab:
@@ -115,6 +154,23 @@ def assemble(options: ModelOptions, drafting: bool = True) -> Models:
 
         restrict_draft_vocabulary(draft, options.draft_vocab, cache_dir())
     return Models(target, draft, lookup=options.lookup, ngram_max=options.ngram_max)
+
+
+def check_options(options: ModelOptions, drafting: bool = True) -> tuple[str, str | None]:
+    """The engines for the target and the draft model (None: no draft model), once every
+    option has been checked: all before the first slow load, so that a bad draft option
+    does not wait for the target to load."""
+    check_machine_options(options)
+    target_engine = pick_backend(options.target, options.target_backend or options.backend, options.device)
+    if options.target_quant != "none" and target_engine != "llamacpp":
+        raise OptionError(f"--target-quant re-encodes a GGUF file for llama.cpp; the target runs on {target_engine} "
+                          f"(use --dtype there)")
+    if not drafting or options.draft == "ngram":
+        return target_engine, None
+    draft_engine = pick_backend(options.draft, options.draft_backend or options.backend, options.device)
+    if options.draft_vocab and draft_engine != "hf":
+        raise OptionError("--draft-vocab needs the hf backend for the draft (--draft-backend hf)")
+    return target_engine, draft_engine
 
 
 def check_machine_options(options: ModelOptions) -> None:

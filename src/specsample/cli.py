@@ -17,7 +17,7 @@ from .assemble import assemble
 from .constraints import Constraint
 from .bench.cli import add_bench_parser
 from .check_cli import add_check_parser
-from .generate import GenerationConfig, stream
+from .generate import GenerationConfig, check_prompt, stream
 from .models import DEFAULT_MODELS, ModelError, fetch_default
 from .serve.cli import add_serve_parser
 
@@ -82,33 +82,42 @@ def output_constraint(args) -> Constraint | None:
     for option, kind in (("json_schema", "json_schema"), ("grammar", "grammar")):
         path = getattr(args, option, None)
         if path is not None:
-            if not path.is_file():
-                raise UsageError(f"--{option.replace('_', '-')} file not found: {path}")
-            return Constraint(kind, path.read_text())
+            return Constraint(kind, read_input(path, f"--{option.replace('_', '-')} file"))
     return None
 
 
-def prompt_ids(args, target) -> list[int]:
-    if args.prompt_file is not None:
-        if not args.prompt_file.is_file():
-            raise UsageError(f"prompt file not found: {args.prompt_file}")
-        text = args.prompt_file.read_text()
-    else:
-        text = args.prompt
-    if not text.strip():
-        raise UsageError("the prompt is empty")
+def read_input(path: Path, what: str) -> str:
+    """Any file that can be read, /dev/null and pipes too: a process substitution
+    (--prompt-file <(...)) is a FIFO, which Path.is_file() calls missing."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise UsageError(f"{what} not found: {path}") from None
+    except OSError as e:
+        raise UsageError(f"{what} {path} cannot be read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} {path} is not UTF-8 text") from None
+
+
+def prompt_text(args) -> str:
+    text = args.prompt if args.prompt_file is None else read_input(args.prompt_file, "prompt file")
+    check_prompt(text)
+    return text
+
+
+def prompt_ids(text: str, chat: bool, target) -> list[int]:
     if target.tokenizer is None:
         raise UsageError(f"{target.name} has no tokenizer")
-    return target.tokenizer.chat_prompt(text) if args.chat else target.tokenizer.encode(text)
+    return target.tokenizer.chat_prompt(text) if chat else target.tokenizer.encode(text)
 
 
 def cmd_generate(args) -> int:
-    config = generation_config(args)  # validates before the slow model loads
-    if args.prompt is not None and not args.prompt.strip():
-        raise UsageError("the prompt is empty")
+    # Every input is read and checked before the slow model load.
+    config = generation_config(args)
+    text = prompt_text(args)
     models = assemble(model_options(args), drafting=not args.autoregressive)
     target, drafter = models.target, models.drafter(config.sampling)
-    ids = prompt_ids(args, target)
+    ids = prompt_ids(text, args.chat, target)
     s = stream(target, ids, config, drafter, models.policy(config.k, config.k_max))
     for chunk in s:
         if not args.json:

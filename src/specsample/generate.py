@@ -171,6 +171,14 @@ class Stream:
         self.result = yield from self._rounds
 
 
+def check_prompt(prompt: str | list[int]) -> None:
+    """The one rule for an empty prompt: no token ids, or text with nothing but
+    whitespace. stream() applies it to ids; the command line to the text, before the
+    models load."""
+    if not (prompt.strip() if isinstance(prompt, str) else prompt):
+        raise ValueError("the prompt is empty")
+
+
 def stream(
     target: Backend,
     prompt_ids: list[int],
@@ -182,8 +190,7 @@ def stream(
     """Generation as an iterator of chunks. `policy` decides each round's drafts (by
     default from config.k: fixed, or a new adaptive controller; pass one controller
     to keep its measurements across calls). `clock` times the rounds."""
-    if not prompt_ids:
-        raise ValueError("the prompt is empty")
+    check_prompt(prompt_ids)
     if policy is None:
         policy = make_policy(config.k, config.k_max)
     draft_backend = getattr(drafter, "model_backend", None)

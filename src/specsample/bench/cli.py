@@ -273,7 +273,7 @@ def cmd_contention(args, reps: int = 6, tokens: int = 32) -> int:
     results = []
     for label, env in CONFIGURATIONS:
         print(f"specsample: contention: {label}", file=sys.stderr, flush=True)
-        results.append(measure(_model_argv(args), label, env, reps=reps, tokens=tokens))
+        results.append(measure(model_options(args).argv(), label, env, reps=reps, tokens=tokens))
     machine = machine_description("gguf" if args.backend != "hf" else args.dtype, _threads(args))
     sections, table = contention_sections(results, reps, tokens)
     write_contention_report(args.out, sections, command=_command(), machine=machine)
@@ -284,20 +284,7 @@ def cmd_contention(args, reps: int = 6, tokens: int = 32) -> int:
 def serve_argv(args) -> list[str]:
     """This run's model arguments for a `specsample serve` child process, with a queue
     that holds every client and never times out."""
-    return _model_argv(args) + ["--max-queue", str(max(16, args.clients)), "--queue-timeout", "3600"]
-
-
-def _model_argv(args) -> list[str]:
-    """This run's model arguments, for a child process that loads the models itself."""
-    argv = ["--target", args.target, "--draft", args.draft, "--backend", args.backend, "--draft-quant", args.draft_quant,
-            "--target-quant", args.target_quant,
-            "--draft-vocab", str(args.draft_vocab), "--dtype", args.dtype, "--device", args.device,
-            "--ngram-max", str(args.ngram_max), "--lookup" if args.lookup else "--no-lookup"]
-    argv += ["--batch-invariant"] if args.batch_invariant else []
-    for name in ("target_backend", "draft_backend", "threads"):
-        if getattr(args, name):
-            argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    return argv
+    return model_options(args).argv() + ["--max-queue", str(max(16, args.clients)), "--queue-timeout", "3600"]
 
 
 def _command() -> str:

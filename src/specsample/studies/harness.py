@@ -99,10 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, help="samples per task (default: all)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    model_argv = ["--target", args.target, "--draft", args.draft, "--backend", args.backend,
-                  "--target-quant", args.target_quant]
-    if args.batch_invariant:
-        model_argv.append("--batch-invariant")
+    model_argv = model_options(args).argv()
     runs = {}
     for name, extra in (("autoregressive", ["--autoregressive"]), ("speculative", ["-k", str(args.k)])):
         with specsample_server(model_argv, extra, f"specsample serve {' '.join(extra)}") as server:
