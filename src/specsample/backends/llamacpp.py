@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .base import BackendError, ChatTemplateError, trim_padding
+from .chat import chat_token_ids
 from .cpushare import SHARED
 
 _quiet_logger = None  # keep the ctypes callback alive for the process's lifetime
@@ -110,8 +111,8 @@ class LlamaCppTokenizer:
     def chat_messages(self, messages: list[dict]) -> list[int]:
         if not self._template:
             raise ValueError("this GGUF file has no chat template")
-        ids = self.encode(render_chat(self._template, messages, **self._special_text), special=True)
-        return with_bos(ids, self._bos, self._add_bos)
+        render = lambda chat: render_chat(self._template, chat, **self._special_text)  # noqa: E731
+        return with_bos(chat_token_ids(render, messages, self.encode), self._bos, self._add_bos)
 
 
 def render_chat(template: str, messages: list[dict], bos_token: str = "", eos_token: str = "") -> str:
