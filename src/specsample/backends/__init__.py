@@ -56,10 +56,11 @@ def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype
             raise ModelError(f"the llamacpp backend needs a .gguf file, and {name} is not one")
         from .llamacpp import load_llamacpp
 
-        path, label = model.gguf_path, model.name
         if quant:
-            from .reencode import reencoded
+            from .reencode import load_reencoded
 
-            path, label = reencoded(path, quant), f"{model.name}-{quant}"
-        return load_llamacpp(path, name=label, threads=threads, batch_invariant=batch_invariant)
+            label = f"{model.name}-{quant}"
+            return load_reencoded(model.gguf_path, quant, lambda path: load_llamacpp(
+                path, name=label, threads=threads, batch_invariant=batch_invariant))
+        return load_llamacpp(model.gguf_path, name=model.name, threads=threads, batch_invariant=batch_invariant)
     raise ModelError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")

@@ -109,7 +109,8 @@ def finite_logits(logits: torch.Tensor, model: str) -> torch.Tensor:
     """
     if not bool(torch.isfinite(logits.amax(-1)).all()):
         raise BackendError(f"{model} returned NaN or infinite logits; float16 weights overflow on some inputs: "
-                           f"load the model in bfloat16 or float32")
+                           f"load the model in bfloat16 or float32 (if it already is, its weights are damaged: "
+                           f"fetch or convert it again)")
     return logits
 
 

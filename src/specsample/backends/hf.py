@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import threading
 from pathlib import Path
 
 import torch
 
 from ..files import build_once
 from .base import ChatTemplateError, trim_padding
+from .chat import chat_token_ids
 from .cpushare import SHARED
 
 
@@ -40,9 +42,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class HFTokenizer:
     def __init__(self, tokenizer):
         self.hf = tokenizer
+        # A call's split_special_tokens is set on the shared Rust tokenizer and left there
+        # until a call asks otherwise, so two threads (the server tokenizes in a pool)
+        # could each encode with the other's setting: calls take turns.
+        self._lock = threading.Lock()
 
     def encode(self, text: str) -> list[int]:
-        return list(self.hf(text).input_ids)
+        with self._lock:
+            return list(self.hf(text).input_ids)
 
     def decode(self, token_ids: list[int]) -> str:
         return self.hf.decode(token_ids, skip_special_tokens=True)
@@ -53,13 +60,21 @@ class HFTokenizer:
     def chat_messages(self, messages: list[dict]) -> list[int]:
         if not self.hf.chat_template:
             raise ValueError("this model's tokenizer has no chat template")
+        return chat_token_ids(self._render, messages, self._tokens)
+
+    def _render(self, messages: list[dict]) -> str:
         import jinja2
 
         try:
-            rendered = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"the chat template failed on these messages: {e}") from None
-        return list(self.hf(rendered, add_special_tokens=False).input_ids)
+
+    def _tokens(self, text: str, special: bool) -> list[int]:
+        """`text`'s ids with no BOS/EOS added; special-token text parsed as those tokens,
+        or (special=False) kept as the text it spells."""
+        with self._lock:
+            return list(self.hf(text, add_special_tokens=False, split_special_tokens=not special).input_ids)
 
     def __len__(self) -> int:
         return len(self.hf)

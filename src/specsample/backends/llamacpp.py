@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import ChatTemplateError, trim_padding
+from .base import BackendError, ChatTemplateError, trim_padding
+from .chat import chat_token_ids
 from .cpushare import SHARED
 
 _quiet_logger = None  # keep the ctypes callback alive for the process's lifetime
@@ -38,6 +39,10 @@ def _llama():
     return llama_cpp
 
 
+class LoadError(ValueError):
+    """llama.cpp could not load a model file (damaged, truncated or not a GGUF)."""
+
+
 class LoadedModel:
     """A llama_model, freed when its last holder is gone. The tokenizer holds one too:
     its vocab pointer lives inside the model, and a tokenizer may outlive its backend."""
@@ -49,7 +54,7 @@ class LoadedModel:
             params.use_extra_bufts = False
         self.pointer = lib.llama_model_load_from_file(str(path).encode(), params)
         if not self.pointer:
-            raise ValueError(f"llama.cpp could not load {path}")
+            raise LoadError(f"llama.cpp could not load {path}")
         self.vocab = lib.llama_model_get_vocab(self.pointer)
 
     def __del__(self, _exiting=sys.is_finalizing):  # bound now: at exit this module's globals are gone
@@ -106,8 +111,8 @@ class LlamaCppTokenizer:
     def chat_messages(self, messages: list[dict]) -> list[int]:
         if not self._template:
             raise ValueError("this GGUF file has no chat template")
-        ids = self.encode(render_chat(self._template, messages, **self._special_text), special=True)
-        return with_bos(ids, self._bos, self._add_bos)
+        render = lambda chat: render_chat(self._template, chat, **self._special_text)  # noqa: E731
+        return with_bos(chat_token_ids(render, messages, self.encode), self._bos, self._add_bos)
 
 
 def render_chat(template: str, messages: list[dict], bos_token: str = "", eos_token: str = "") -> str:
@@ -204,7 +209,14 @@ class LlamaCppBackend:
             for i in range(max(0, first_wanted - start), len(chunk)):
                 pointer = self._lib.llama_get_logits_ith(self._ctx, i)
                 rows.append(np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))[: self.vocab_size].copy())
-        return torch.from_numpy(np.stack(rows))  # [num_logits, vocab]
+        logits = np.stack(rows)  # [num_logits, vocab]
+        if not np.isfinite(logits.max(-1)).all():
+            # llama.cpp computes in float32: non-finite logits mean damaged weights, not
+            # an overflow that another dtype would avoid (base.finite_logits' advice).
+            raise BackendError(f"{self.name}: llama.cpp returned NaN or infinite logits from {self.path}, so its "
+                               f"weights are damaged: delete that file (a re-encoded copy is made again and a default "
+                               f"model fetched again on the next start) or replace it")
+        return torch.from_numpy(logits)
 
     def _use_threads(self, n: int) -> None:
         if n != self._threads_now:
