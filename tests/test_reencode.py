@@ -201,20 +201,3 @@ def test_the_engine_refusing_leaves_nothing_behind(fake_llama):
     with pytest.raises(ModelError, match="could not re-encode model.gguf to bf16"):
         reencode.reencoded(source, "bf16")
     assert not list((source.parent / "cache" / "requantized").glob("*.gguf"))
-
-
-@pytest.mark.real
-def test_the_real_draft_re_encoded_carries_its_key_and_loads():
-    """The gguf package's rewrite of a real llama.cpp-quantized file (Q4_0 blocks, the
-    tokenizer's arrays) is a file llama.cpp loads and that generates as the copy did."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    from specsample.backends import load_backend
-    from specsample.models import DEFAULT_DRAFT, resolve
-
-    model = resolve(DEFAULT_DRAFT, fetch=False)
-    if not model.gguf_path.is_file():
-        pytest.skip("default model pair not fetched: run `specsample fetch`")
-    backend = load_backend(DEFAULT_DRAFT, "llamacpp", quant="q4_0", threads=1)
-    assert source_key(backend.path) == model.sha256 and reencode.file_type(backend.path) == "q4_0"
-    ids = backend.tokenizer.encode("def fizzbuzz(n):")
-    assert backend.score(ids, num_logits=1).isfinite().all()
