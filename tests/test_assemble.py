@@ -1,9 +1,11 @@
 """Assembly: options in, target, drafter and policy out, for every caller alike."""
 
+import json
+
 import pytest
 
 from specsample.assemble import ModelOptions, Models, OptionError, assemble, make_drafter
-from specsample.control import AdaptiveController
+from specsample.control import AdaptiveController, FixedK
 from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.sampling import SamplingConfig
 
@@ -44,9 +46,14 @@ def test_the_adaptive_policy_only_for_auto_with_a_drafter(monkeypatch, tmp_path)
     target.cost_key, draft.cost_key = "t", "d"
     policy = Models(target, draft).policy("auto", k_max=5)
     assert isinstance(policy, AdaptiveController) and policy.k_max == 5
-    assert policy.cost_cache.parent == tmp_path / "costs" and policy.cost_cache.name.endswith("__t__d.json")
-    assert Models(target, draft).policy(3) is None  # stream() makes a FixedK from its config
-    assert Models(target).policy("auto") is None  # nothing drafts
+    assert policy.costs.warm_started  # timed where the models are put together, not by the first request
+    [cache] = (tmp_path / "costs").iterdir()
+    assert cache.name.endswith("__t__d.json") and len(json.loads(cache.read_text())["target"]) == 6
+    assert target.length == draft.length == 0  # the timing left the caches as they were
+    fixed = Models(target, draft).policy(3)
+    assert isinstance(fixed, FixedK) and fixed.k_max == 3
+    nothing_drafts = Models(target).policy("auto")
+    assert isinstance(nothing_drafts, FixedK) and len(list((tmp_path / "costs").iterdir())) == 1  # nothing timed
 
 
 def test_assemble_ngram_autoregressive_and_refusals(tiny_target):

@@ -58,7 +58,7 @@ class Job:
 class Worker:
     def __init__(self, target, max_queue: int, policy=None):
         self.target = target
-        self.policy = policy  # for -k auto; None: each stream makes its own from the config
+        self.policy = policy  # kept across requests (control.make_policy); None: each stream makes its own
         self.max_queue = max_queue
         self._waiting: collections.deque[Job] = collections.deque()
         self._changed = threading.Condition()  # guards _waiting and _stopping
@@ -131,8 +131,7 @@ class Worker:
                     job.emit("result", (task.index, GenerationResult([], "", GenerationStats(), "length")))
                     continue
                 drafter = drafter or job.make_drafter()
-                policy = self.policy if task.config.k == "auto" else None
-                s = stream(self.target, task.prompt_ids, task.config, drafter, policy)  # checks the request
+                s = stream(self.target, task.prompt_ids, task.config, drafter, self.policy)  # checks the request
                 started = started or _started(job)
                 for chunk in s:
                     job.emit("chunk", (task.index, chunk))
