@@ -1,6 +1,7 @@
 """Assembly: options in, target, drafter and policy out, for every caller alike."""
 
 import argparse
+import json
 from dataclasses import fields, make_dataclass, replace
 
 import pytest
@@ -10,7 +11,7 @@ from specsample import assemble as assemble_module
 from specsample.arguments import add_model_arguments, model_options
 from specsample.assemble import ModelOptions, Models, OptionError, assemble, make_drafter, option, option_flag
 from specsample.cli import build_parser
-from specsample.control import AdaptiveController
+from specsample.control import AdaptiveController, FixedK
 from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.sampling import SamplingConfig
 
@@ -53,9 +54,14 @@ def test_the_adaptive_policy_only_for_auto_with_a_drafter(monkeypatch, tmp_path)
     target.cost_key, draft.cost_key = "t", "d"
     policy = Models(target, draft).policy("auto", k_max=5)
     assert isinstance(policy, AdaptiveController) and policy.k_max == 5
-    assert policy.cost_cache.parent == tmp_path / "costs" and policy.cost_cache.name.endswith("__t__d.json")
-    assert Models(target, draft).policy(3) is None  # stream() makes a FixedK from its config
-    assert Models(target).policy("auto") is None  # nothing drafts
+    assert policy.costs.warm_started  # timed where the models are put together, not by the first request
+    [cache] = (tmp_path / "costs").iterdir()
+    assert cache.name.endswith("__t__d.json") and len(json.loads(cache.read_text())["target"]) == 6
+    assert target.length == draft.length == 0  # the timing left the caches as they were
+    fixed = Models(target, draft).policy(3)
+    assert isinstance(fixed, FixedK) and fixed.k_max == 3
+    nothing_drafts = Models(target).policy("auto")
+    assert isinstance(nothing_drafts, FixedK) and len(list((tmp_path / "costs").iterdir())) == 1  # nothing timed
 
 
 def test_assemble_ngram_autoregressive_and_refusals(tiny_target):

@@ -23,8 +23,9 @@ import pytest
 import torch
 
 from specsample.constraints import Constraint, ConstraintError, constrained_logits, start
-from specsample.control import FORCED, MODEL, AdaptiveController
+from specsample.control import AdaptiveController, make_policy
 from specsample.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
+from specsample.plans import FORCED, MODEL
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig, logits_to_probs
 from specsample.verify import Verdict
@@ -223,7 +224,9 @@ def test_constrained_lookup_and_adaptive_policy_follow_the_masked_target():
     model = ModelDrafter(draft, sampling)
     model.clock = clock
     drafter = HybridDrafter(model, NgramDrafter(max_ngram=2))
-    counts = empirical(drafter, sampling, "auto", policy=AdaptiveController(k_max=4, clock=clock), clock=clock)
+    timed_target = CostedBackend(backend(TARGET), clock, lambda m: 1.0 + 0.1 * (m - 1))  # as empirical() times it
+    policy = make_policy("auto", 4, timed_target, draft, context=PROMPT, clock=clock)
+    counts = empirical(drafter, sampling, "auto", policy=policy, clock=clock)
     assert chi_square_p_value(counts, exact(sampling), N) > ALPHA
 
 
@@ -240,8 +243,11 @@ class Unconstrained(DrafterWrapper):
     def __init__(self, inner):
         super().__init__(inner, f"unconstrained({inner.name})")
 
-    def propose(self, context, k, generator, policy=None, grammar=None):
-        return self.inner.propose(context, k, generator, policy)
+    def offer(self, context, k, grammar=None):
+        return self.inner.offer(context, k)
+
+    def draft(self, context, plan, sampler, grammar=None):
+        return self.inner.draft(context, plan, sampler)
 
 
 def test_the_mask_on_the_target_alone_is_exact_and_the_drafts_mask_is_for_acceptance():
@@ -263,8 +269,8 @@ def verify_against_unmasked_draft_rows(monkeypatch):
     the row before the mask (the mask applied to the sampler, not to the stored probs)."""
     original = ModelDrafter.draft
 
-    def draft(self, context, limit, planned, generator, policy, grammar=None):
-        d = original(self, context, limit, planned, generator, policy, grammar)
+    def draft(self, context, plan, generator, grammar=None):
+        d = original(self, context, plan, generator, grammar)
         if not len(d):
             return d
         rows, ctx = [], list(context)
@@ -285,8 +291,8 @@ def forced_tokens_from_the_unmasked_draft(monkeypatch, trusted=True):
     original = drafters_module.draft_round
     last_sources = []
 
-    def draft_round(drafter, context, k, generator, policy, grammar=None):
-        d = original(drafter, context, k, generator, policy, grammar)
+    def draft_round(drafter, context, k, generator, plan, grammar=None):
+        d = original(drafter, context, k, generator, plan, grammar)
         tokens, ctx = d.tokens.clone(), list(context)
         for i, source in enumerate(d.sources):
             if source == FORCED:
@@ -344,7 +350,7 @@ def test_greedy_constrained_speculative_equals_greedy_constrained_autoregressive
         if drafter == "ngram":
             d, k, policy = NgramDrafter(max_ngram=2), 3, None
         elif drafter == "hybrid-auto":
-            d, k, policy = HybridDrafter(model_drafter("close", GREEDY)), "auto", AdaptiveController(4, calibrate=False)
+            d, k, policy = HybridDrafter(model_drafter("close", GREEDY)), "auto", AdaptiveController(4)
         else:
             d, k, policy = model_drafter(drafter, GREEDY), 3, None
         result = generate(backend(TARGET), prompt, config(k, GREEDY, max_new_tokens=12), d, policy)
@@ -358,7 +364,7 @@ def test_forced_tokens_are_drafted_free_accepted_and_end_the_output_with_the_gra
     result = generate(backend(TARGET), PROMPT, config(3, GREEDY, max_new_tokens=40), close)
     assert result.stop_reason == plain.stop_reason == "grammar"  # complete: no end-of-sequence token needed
     assert re.fullmatch(REGEX, result.text) and EOS not in result.token_ids
-    rounds, drafted, accepted = result.stats.sources[FORCED]
+    rounds, drafted, accepted = result.stats.sources["forced"]
     assert accepted == result.stats.forced_tokens == 3  # "<", then "=" and ">"
     assert drafted >= accepted  # also forced text after a draft that was then rejected
     # The plain loop spends a target call on each forced token; speculation none.
@@ -380,11 +386,11 @@ def test_a_draft_with_no_mass_on_allowed_tokens_drafts_nothing_there():
     result = generate(backend(TARGET), PROMPT, config(3, GREEDY, max_new_tokens=12),
                       ModelDrafter(backend(table, "partial"), GREEDY))
     assert result.token_ids == reference.token_ids
-    assert MODEL not in result.stats.sources and result.stats.sources[FORCED][2] == 3
+    assert "model" not in result.stats.sources and result.stats.sources["forced"][2] == 3
 
 
 def test_the_adaptive_controller_counts_forced_tokens_as_a_source_of_their_own():
-    policy = AdaptiveController(4, calibrate=False)
+    policy = AdaptiveController(4)
     drafter = HybridDrafter(model_drafter("close", GREEDY))
     generate(backend(TARGET), PROMPT, config("auto", GREEDY, max_new_tokens=20), drafter, policy)
     assert policy.sources[FORCED].at(0).value == 1.0 and policy.sources[FORCED].at(0).trials > 0

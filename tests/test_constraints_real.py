@@ -7,7 +7,7 @@ import pytest
 
 from specsample.bench.structured import SCHEMA, is_valid, prompt_text, structured_docs
 from specsample.constraints import Constraint, start
-from specsample.control import FORCED, AdaptiveController
+from specsample.control import AdaptiveController
 from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig
@@ -49,10 +49,10 @@ def test_greedy_constrained_speculation_equals_constrained_decoding_and_validate
     plain = generate(target, ids, GenerationConfig(k=1, **config))
     assert plain.stop_reason == "grammar" and is_valid(plain.text, SCHEMA)
     assert plain.stats.forced_tokens > len(plain.token_ids) // 5
-    policy = AdaptiveController(k_max=6, calibrate=False)
+    policy = AdaptiveController(k_max=6)
     for drafter, k, p in ((ModelDrafter(draft, GREEDY), 3, None),
                           (HybridDrafter(ModelDrafter(draft, GREEDY), NgramDrafter()), "auto", policy)):
         result = generate(target, ids, GenerationConfig(k=k, **config), drafter, p)
         assert result.token_ids == plain.token_ids
-        assert result.stats.sources[FORCED][2] == plain.stats.forced_tokens  # every forced token drafted free
+        assert result.stats.sources["forced"][2] == plain.stats.forced_tokens  # every forced token drafted free
         assert result.stats.target_calls < plain.stats.target_calls - plain.stats.forced_tokens

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from specsample.calibrate import cost_cache_path
-from specsample.control import MODEL, AdaptiveController, FixedK, RoundReport, DraftCall
+from specsample.control import AdaptiveController, FixedK, make_policy
 from specsample.drafters import HybridDrafter, ModelDrafter
+from specsample.plans import MODEL, DraftCall, Offer, RoundReport, lookup_source
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig
 
@@ -18,13 +19,22 @@ pytestmark = pytest.mark.pure
 
 def controller(target_costs, draft_step, accept=None, **kw):
     """A calibrated controller: target_costs[n - 1] seconds for n tokens."""
-    c = AdaptiveController(k_max=len(target_costs) - 1, calibrate=False, **kw)
-    c._seed(target_costs, draft_step, draft_step / 10)
+    c = AdaptiveController(k_max=len(target_costs) - 1, **kw)
+    c.costs.warm_start(target_costs, draft_step, draft_step / 10)
     if accept is not None:
         for i in range(c.k_max):
-            rate = c._source(MODEL).at(i)
+            rate = c.acceptance[MODEL].at(i)
             rate.hits, rate.trials = accept * 50, 50
     return c
+
+
+def choose(policy, available, lag, lookup=None):
+    """(source, planned length) of the policy's plan for this offer."""
+    plan = policy.plan(Offer(available, lag, lookup))
+    return plan.source, plan.length
+
+
+NGRAM2, NGRAM3 = lookup_source(2), lookup_source(3)
 
 
 FLAT = [1.0, 1.05, 1.1, 1.12, 1.2, 1.3, 1.4, 1.5, 1.6]  # memory-bound: drafts are nearly free to verify
@@ -32,12 +42,12 @@ LINEAR = [1.0, 1.7, 2.2, 2.8, 3.4, 3.9, 4.5, 4.8, 5.4]  # compute-bound: this pr
 
 
 def test_drafts_long_when_verification_is_flat_and_acceptance_high():
-    source, m = controller(FLAT, 0.1, accept=0.9).choose({MODEL: 8}, lag=1)
+    source, m = choose(controller(FLAT, 0.1, accept=0.9), {MODEL: 8}, lag=1)
     assert source == MODEL and m >= 4
 
 
 def test_draft_length_falls_with_acceptance_and_reaches_plain_steps():
-    lengths = [controller(FLAT, 0.3, accept=a).choose({MODEL: 8}, lag=1)[1] for a in (0.95, 0.8, 0.6, 0.4, 0.1)]
+    lengths = [choose(controller(FLAT, 0.3, accept=a), {MODEL: 8}, lag=1)[1] for a in (0.95, 0.8, 0.6, 0.4, 0.1)]
     assert lengths == sorted(lengths, reverse=True)
     assert lengths[0] >= 3 and lengths[-1] == 0
 
@@ -45,48 +55,48 @@ def test_draft_length_falls_with_acceptance_and_reaches_plain_steps():
 def test_no_drafting_when_verification_costs_grow_linearly():
     # Scoring n tokens costs ~0.55 n single calls and a draft step 0.4 of one: at
     # 90% acceptance no draft length pays (at 100% the best is about even).
-    assert controller(LINEAR, 0.4, accept=0.9).choose({MODEL: 8}, lag=1) == (None, 0)
+    assert choose(controller(LINEAR, 0.4, accept=0.9), {MODEL: 8}, lag=1) == (None, 0)
 
 
 def test_free_lookup_pays_where_the_model_does_not():
     c = controller(LINEAR, 0.4, accept=0.9)
     for i in range(8):
-        rate = c._source("ngram3").at(i)
+        rate = c.acceptance[NGRAM3].at(i)
         rate.hits, rate.trials = 0.97 * 50, 50
-    source, m = c.choose({MODEL: 8, "ngram3": 8}, lag=1)
-    assert source == "ngram3" and m >= 4
+    source, m = choose(c, {MODEL: 8, NGRAM3: 8}, lag=1)
+    assert source == NGRAM3 and m >= 4
 
 
 def test_confidence_cuts_a_round_short_before_the_token_is_drawn():
     c = controller(FLAT, 0.3, accept=0.9)
-    bins = c._source(MODEL)
+    bins = c.acceptance[MODEL]
     for b in range(10):  # acceptance tracks confidence
         rate = bins.given_confidence((b + 0.5) / 10)
         rate.hits, rate.trials = (b + 0.5) / 10 * 50, 50
-    _, m = c.choose({MODEL: 8}, lag=1)
-    assert m >= 2
-    assert c.extent(MODEL, 0, 0.97) > 0  # sure: keep drafting
-    assert c.extent(MODEL, 1, 0.05) == 1  # unsure at position 1: end with one draft
+    plan = c.plan(Offer({MODEL: 8}, 1))
+    assert plan.length >= 2
+    assert plan.extent(0, 0.97) > 0  # sure: keep drafting
+    assert plan.extent(1, 0.05) == 1  # unsure at position 1: end with one draft
 
 
 def test_draft_prefill_is_paid_only_when_the_answer_is_long_enough():
     c = controller(FLAT, 0.3, accept=0.9)
-    c._seed(FLAT, 0.3, 0.2)  # each unseen token costs the draft 0.2 of a target call
-    c.begin(None, None, [], max_new_tokens=6)
-    assert c.choose({MODEL: 5}, lag=200)[1] == 0  # 40 target calls of prefill for 6 tokens
-    c.begin(None, None, [], max_new_tokens=2000)
-    assert c.choose({MODEL: 8}, lag=200)[1] > 0
+    c.costs.warm_start(FLAT, 0.3, 0.2)  # each unseen token costs the draft 0.2 of a target call
+    c.begin([], max_new_tokens=6)
+    assert choose(c, {MODEL: 5}, lag=200)[1] == 0  # 40 target calls of prefill for 6 tokens
+    c.begin([], max_new_tokens=2000)
+    assert choose(c, {MODEL: 8}, lag=200)[1] > 0
 
 
 def test_a_failing_source_sits_out_then_is_probed_again():
     c = controller(FLAT, 0.3)
     report = RoundReport([MODEL] * 3, [0.5] * 3, 0, 4, 1.12, [DraftCall(1, 0.3)] * 3, 2.1, (7,))
     for _ in range(30):  # every draft rejected
-        c.choose({MODEL: 8}, lag=1)
+        choose(c, {MODEL: 8}, lag=1)
         c.observe(report)
-    assert c.choose({MODEL: 8}, lag=1) == (None, 0)
+    assert choose(c, {MODEL: 8}, lag=1) == (None, 0)
     rounds = 0
-    while c.choose({MODEL: 8}, lag=1) == (None, 0):
+    while choose(c, {MODEL: 8}, lag=1) == (None, 0):
         rounds += 1
         assert rounds < 5000
     assert rounds > 50  # not at once: a probe is not free
@@ -101,8 +111,8 @@ def test_costs_follow_the_rounds_and_the_load():
 
 
 def test_unmeasured_sizes_are_interpolated():
-    c = AdaptiveController(k_max=8, calibrate=False)
-    c._seed([1.0, 2.0, 3.0], None, None)
+    c = AdaptiveController(k_max=8)
+    c.costs.warm_start([1.0, 2.0, 3.0])
     assert c.costs.target_call(5) == pytest.approx(5.0)
 
 
@@ -113,18 +123,13 @@ def test_calibration_is_measured_once_then_read_from_the_cache(tmp_path):
     target.score([1, 2, 3], 1)
     cache = tmp_path / "costs.json"
 
-    class Drafter:
-        model_backend = draft
-
-    c = AdaptiveController(k_max=3, cost_cache=cache, clock=clock)
-    c.begin(target, Drafter(), [1, 2, 3], 10)
+    c = make_policy("auto", 3, target, draft, context=[1, 2, 3], cost_cache=cache, clock=clock)
     assert c.costs.target_call(3) == pytest.approx(2.0) and c.costs.draft_step.value == pytest.approx(0.2)
     assert c.costs.draft_token.value == pytest.approx(0.05) and c.costs.draft_first.value == pytest.approx(0.2)
     assert target.length == 3 and draft.length == 0  # measurements leave the caches as they were
     assert json.loads(cache.read_text())["target"] == pytest.approx([1.0, 1.5, 2.0, 2.5])
     calls = target.calls
-    again = AdaptiveController(k_max=3, cost_cache=cache, clock=clock)
-    again.begin(target, Drafter(), [1, 2, 3], 10)
+    again = make_policy("auto", 3, target, draft, context=[1, 2, 3], cost_cache=cache, clock=clock)
     assert target.calls == calls and again.costs.target_call(2) == pytest.approx(1.5)
 
 
@@ -135,14 +140,14 @@ def test_cost_cache_is_keyed_by_both_models_and_needs_a_key(tmp_path):
 
     a = cost_cache_path(tmp_path, B("t1"), B("d1"))
     assert a != cost_cache_path(tmp_path, B("t1"), B("d2"))
-    assert cost_cache_path(tmp_path, B("t1"), object()) is None
+    assert cost_cache_path(tmp_path, B("t1"), B(None)) is None
 
 
 def test_fixed_k_prefers_a_lookup_and_respects_its_length():
     policy = FixedK(4)
-    assert policy.choose({MODEL: 6, "ngram2": 2}, lag=1) == ("ngram2", 2)
-    assert policy.choose({MODEL: 6}, lag=1) == (MODEL, 4)
-    assert policy.extent(MODEL, 3, 0.0) == 4
+    assert choose(policy, {MODEL: 6, NGRAM2: 2}, lag=1) == (NGRAM2, 2)
+    assert choose(policy, {MODEL: 6}, lag=1) == (MODEL, 4)
+    assert policy.plan(Offer({MODEL: 6}, 1)).extent_at(3, 0.0) == 4
     with pytest.raises(ValueError):
         FixedK(-1)
 
@@ -151,15 +156,14 @@ def test_a_lookup_is_scored_in_the_shadow_of_plain_steps():
     import torch
 
     c = controller(LINEAR, 0.4, accept=0.1)
-    before = c._source("ngram2").at(0).value
+    before = c.acceptance[NGRAM2].at(0).value
     lookup = [3, 4, 5, 6]
     for i in range(3):  # the emitted text follows the lookup, which the target gives p = 0.9
         probs = torch.full((8,), 0.1 / 7)
         probs[lookup[i]] = 0.9
-        c.consider("ngram2", lookup[i:])
-        c.choose({MODEL: 8, "ngram2": 4 - i}, lag=1)
+        choose(c, {MODEL: 8, NGRAM2: 4 - i}, lag=1, lookup=(NGRAM2, tuple(lookup[i:])))
         c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, (lookup[i],), probs[None]))
-    model = c._source("ngram2")
+    model = c.acceptance[NGRAM2]
     assert model.at(0).value > before and model.at(1).trials > 0 and model.at(2).trials > 0
     assert model.at(0).hits == pytest.approx(0.9 * model.at(0).trials / 1.0, rel=0.2)
 
@@ -169,22 +173,21 @@ def test_a_lookup_is_scored_in_the_shadow_of_a_model_round():
 
     c = controller(FLAT, 0.1, accept=0.9)
     lookup = [3, 4, 5, 6]
-    c.consider("ngram2", lookup)
-    assert c.choose({MODEL: 8, "ngram2": 4}, lag=1)[0] == MODEL
+    assert choose(c, {MODEL: 8, NGRAM2: 4}, lag=1, lookup=(NGRAM2, tuple(lookup)))[0] == MODEL
     rows = torch.full((4, 8), 0.05)
     rows[0, 3], rows[1, 4], rows[2, 5] = 0.9, 0.8, 0.2
     # Two drafts accepted, then token 9 where the lookup said 5: rows 0-2 each follow
     # the text emitted before them; row 3 (after a rejection) is not the target's.
     c.observe(RoundReport([MODEL] * 3, [0.9] * 3, 2, 4, 1.1, [DraftCall(1, 0.1)] * 3, 1.5, (3, 4, 9), rows))
-    model = c._source("ngram2")
+    model = c.acceptance[NGRAM2]
     assert (model.at(0).hits, model.at(0).trials) == (pytest.approx(0.9), 1)
     assert (model.at(1).hits, model.at(1).trials) == (pytest.approx(0.8 * 0.9 + 0.2), pytest.approx(1.9))  # one rate, decayed
-    assert c._shadow is None  # the text left the lookup
+    assert c.shadow.followed is None  # the text left the lookup
 
 
 def test_a_lookups_later_drafts_share_one_rate_and_the_models_do_not():
     c = controller(FLAT, 0.1)
-    lookup, model = c._source("ngram3"), c._source(MODEL)
+    lookup, model = c.acceptance[NGRAM3], c.acceptance[MODEL]
     assert lookup.at(1) is lookup.at(7) and lookup.at(0) is not lookup.at(1)
     assert model.at(1) is not model.at(2)
 
@@ -196,12 +199,11 @@ def test_lookups_that_fail_after_their_first_token_stop_costing_a_compute_bound_
     compute-bound target pays for in full)."""
     c = controller(LINEAR, 0.4, accept=0.1)
     for _ in range(6):
-        c.consider("ngram3", [1, 2, 3, 4, 5, 6, 7, 8])
-        source, m = c.choose({MODEL: 8, "ngram3": 8}, lag=1)
+        source, m = choose(c, {MODEL: 8, NGRAM3: 8}, lag=1, lookup=(NGRAM3, (1, 2, 3, 4, 5, 6, 7, 8)))
         if source is None:
             break
         c.observe(RoundReport([source] * m, [None] * m, 1, m + 1, 2.0, [], 2.0, (1, 9)))
-    assert c.choose({MODEL: 8, "ngram3": 8}, lag=1) == (None, 0)
+    assert choose(c, {MODEL: 8, NGRAM3: 8}, lag=1) == (None, 0)
 
 
 def test_a_capped_warm_up_does_not_make_the_draft_prefill_look_unpayable():
@@ -209,25 +211,25 @@ def test_a_capped_warm_up_does_not_make_the_draft_prefill_look_unpayable():
     # answers run. Taken as typical, its 8 tokens made the controller spread a long
     # prompt's draft prefill over 8 tokens, so it never drafted with the model.
     c = controller(FLAT, 0.3, accept=0.9)
-    c._seed(FLAT, 0.3, 0.02)  # each unseen token costs the draft 0.02 of a target call
-    c.begin(None, None, [], max_new_tokens=8)
+    c.costs.warm_start(FLAT, 0.3, 0.02)  # each unseen token costs the draft 0.02 of a target call
+    c.begin([], max_new_tokens=8)
     for _ in range(8):
-        c.choose({MODEL: 8}, lag=1)
+        choose(c, {MODEL: 8}, lag=1)
         c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, (7,)))
-    c.begin(None, None, [], max_new_tokens=512)
-    assert c.typical_length.value is None
-    assert c.choose({MODEL: 8}, lag=400)[1] > 0
+    c.begin([], max_new_tokens=512)
+    assert c.length.typical.value is None
+    assert choose(c, {MODEL: 8}, lag=400)[1] > 0
 
 
 def test_an_answer_longer_than_typical_is_expected_to_keep_going():
     c = controller(FLAT, 0.3)
-    c.typical_length.value = 10.0
-    c.begin(None, None, [], max_new_tokens=512)
-    assert c._expected_remaining() == 10
-    c._generated = 40
-    assert c._expected_remaining() == 40  # not the floor of 8: it has outrun typical answers
-    c._generated = 500
-    assert c._expected_remaining() == 12  # never past the budget
+    c.length.typical.value = 10.0
+    c.begin([], max_new_tokens=512)
+    assert c.length.expected_remaining() == 10
+    c.length.generated = 40
+    assert c.length.expected_remaining() == 40  # not the floor of 8: it has outrun typical answers
+    c.length.generated = 500
+    assert c.length.expected_remaining() == 12  # never past the budget
 
 
 def test_the_first_draft_call_of_a_round_is_priced_apart():
@@ -258,7 +260,7 @@ def test_auto_keeps_up_with_the_best_fixed_k_on_a_memory_bound_target_after_a_wa
     def seconds(k):
         clock = FakeClock()
         target, draft = memory_bound_pair(clock)
-        policy = AdaptiveController(8, clock=clock) if k == "auto" else FixedK(k)
+        policy = make_policy("auto", 8, target, draft, context=prompt[:16], clock=clock) if k == "auto" else FixedK(k)
         def drafter(s):
             model = ModelDrafter(draft, s)
             model.clock = clock
@@ -279,19 +281,18 @@ def test_a_new_sequence_starts_without_the_last_ones_lookup():
     import torch
 
     c = controller(LINEAR, 0.4, accept=0.1)
-    c.begin(None, None, [1, 2], 10)
+    c.begin([1, 2], 10)
     lookup = [3, 4, 5]
     probs = torch.full((8,), 0.1 / 7)
     probs[3] = 0.9
-    c.consider("ngram2", lookup)
-    c.choose({MODEL: 8, "ngram2": 3}, lag=1)
+    choose(c, {MODEL: 8, NGRAM2: 3}, lag=1, lookup=(NGRAM2, tuple(lookup)))
     c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, (3,), probs[None]))  # the text followed the lookup's first token
-    second = c._source("ngram2").at(1)
+    second = c.acceptance[NGRAM2].at(1)
     seen = (second.hits, second.trials)
-    c.begin(None, None, [7, 7], 10)  # the next request
+    c.begin([7, 7], 10)  # the next request
     other = torch.full((8,), 1 / 8)
     other[4] = 0.0  # where the old lookup's second token would be scored
-    c.choose({MODEL: 8}, lag=1)
+    choose(c, {MODEL: 8}, lag=1)
     c.observe(RoundReport([], [], 0, 1, 1.0, [], 1.0, (6,), other[None]))
     assert (second.hits, second.trials) == seen
-    assert c._shadow is None and c._lookup is None
+    assert c.shadow.followed is None and c.shadow.offered is None

@@ -14,7 +14,7 @@ import importlib
 import pytest
 import torch
 
-from specsample.control import AdaptiveController
+from specsample.control import make_policy
 from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig, race_noise
@@ -61,6 +61,10 @@ def test_negative_control_noise_reused_at_the_next_position_fails(monkeypatch):
     assert chi_square_p_value(counts, exact, N) < ALPHA
 
 
+def TARGET_COST(m):  # seconds of a target call scoring m tokens, on the adaptive policy's fake clock
+    return 1.0 + 0.1 * (m - 1)
+
+
 def drafters(sampling):
     """(name, drafter, k, policy, clock) for every way of drafting we have."""
     close = TARGET + 0.3 * random_table(VOCAB, seed=1, scale=1.0)
@@ -76,7 +80,8 @@ def drafters(sampling):
     model = ModelDrafter(draft, sampling)
     model.clock = clock
     out.append(("hybrid-auto", HybridDrafter(model, NgramDrafter(max_ngram=2)), "auto",
-                AdaptiveController(k_max=4, clock=clock), clock))
+                make_policy("auto", 4, CostedBackend(TrigramBackend(target_table), clock, TARGET_COST), draft,
+                            context=PROMPT, clock=clock), clock))
     return out
 
 
@@ -88,7 +93,7 @@ def test_a_seeded_answer_is_the_same_whatever_drafts_it(sampling):
     for name, drafter, k, policy, clock in drafters(sampling):
         for seed in range(40):
             target = TrigramBackend(target_table) if clock is None else \
-                CostedBackend(TrigramBackend(target_table), clock, lambda m: 1.0 + 0.1 * (m - 1))
+                CostedBackend(TrigramBackend(target_table), clock, TARGET_COST)
             config = GenerationConfig(max_new_tokens=16, k=k, sampling=sampling, seed=seed, verifier="coupled")
             result = generate(target, PROMPT, config, drafter, policy, *([clock] if clock else []))
             answers.setdefault(seed, {})[name] = result.token_ids

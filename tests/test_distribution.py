@@ -20,7 +20,7 @@ import importlib
 import pytest
 import torch
 
-from specsample.control import AdaptiveController
+from specsample.control import make_policy
 from specsample.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig, logits_to_probs, sample
@@ -197,7 +197,7 @@ def adaptive_empirical(kind, sampling, wrap=None, n=N, seed=0):
     drafter = model if kind == "model" else HybridDrafter(model, NgramDrafter(max_ngram=2))
     if wrap is not None:
         drafter = wrap(drafter)
-    policy = AdaptiveController(k_max=4, clock=clock)
+    policy = make_policy("auto", 4, target, draft, context=MIXED_PROMPT, clock=clock)
     counts, lengths, switched, sources = {}, {}, 0, {}
     for i in range(n):
         config = GenerationConfig(max_new_tokens=LENGTH, k="auto", sampling=sampling, seed=seed * n + i,
@@ -240,8 +240,8 @@ class _Truncating(DrafterWrapper):
         super().__init__(inner, f"wrong({inner.name})")
         self.cut_at = cut_at
 
-    def propose(self, context, k, generator, policy=None):
-        d = self.inner.propose(context, k, generator, policy)
+    def draft(self, context, plan, sampler, grammar=None):
+        d = self.inner.draft(context, plan, sampler, grammar)
         keep = self.cut_at(context, d)
         return Draft(d.tokens[:keep], None if d.probs is None else d.probs[:keep], d.sources[:keep],
                      d.confidences[:keep], d.calls)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specsample.control import FixedK
-from specsample.drafters import ModelDrafter
+from specsample.drafters import ModelDrafter, draft_round
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import Sampler, SamplingConfig
 
@@ -21,7 +21,7 @@ def drafter(window, head):
 
 
 def draft_once(d, context, k=2):
-    return d.propose(context, k, Sampler(len(context), torch.Generator().manual_seed(0)), FixedK(k))
+    return draft_round(d, context, k, Sampler(len(context), torch.Generator().manual_seed(0)), FixedK(k).plan)
 
 
 def test_a_long_prompt_is_read_as_its_head_and_its_last_window_tokens():

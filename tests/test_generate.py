@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from specsample.drafters import ModelDrafter, NgramDrafter
+from specsample.control import FixedK
+from specsample.drafters import ModelDrafter, NgramDrafter, draft_round
 from specsample.generate import GenerationConfig, generate, stream
 from specsample.sampling import SamplingConfig, logits_to_probs
 
@@ -51,10 +52,16 @@ def test_draft_probabilities_are_the_ones_each_draft_was_drawn_from():
     seen = []
 
     class Spy:
-        name, calls = "spy", 0
+        name, calls, model_backend = "spy", 0, None
 
-        def propose(self, context, k, generator, policy=None):
-            draft = drafter.propose(context, k, generator, policy)
+        def offer(self, context, k, grammar=None):
+            return drafter.offer(context, k)
+
+        def accept(self, num_accepted):
+            drafter.accept(num_accepted)
+
+        def draft(self, context, plan, generator, grammar=None):
+            draft = drafter.draft(context, plan, generator)
             tokens, probs = draft.tokens, draft.probs
             self.calls = drafter.calls
             for i in range(len(tokens)):
@@ -333,12 +340,12 @@ def test_empty_stop_string_is_refused():
 
 def test_ngram_drafter_proposes_continuation_of_latest_match():
     d = NgramDrafter(max_ngram=2)
-    draft = d.propose([1, 2, 3, 4, 2, 3], 3, None)
+    draft = draft_round(d, [1, 2, 3, 4, 2, 3], 3, None, FixedK(3).plan)
     tokens, probs = draft.tokens, draft.probs
     assert tokens.tolist() == [4, 2, 3] and probs is None
     # falls back to a shorter n-gram, prefers the most recent occurrence
-    assert d.propose([7, 1, 8, 5, 1, 9, 6, 1], 2, None).tokens.tolist() == [9, 6]
-    assert d.propose([1, 2, 3], 4, None).tokens.tolist() == []
+    assert draft_round(d, [7, 1, 8, 5, 1, 9, 6, 1], 2, None, FixedK(2).plan).tokens.tolist() == [9, 6]
+    assert draft_round(d, [1, 2, 3], 4, None, FixedK(4).plan).tokens.tolist() == []
 
 
 def test_ngram_index_agrees_with_a_plain_scan():

@@ -100,8 +100,8 @@ def assert_same_or_flipped_at_a_near_tie(target, ids, got, reference, tolerance=
 def forced_speculation():
     """An adaptive controller told that verification is nearly free, so that it
     drafts on this machine too (where it otherwise, rightly, takes plain steps)."""
-    policy = AdaptiveController(k_max=6, calibrate=False)
-    policy._seed([1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12], 0.05, 0.01)
+    policy = AdaptiveController(k_max=6)
+    policy.costs.warm_start([1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12], 0.05, 0.01)
     policy.costs.single.weight = policy.costs.draft_step.weight = 0.0  # keep these costs whatever is measured
     for shape in policy.costs.shape[1:]:
         shape.weight = 0.0

@@ -140,7 +140,7 @@ def test_the_default_auto_mode_with_the_hybrid_drafter():
     greedy decoding; the controller drafts (target calls are made the costly part)
     and keeps its measurements from one request to the next."""
     from specsample.assemble import Models
-    from specsample.control import AdaptiveController
+    from specsample.plans import MODEL
     from specsample.serve.app import create_app
     from specsample.serve.settings import Settings
 
@@ -149,7 +149,7 @@ def test_the_default_auto_mode_with_the_hybrid_drafter():
     target, draft = ToyBackend(0, eos=False), ToyBackend(0, eos=False, name="toy-draft")  # a draft that agrees
     target.delay = 0.004  # a target call costs about the same for 1 or 9 tokens: drafting pays
     models = Models(target, draft, lookup=True)
-    policy = AdaptiveController(k_max=8)
+    policy = models.policy("auto", k_max=8)  # as `specsample serve` makes it: timed at start
     app = create_app(target, models.drafter, models.drafter_name,
                      Settings(model_name="toy", k="auto", k_max=8, policy=policy))
     prompts = [PROMPT, "the dog ran far away", "a big red cat sat on the mat and then"]
@@ -171,4 +171,4 @@ def test_the_default_auto_mode_with_the_hybrid_drafter():
         assert sampled.usage.completion_tokens == 30
     # One controller across requests: calibrated once, the draft model's evidence kept;
     # every answer here was cut by max_tokens, which says nothing of how long answers run.
-    assert policy.calibrated and "model" in policy.sources and policy.typical_length.value is None
+    assert policy.costs.warm_started and MODEL in policy.sources and policy.length.typical.value is None

@@ -8,10 +8,11 @@ import math
 
 import torch
 
+from specsample.backends.base import Backend
 from specsample.sampling import Sampler, SamplingConfig, logits_to_probs
 
 
-class TrigramBackend:
+class TrigramBackend(Backend):
     """Next-token logits depend only on the last two tokens: table[prev2, prev1]."""
 
     def __init__(self, table: torch.Tensor, name: str = "trigram"):  # table: [V, V, V]
@@ -148,7 +149,7 @@ class FakeClock:
         return self.now
 
 
-class CostedBackend:
+class CostedBackend(Backend):
     """A backend whose calls take `cost(tokens scored)` seconds of a fake clock."""
 
     def __init__(self, inner, clock: FakeClock, cost):
@@ -192,7 +193,8 @@ def mixed_tables(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]
 
 
 class DrafterWrapper:
-    """A test drafter around another: counts and backend are the inner one's."""
+    """A test drafter around another: counts, backend, offers and what it is told are
+    the inner one's; a wrong drafter overrides `draft`."""
 
     def __init__(self, inner, name: str):
         self.inner, self.name = inner, name
@@ -204,6 +206,15 @@ class DrafterWrapper:
     @property
     def model_backend(self):
         return self.inner.model_backend
+
+    def offer(self, context, k, grammar=None):
+        return self.inner.offer(context, k, grammar)
+
+    def draft(self, context, plan, sampler, grammar=None):
+        return self.inner.draft(context, plan, sampler, grammar)
+
+    def accept(self, num_accepted):
+        self.inner.accept(num_accepted)
 
 
 class PieceTokenizer:

@@ -1,7 +1,7 @@
 """Exact speculative sampling (Chen et al. 2023) for Hugging Face and llama.cpp models."""
 
 from .constraints import Constraint
-from .control import AdaptiveController, FixedK
+from .control import AdaptiveController, FixedK, make_policy
 from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from .generate import GenerationConfig, GenerationResult, GenerationStats, generate, stream
 from .sampling import SamplingConfig, logits_to_probs
@@ -9,5 +9,6 @@ from .verify import verify
 
 __all__ = [
     "AdaptiveController", "Constraint", "FixedK", "GenerationConfig", "GenerationResult", "GenerationStats",
-    "HybridDrafter", "ModelDrafter", "NgramDrafter", "SamplingConfig", "generate", "logits_to_probs", "stream", "verify",
+    "HybridDrafter", "ModelDrafter", "NgramDrafter", "SamplingConfig", "generate", "logits_to_probs", "make_policy",
+    "stream", "verify",
 ]

@@ -18,9 +18,10 @@ from .backends.base import Backend, check_same_vocabulary
 from .backends.hf import DTYPES
 from .backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
 from .calibrate import cost_cache_path
-from .control import AdaptiveController, Policy
+from .control import make_policy
 from .drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_dir
+from .plans import Policy
 from .sampling import SamplingConfig
 
 
@@ -112,13 +113,12 @@ class Models:
         drafter = self.drafter(SamplingConfig())
         return drafter.name if drafter is not None else None
 
-    def policy(self, k: int | str, k_max: int = 8) -> Policy | None:
-        """The draft-length policy to keep across generations: for -k auto, an adaptive
-        controller whose measured costs are cached per machine and model pair, so later
-        runs start warm. None: stream() builds a fixed-K policy from its config."""
-        if k != "auto" or not self.drafts:
-            return None
-        return AdaptiveController(k_max, cost_cache=cost_cache_path(cache_dir(), self.target, self.draft))
+    def policy(self, k: int | str, k_max: int = 8) -> Policy:
+        """The draft-length policy to keep across generations (control.make_policy):
+        for -k auto, an adaptive controller that starts from costs measured here, now,
+        and cached per machine and model pair, so later runs start warm."""
+        cache = cost_cache_path(cache_dir(), self.target, self.draft) if k == "auto" and self.drafts else None
+        return make_policy(k, k_max, self.target, self.draft, drafts=self.drafts, cost_cache=cache)
 
 
 def make_drafter(draft: Backend | None, sampling: SamplingConfig, *, lookup: bool, ngram_max: int = 3) -> Drafter | None:

@@ -11,12 +11,16 @@ estimate from real rounds.
 
 from __future__ import annotations
 
+import logging
+import math
 import statistics
 import time
 from pathlib import Path
 
 from .files import read_cached_json, write_cached_json
 from .machine import fingerprint
+
+log = logging.getLogger(__name__)
 
 
 def measure(target, draft, context: list[int], max_tokens: int, clock=time.perf_counter) -> dict:
@@ -54,21 +58,50 @@ def timed_call(backend, tokens: list[int], base: int, clock=time.perf_counter, n
 def cached_or_measured(cache: Path | None, target, draft, context: list[int], max_tokens: int,
                        clock=time.perf_counter) -> dict:
     """The costs cached for this machine and pair when they cover calls of up to
-    max_tokens, else measured now (and cached when `cache` is a path)."""
+    max_tokens, else measured now (and cached when `cache` is a path). A cached entry
+    that cannot be a measurement (hand-edited, or written by a broken run) is measured
+    again, with one line saying so."""
     cached = read_cached_json(cache)
-    # Files written before the cold first draft call was measured lack "draft_first".
-    if (isinstance(cached, dict) and len(cached.get("target", ())) >= max_tokens
-            and (draft is None or "draft_first" in cached)):
-        return cached
+    if cached is not None:
+        problem = cache_problem(cached, max_tokens, draft is not None)
+        if problem is None:
+            return cached
+        if problem != STALE:
+            log.warning("specsample: the cost cache %s %s; measuring the costs again", cache, problem)
     measured = measure(target, draft, context, max_tokens, clock=clock)
     write_cached_json(cache, measured)
     return measured
 
 
+DRAFT_COSTS = {"draft_step", "draft_first", "draft_token"}
+STALE = "does not cover this use"  # a valid file that calls for a new measurement without a word
+
+
+def cache_problem(cached, max_tokens: int, with_draft: bool) -> str | None:
+    """Why a cost cache's contents cannot be used as they are, or None."""
+    if not isinstance(cached, dict) or not isinstance(cached.get("target"), list):
+        return "holds no list of target call costs"
+    if not all(_seconds(x) for x in cached["target"]):
+        return "holds a target call cost that is not a positive number of seconds"
+    for key in sorted(DRAFT_COSTS):
+        # Catching up can cost nothing beyond a call: only draft_token may be 0.
+        if key in cached and not _seconds(cached[key], zero=key == "draft_token"):
+            return f"holds a {key} cost that is not a positive number of seconds"
+    # Files written before the cold first draft call was measured lack "draft_first".
+    if len(cached["target"]) < max_tokens or with_draft and not DRAFT_COSTS <= cached.keys():
+        return STALE
+    return None
+
+
+def _seconds(value, zero: bool = False) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and math.isfinite(value) and (value > 0 or zero and value == 0)
+
+
 def cost_cache_path(cache_root: Path, target, draft) -> Path | None:
     """One file per (machine, target, draft, threads); None when a model has no stable
     identity to key on."""
-    keys = [getattr(b, "cost_key", None) for b in (target, draft) if b is not None]
+    keys = [b.cost_key for b in (target, draft) if b is not None]
     if not keys or any(k is None for k in keys):
         return None
     name = "__".join([fingerprint()] + keys).replace("/", "_").replace(" ", "_")

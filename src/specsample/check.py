@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .backends.base import Backend
-from .control import AdaptiveController, Policy
+from .control import make_policy
 from .drafters import Drafter
 from .generate import GenerationConfig, generate
+from .plans import Policy
 from .sampling import MIN_TEMPERATURE, SamplingConfig, logits_to_probs
 
 FLOOR_CALL_SIZES = (2, 4, 8)  # multi-token calls compared with the one-token call
@@ -108,12 +109,14 @@ class CheckResult:
 def check(target: Backend, drafter: Drafter, prompts: list[list[int]], config: CheckConfig,
           progress: Callable[[int, int], None] | None = None, policy: Policy | None = None) -> CheckResult:
     """Sample, compute the exact reference, compare. `progress(done, total)` is called
-    after every sample. `policy`: for -k auto, the controller to draw with (by default
-    a new one, which then learns across all the samples, as a server's does)."""
+    after every sample. `policy`: the one to draw with (by default, for -k auto, a new
+    controller timed on the first prompt, which then learns across all the samples,
+    as a server's does)."""
     if not prompts:
         raise ValueError("check needs at least one prompt")
-    if policy is None and config.k == "auto":
-        policy = AdaptiveController(config.k_max)
+    if policy is None:
+        draft = None if drafter is None else drafter.model_backend
+        policy = make_policy(config.k, config.k_max, target, draft, drafts=drafter is not None, context=prompts[0])
     n = max(1, config.samples // len(prompts))
     generator = torch.Generator().manual_seed(config.seed)
     checks = []

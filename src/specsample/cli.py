@@ -175,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         except BrokenPipeError:
             return stdout_closed()
         # What a user can cause: bad input, a missing or unreachable model (OSError from
-        # transformers), a full disk, an engine failure (RuntimeError from llama_decode).
-        except (UsageError, ModelError, ValueError, OSError, RuntimeError) as e:
+        # transformers), a full disk, an engine failure (RuntimeError from llama_decode),
+        # numbers or types a hand-edited cache file holds (ArithmeticError, TypeError).
+        except (UsageError, ModelError, ValueError, OSError, RuntimeError, ArithmeticError, TypeError) as e:
             print(f"specsample: error: {one_line(e)}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:

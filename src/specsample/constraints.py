@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -351,11 +352,14 @@ def engine_for(backend) -> Engine:
     if tokenizer is None or not hasattr(tokenizer, "grammar_tokenizer"):
         raise ConstraintError(f"{backend.name}: structured output needs the model's tokenizer, and this backend "
                               "has none that the grammar engine can read")
-    engine = getattr(tokenizer, "_grammar_engine", None)
+    engine = _ENGINES.get(tokenizer)
     if engine is None:
-        engine = Engine(tokenizer.grammar_tokenizer(sorted(backend.eos_token_ids)))
-        tokenizer._grammar_engine = engine
+        engine = _ENGINES[tokenizer] = Engine(tokenizer.grammar_tokenizer(sorted(backend.eos_token_ids)))
     return engine
+
+
+# Keyed by the tokenizer object: an engine lives as long as its tokenizer.
+_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def start(constraint: Constraint, target, max_new_tokens: int) -> GrammarState:

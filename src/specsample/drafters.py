@@ -1,12 +1,15 @@
 """Drafters propose the next tokens; the target decides which to keep.
 
 How many tokens a round drafts, and from which source, is the policy's decision
-(control.py: a fixed K or the adaptive controller); drafters only ask it.
+(control.py: a fixed K or the adaptive controller). A drafter offers what it could
+draft, carries out the plan it is handed and is told how many of its drafts the
+target accepted (plans.py); it never sees the policy.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -14,7 +17,7 @@ import torch
 
 from .backends.base import Backend, claim_cache, finite_logits, holds_cache
 from .constraints import GrammarState, allows_any, mask_logits
-from .control import FORCED, MODEL, DraftCall, FixedK, Policy, ngram_source
+from .plans import FORCED, MODEL, DraftCall, Offer, Plan, Source, lookup_source
 from .sampling import Sampler, SamplingConfig
 
 
@@ -22,7 +25,7 @@ from .sampling import Sampler, SamplingConfig
 class Draft:
     tokens: torch.Tensor  # [m] int64
     probs: torch.Tensor | None  # [m, vocab]: what each draft was drawn from; None: one-hot drafts
-    sources: list[str] = field(default_factory=list)  # [m]
+    sources: list[Source] = field(default_factory=list)  # [m]
     confidences: list[float | None] = field(default_factory=list)  # [m]
     calls: list[DraftCall] = field(default_factory=list)  # draft model calls made for it
 
@@ -54,32 +57,48 @@ def _one_hot(tokens: list[int], vocab: int) -> torch.Tensor:
 class Drafter(Protocol):
     name: str
     calls: int  # model forward calls made so far
+    model_backend: Backend | None  # the draft model's backend; None: no model
 
-    def propose(self, context: list[int], k: int, sampler: Sampler, policy: Policy | None = None,
-                grammar: GrammarState | None = None) -> Draft:
-        """At most k draft tokens after context; the policy decides how many (a fixed
-        k when None). May return none. A drafter that draws uses the generation's
-        sampler: the penalties' history, and under coupling the noise of each position.
-        With a grammar (standing at the end of context) every proposal is one it
-        allows, each followed by the tokens it then forces; the grammar is left where
-        it stood."""
+    def offer(self, context: list[int], k: int, grammar: GrammarState | None = None) -> Offer:
+        """What it could draft after context, at most k tokens from each source."""
+        ...
+
+    def draft(self, context: list[int], plan: Plan, sampler: Sampler, grammar: GrammarState | None = None) -> Draft:
+        """The plan's drafts after context (none when it plans none). A drafter that
+        draws uses the generation's sampler: the penalties' history, and under
+        coupling the noise of each position. With a grammar (standing at the end of
+        context) every proposal is one it allows, each followed by the tokens it then
+        forces; the grammar is left where it stood."""
+        ...
+
+    def accept(self, num_accepted: int) -> None:
+        """How many of the drafts it made this round the target accepted."""
         ...
 
 
-def draft_round(drafter: Drafter, context: list[int], k: int, sampler: Sampler, policy: Policy,
+def draft_round(drafter: Drafter, context: list[int], k: int, sampler: Sampler, plan: Callable[[Offer], Plan],
                 grammar: GrammarState | None = None) -> Draft:
-    """A round's drafts. With a grammar, the tokens it forces here come first, as
-    drafts of their own source that the target accepts with probability 1 (their
-    rows are one-hot); the drafter proposes after them, up to k tokens of its own."""
+    """A round's drafts, up to k of the drafter's own, as `plan` (the policy's) makes
+    of its offer. With a grammar, the tokens it forces here come first, as drafts of
+    their own source that the target accepts with probability 1 (their rows are
+    one-hot); the drafter drafts after them."""
     if grammar is None:
-        return drafter.propose(context, k, sampler, policy)
+        return drafter.draft(context, plan(drafter.offer(context, k)), sampler)
     forced = grammar.advance_forced()
     rest = Draft.empty()
     k = min(k, grammar.room)
     if k > 0 and not grammar.done:
-        rest = drafter.propose(context + forced, k, sampler, policy, grammar=grammar)
+        context = context + forced
+        rest = drafter.draft(context, plan(drafter.offer(context, k, grammar)), sampler, grammar)
     grammar.rollback(len(forced))
     return lookup_draft(forced, FORCED).join(rest)
+
+
+def tell(drafter: Drafter, draft: Draft, num_accepted: int) -> None:
+    """The round's outcome, told as the drafter counts it: a grammar's forced tokens
+    before its own drafts (draft_round) are not its."""
+    lead = next((i for i, source in enumerate(draft.sources) if source != FORCED), len(draft))
+    drafter.accept(max(0, num_accepted - lead))
 
 
 class ModelDrafter:
@@ -119,6 +138,7 @@ class ModelDrafter:
         self._start = 0  # context index where the draft's view resumes after the head
         self._cached: list[int] = []  # the tokens in the backend's cache: the start of the view
         self._claim: object | None = None  # ours on the backend (claim_cache); None: not yet taken
+        self._drafts_at: int | None = None  # where this round's drafts start in _cached; None: none drafted
 
     @property
     def model_backend(self) -> Backend:
@@ -152,16 +172,18 @@ class ModelDrafter:
                 return start, common
         raise AssertionError("unreachable: the restart view always qualifies")
 
-    def propose(self, context, k, sampler, policy=None, grammar=None) -> Draft:
-        policy = policy or FixedK(k)
-        _, m = policy.choose({MODEL: k}, self.lag(context))
-        return self.draft(context, k, m, sampler, policy, grammar) if m else Draft.empty()
+    def offer(self, context, k, grammar=None) -> Offer:
+        self._drafts_at = None
+        return Offer({MODEL: k}, self.lag(context))
 
-    def draft(self, context: list[int], limit: int, planned: int, sampler: Sampler, policy: Policy,
-              grammar: GrammarState | None = None) -> Draft:
-        """Draft up to `limit` tokens, `planned` of them unless the policy revises it;
-        with a grammar, each drawn from the draft's distribution masked by the grammar
-        state after the drafts before it, and followed by the tokens it forces."""
+    def draft(self, context, plan, sampler, grammar=None) -> Draft:
+        """Draft up to `plan.limit` tokens, `plan.length` of them unless the plan's
+        extent revises it; with a grammar, each drawn from the draft's distribution
+        masked by the grammar state after the drafts before it, and followed by the
+        tokens it forces."""
+        if plan.source != MODEL or not plan.length:
+            return Draft.empty()
+        planned, limit = plan.length, plan.limit
         start, common = self._view(context)
         if not holds_cache(self.backend, self._claim, len(self._cached)):  # someone else used the backend
             self._claim = claim_cache(self.backend)
@@ -169,6 +191,7 @@ class ModelDrafter:
         view = self._tokens(context, start)
         self._start, self._cached = start, view[:common]
         feed = view[common:]
+        self._drafts_at = len(view)
         tokens, rows, sources, confidences, calls = [], [], [], [], []
         i = 0
         while i < min(planned, limit) and (grammar is None or grammar.room > 0 and not grammar.done):
@@ -184,7 +207,7 @@ class ModelDrafter:
             probs = sampler.probs(logits, context + tokens, self.sampling)  # [1, vocab]
             confidence = draft_confidence(logits, probs, self.sampling)
             # Decided from q_i alone, before x_i is drawn (control.py says why).
-            planned = policy.extent(MODEL, i, confidence)
+            planned = plan.extent_at(i, confidence)
             if planned <= i:
                 break
             token = int(sampler.draw(probs, len(context) + len(tokens))[0])
@@ -207,6 +230,14 @@ class ModelDrafter:
         if not tokens:
             return Draft.empty(calls)
         return Draft(torch.tensor(tokens), torch.cat(rows), sources, confidences, calls)  # rows: [m, vocab]
+
+    def accept(self, num_accepted: int) -> None:
+        """Drop the rejected drafts from the cache now. The next round checks the
+        cache against its context anyway (plain steps, other users, the window)."""
+        if self._drafts_at is not None and holds_cache(self.backend, self._claim, len(self._cached)):
+            del self._cached[self._drafts_at + num_accepted :]
+            self.backend.rollback(len(self._cached))
+        self._drafts_at = None
 
 
 def draft_confidence(logits: torch.Tensor, probs: torch.Tensor, sampling: SamplingConfig) -> float:
@@ -235,8 +266,8 @@ class NgramDrafter:
     Example with max_ngram=2, context [1, 2, 3, 4, 2, 3], k=3: the suffix [2, 3]
     occurred at positions 1..2, followed by [4, 2, 3], so the draft is [4, 2, 3].
     The draft has no distribution: verification treats it as one-hot. Each match
-    length is its own source for the policy ("ngram2"): longer matches are better
-    guesses.
+    length is its own source for the policy (lookup_source(2), "ngram2" in the
+    statistics): longer matches are better guesses.
 
     An index maps every n-gram that is followed by at least one token to its latest
     start, and grows with the context, so a lookup costs O(max_ngram), not a scan
@@ -250,6 +281,8 @@ class NgramDrafter:
         self.min_ngram = min_ngram
         self.name = f"ngram(n={min_ngram}..{max_ngram})"
         self.calls = 0  # no model
+        self.model_backend = None
+        self._found: list[int] = []  # the lookup offered this round
         self._indexed: list[int] = []  # the context the index describes
         self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> latest start followed by a token
 
@@ -273,26 +306,27 @@ class NgramDrafter:
                 self._latest[tuple(context[end - n : end])] = end - n
         self._indexed = list(context)
 
-    def offer(self, context: list[int], k: int, policy: Policy,
-              grammar: GrammarState | None = None) -> tuple[list[int], dict[str, int]]:
-        """The lookup (cut where a grammar forbids it), shown to the policy, and the
-        option it adds to a round."""
+    def offer(self, context, k, grammar=None) -> Offer:
+        """The lookup, cut where a grammar forbids it."""
         tokens, n = self.lookup(context, k)
         if grammar is not None:
             tokens = grammar.accepted_prefix(tokens)
+        self._found = tokens
         if not tokens:
-            return tokens, {}
-        policy.consider(ngram_source(n), tokens)
-        return tokens, {ngram_source(n): len(tokens)}
+            return Offer({})
+        source = lookup_source(n)
+        return Offer({source: len(tokens)}, 0, (source, tuple(tokens)))
 
-    def propose(self, context, k, sampler, policy=None, grammar=None) -> Draft:
-        policy = policy or FixedK(k)
-        tokens, options = self.offer(context, k, policy, grammar)
-        source, m = policy.choose(options, 0)
-        return lookup_draft(tokens[:m], source, grammar)
+    def draft(self, context, plan, sampler, grammar=None) -> Draft:
+        if plan.source is None or not plan.source.is_lookup:
+            return Draft.empty()
+        return lookup_draft(self._found[: plan.length], plan.source, grammar)
+
+    def accept(self, num_accepted: int) -> None:
+        pass  # the index follows the context as it comes
 
 
-def lookup_draft(tokens: list[int], source: str | None, grammar: GrammarState | None = None) -> Draft:
+def lookup_draft(tokens: list[int], source: Source, grammar: GrammarState | None = None) -> Draft:
     """One-hot drafts; with a grammar, followed by the tokens it forces after them."""
     if not tokens:
         return Draft.empty()
@@ -324,12 +358,13 @@ class HybridDrafter:
     def model_backend(self) -> Backend:
         return self.model.backend
 
-    def propose(self, context, k, sampler, policy=None, grammar=None) -> Draft:
-        policy = policy or FixedK(k)
-        tokens, lookup = self.ngram.offer(context, k, policy, grammar)
-        source, m = policy.choose({MODEL: k, **lookup}, self.model.lag(context))
-        if not m:
-            return Draft.empty()
-        if source == MODEL:
-            return self.model.draft(context, k, m, sampler, policy, grammar)
-        return lookup_draft(tokens[:m], source, grammar)
+    def offer(self, context, k, grammar=None) -> Offer:
+        lookup, model = self.ngram.offer(context, k, grammar), self.model.offer(context, k)
+        return Offer({**model.available, **lookup.available}, model.lag, lookup.lookup)
+
+    def draft(self, context, plan, sampler, grammar=None) -> Draft:
+        drafter = self.model if plan.source == MODEL else self.ngram
+        return drafter.draft(context, plan, sampler, grammar)
+
+    def accept(self, num_accepted: int) -> None:
+        self.model.accept(num_accepted)

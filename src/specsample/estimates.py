@@ -1,10 +1,14 @@
 """Online estimates the adaptive draft-length policy (control.py) decides from:
-acceptance rates per draft source, position and confidence, and the cost model of
-target and draft calls, all refreshed by every round."""
+acceptance rates per draft source, position and confidence (Acceptance, with
+ShadowLookup scoring a lookup nobody proposed), the cost model of target and draft
+calls (Costs), and how long answers run (AnswerLength), all refreshed by every round.
+Reading an estimate never changes it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from .plans import FORCED, MODEL, RoundReport, Source, lookup_source
 
 
 @dataclass
@@ -83,22 +87,38 @@ class Costs:
     single: Ema = field(default_factory=Ema)  # a target call scoring 1 token
     shape: list[Ema] = field(default_factory=list)  # [n - 1]: cost of n tokens / cost of 1
     # A round's first draft call runs just after a target call that pushed the draft's
-    # weights out of the CPU caches, so it costs more than the calls that follow it
-    # (about twice, for a 0.5B draft beside a 1.5B target here).
+    # weights out of the CPU caches, so it costs more than the calls that follow it.
     draft_first: Ema = field(default_factory=Ema)  # a round's first draft call, feeding 1-2 tokens
     draft_step: Ema = field(default_factory=Ema)  # each later draft call of the round
     draft_token: Ema = field(default_factory=Ema)  # each extra token fed in one call
     overhead: dict[bool, Ema] = field(default_factory=lambda: {False: Ema(0.0), True: Ema(0.0)})
+    warm_started: bool = False  # started from measured costs rather than from nothing
 
     def target_call(self, n: int) -> float:
         return (self.single.value or 0.0) * self.ratio(n)
 
+    def warm_start(self, target: list[float], draft_step: float | None = None, draft_token: float | None = None,
+                   draft_first: float | None = None) -> None:
+        """Start from measured costs (calibrate.py): target[n - 1] seconds for a call
+        scoring n tokens, and the draft's per-call costs where there is a draft model."""
+        self.single.value = target[0]
+        for n, seconds in enumerate(target[1:], start=2):
+            self._shape(n).value = seconds / target[0]
+        for ema, value in ((self.draft_step, draft_step), (self.draft_token, draft_token),
+                           (self.draft_first, draft_first)):
+            if value is not None:
+                ema.value = value
+        self.warm_started = True
+
+    def _shape(self, n: int) -> Ema:
+        while len(self.shape) < n:
+            self.shape.append(Ema())
+        return self.shape[n - 1]
+
     def ratio(self, n: int) -> float:
         if n == 1:
             return 1.0
-        while len(self.shape) < n:
-            self.shape.append(Ema())
-        known = self.shape[n - 1].value
+        known = self.shape[n - 1].value if n <= len(self.shape) else None
         if known is not None:
             return known
         # Unmeasured size: interpolate linearly between the nearest measured sizes
@@ -119,8 +139,24 @@ class Costs:
         if n == 1 or self.single.value is None:
             self.single.update(seconds / self.ratio(n))
         else:
-            self.ratio(n)
-            self.shape[n - 1].update(seconds / self.single.value)
+            self._shape(n).update(seconds / self.single.value)
+
+    def observe_round(self, report: RoundReport) -> None:
+        """Refresh every cost a round measured: its target call, its draft calls (a
+        round's first apart, a catching-up call per extra token) and what else it took."""
+        m = sum(source != FORCED for source in report.sources)  # forced tokens add no drafting work
+        if report.target_tokens:  # 0: the first token came from the prompt's prefill
+            self.observe_target(report.target_tokens, report.target_seconds)
+        draft_seconds = 0.0
+        for i, call in enumerate(report.draft_calls):
+            draft_seconds += call.seconds
+            if call.tokens_fed > 2:  # catching up: what the extra tokens cost beyond a first call
+                first = self.drafting(1)
+                if first:
+                    self.draft_token.update(max(0.0, call.seconds - first) / (call.tokens_fed - 1))
+            else:
+                (self.draft_step if i else self.draft_first).update(call.seconds)
+        self.overhead[m > 0].update(max(0.0, report.round_seconds - report.target_seconds - draft_seconds))
 
     def drafting(self, m: int) -> float:
         """Draft time of a round that drafts m tokens (its first call cold)."""
@@ -133,3 +169,120 @@ class Costs:
     def catch_up(self, lag: int) -> float:
         """Extra draft time to feed `lag` tokens it has not seen (beyond the usual 1-2)."""
         return max(0, lag - 2) * (self.draft_token.value or 0.0)
+
+
+# (first position, later positions): a later draft is only reached when the earlier
+# ones were accepted, and acceptances come in runs (a lookup that is right tends to
+# stay right), so the later rates start higher. A lookup's priors are modest: it is
+# scored for free in every round that does not propose it (ShadowLookup), so on text
+# that repeats the evidence lifts it within a few tokens, while an optimistic prior made
+# a compute-bound target pay for wide calls on lookups that then failed.
+DEFAULT_PRIORS = {MODEL: (0.7, 0.8), lookup_source(1): (0.2, 0.6), lookup_source(2): (0.4, 0.7),
+                  lookup_source(3): (0.6, 0.8), FORCED: (1.0, 1.0)}
+
+
+class Acceptance:
+    """Acceptance rates per source. A source that fails is tried again once its
+    evidence has decayed (idle_decay per round it sits out: several hundred rounds
+    from one failure to a probe)."""
+
+    def __init__(self, priors: dict[Source, tuple[float, float]] | None = None, decay: float = 0.9,
+                 idle_decay: float = 0.998):
+        self.priors = dict(DEFAULT_PRIORS, **(priors or {}))
+        self.decay, self.idle_decay = decay, idle_decay
+        self.sources: dict[Source, SourceModel] = {}
+
+    def __getitem__(self, source: Source) -> SourceModel:
+        if source not in self.sources:
+            prior = self.priors.get(source, self.priors[lookup_source(3)] if source.is_lookup else (0.5, 0.5))
+            self.sources[source] = SourceModel(prior, pooled=source.is_lookup)
+        return self.sources[source]
+
+    def sat_out(self, chosen: Source | None) -> None:
+        """Sources left out this round drift back towards their prior (probing)."""
+        for source, model in self.sources.items():
+            if source != chosen:
+                for r in model.all_rates():
+                    r.forget(self.idle_decay)
+
+    def observe(self, report: RoundReport) -> None:
+        position: dict[Source, int] = {}  # each source's own position: forced tokens may come between
+        for i, (source, confidence) in enumerate(zip(report.sources, report.confidences)):
+            if i > report.num_accepted:
+                break  # not reached: an earlier draft was rejected
+            accepted = i < report.num_accepted
+            model = self[source]
+            j = position[source] = position.get(source, -1) + 1
+            model.at(j).update(accepted, self.decay)
+            if confidence is not None:
+                model.given_confidence(confidence).update(accepted, self.decay)
+
+
+class ShadowLookup:
+    """Learn a lookup's acceptance while not proposing it, from any other round.
+
+    Proposing a lookup to find out whether it pays costs a wider target call; but
+    every round knows the target's distribution p at each position it emitted a
+    token (a plain step's one row, a model round's verify rows up to its first
+    rejection), and a one-hot draft x there would have been accepted with
+    probability p(x). So the lookup's first token is scored for free, and, while
+    the emitted tokens keep following it, its later tokens too (each conditional on
+    the earlier ones being right, as the rates are defined). On text that repeats,
+    the lookup's rates rise until proposing it pays; where it does not, they fall
+    without a wide call spent on finding out.
+    """
+
+    def __init__(self):
+        self.offered: tuple[Source, tuple[int, ...]] | None = None  # this round's lookup
+        self.followed: tuple[Source, tuple[int, ...], int] | None = None  # a lookup followed, at its i-th token
+
+    def reset(self) -> None:
+        """What follows a text belongs to it: a lookup says nothing about another text."""
+        self.offered = self.followed = None
+
+    def observe(self, report: RoundReport, acceptance: Acceptance) -> None:
+        offered, self.offered = self.offered, None
+        proposed = any(source.is_lookup for source in report.sources)  # Acceptance.observe scored it
+        if proposed or report.target_probs is None:
+            self.followed = None
+            return
+        if self.followed is None and offered is not None:
+            self.followed = (*offered, 0)
+        if self.followed is None:
+            return
+        source, tokens, i = self.followed
+        rates = acceptance[source]
+        for row, token in zip(report.target_probs, report.emitted_tokens):
+            rates.at(i).update(float(row[tokens[i]]), acceptance.decay)
+            if token != tokens[i] or i + 1 == len(tokens):
+                self.followed = None
+                return
+            i += 1
+        self.followed = (source, tokens, i)
+
+
+class AnswerLength:
+    """How many tokens the current sequence is still expected to emit, from how long
+    earlier answers ran."""
+
+    def __init__(self):
+        self.typical = Ema(weight=0.3)  # tokens per finished sequence
+        self.budget = 0  # this sequence's max_new_tokens
+        self.generated = 0
+
+    def begin(self, max_new_tokens: int) -> None:
+        # The last sequence's length says how long answers run, unless its token
+        # budget cut it (a warm-up, a capped request): that one says nothing.
+        if 0 < self.generated < self.budget:
+            self.typical.update(self.generated)
+        self.budget, self.generated = max_new_tokens, 0
+
+    def expected_remaining(self) -> float:
+        """What typical answers have left at this point, or, once this one has outrun
+        them, as many as it has made so far (a long answer tends to keep going); never
+        past the budget."""
+        remaining = self.budget - self.generated
+        if self.typical.value is not None:
+            expected = max(8.0, self.typical.value - self.generated, float(self.generated))
+            remaining = min(remaining, expected)
+        return max(1.0, remaining)

@@ -12,10 +12,11 @@ from .backends.base import Backend, check_cache, check_same_vocabulary, claim_ca
 from .constraints import Constraint, constrained_logits
 from .constraints import start as start_grammar
 from .context_fit import new_token_room
-from .control import Policy, RoundReport, make_policy
+from .control import make_policy
 from .detokenize import TextTracker
-from .drafters import Draft, Drafter, draft_round
+from .drafters import Draft, Drafter, draft_round, tell
 from .logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
+from .plans import Policy, RoundReport
 from .sampling import InvalidSetting, Sampler, SamplingConfig
 from .verify import verify, verify_coupled
 
@@ -31,10 +32,10 @@ class GenerationStats:
     accepted: int = 0
     accepted_histogram: list[int] = field(default_factory=list)  # rounds by accepted count
     draft_length_histogram: list[int] = field(default_factory=list)  # rounds by drafts proposed; [0]: plain steps
-    sources: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
+    sources: dict[str, list[int]] = field(default_factory=dict)  # str(source) -> [rounds, drafted, accepted]
     forced_tokens: int = 0  # emitted tokens a grammar forced (in any mode; drafted for free with a drafter)
     prefill_seconds: float = 0.0
-    calibration_seconds: float = 0.0  # the adaptive policy's one-off cost measurement
+    calibration_seconds: float = 0.0  # the adaptive policy's one-off cost measurement, when stream() made it
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     constraint_seconds: float = 0.0  # in the grammar engine (masks, forced tokens); part of draft and other time
@@ -74,9 +75,9 @@ class GenerationStats:
             self.accepted += accepted
             _bump(self.accepted_histogram, num_accepted)
             for source in dict.fromkeys(draft.sources):  # a round may mix forced tokens and another source
-                rounds, drafted, acc = self.sources.get(source, [0, 0, 0])
-                self.sources[source] = [rounds + 1, drafted + draft.sources[:counted].count(source),
-                                        acc + draft.sources[:accepted].count(source)]
+                rounds, drafted, acc = self.sources.get(str(source), [0, 0, 0])
+                self.sources[str(source)] = [rounds + 1, drafted + draft.sources[:counted].count(source),
+                                             acc + draft.sources[:accepted].count(source)]
 
     def as_dict(self) -> dict:
         return {
@@ -141,6 +142,11 @@ class GenerationConfig:
 
     @property
     def coupled(self) -> bool:
+        """Whether the verifier couples drafts and target by shared noise. Greedy rows
+        are one-hot: both verifiers accept exactly the drafts that equal the argmax, so
+        coupling would only cost its noise."""
+        if self.sampling.greedy:
+            return False
         return self.verifier == "coupled" or self.verifier == "auto" and self.seed is not None
 
 
@@ -188,26 +194,32 @@ def stream(
     clock=time.perf_counter,
 ) -> Stream:
     """Generation as an iterator of chunks. `policy` decides each round's drafts (by
-    default from config.k: fixed, or a new adaptive controller; pass one controller
-    to keep its measurements across calls). `clock` times the rounds."""
+    default from config.k: fixed, or a new adaptive controller that times the models
+    on this prompt first; pass one controller to keep its measurements across calls).
+    `clock` times the rounds."""
     check_prompt(prompt_ids)
-    if policy is None:
-        policy = make_policy(config.k, config.k_max)
-    draft_backend = getattr(drafter, "model_backend", None)
+    config.sampling.check_vocabulary(target.vocab_size)
+    draft_backend = None if drafter is None else drafter.model_backend
     if draft_backend is target:  # both would write one cache: each would score on the other's tokens
         raise ValueError(
             f"the drafter runs on the target's own backend object ({target.name}); load the draft model as a "
             f"backend of its own (the same model files will do) or draft by n-gram lookup"
         )
     if draft_backend is not None:
-        check_same_vocabulary(target, draft_backend)
+        check_same_vocabulary(target, draft_backend)  # assemble() checked its own pair; a library caller's here
+    for backend in (target, draft_backend) if drafter is not None else ():
+        # Refuse now, before any text is streamed (or a call timed), rather than at the first rejection.
+        if backend is not None and not backend.supports_rollback:
+            raise ValueError(f"{backend.name} keeps recurrent state that cannot be rolled back, so it cannot take part "
+                             "in speculative decoding; run it autoregressively")
+    started = clock()
+    if policy is None:
+        policy = make_policy(config.k, config.k_max, target, draft_backend, drafts=drafter is not None,
+                             context=prompt_ids, clock=clock)
+    calibration_seconds = clock() - started
     for role, backend in (("target", target), ("draft", draft_backend)):
         if backend is None:
             continue
-        # Refuse now, before any text is streamed, rather than at the first rejection.
-        if drafter is not None and not getattr(backend, "supports_rollback", True):
-            raise ValueError(f"{backend.name} keeps recurrent state that cannot be rolled back, so it cannot take part "
-                             "in speculative decoding; run it autoregressively")
         # Every model in the round holds the text so far plus drafts; a llama.cpp draft
         # (n_ctx 4096) behind a long-context target fails first.
         if config.max_new_tokens > new_token_room(backend.context_length, len(prompt_ids), policy.k_max):
@@ -216,9 +228,8 @@ def stream(
                 f"{policy.k_max + 1} for drafts does not fit the context of the {role} model "
                 f"{backend.name}: {backend.context_length} tokens"
             )
-    config.sampling.check_vocabulary(target.vocab_size)
     grammar = None if config.constraint is None else start_grammar(config.constraint, target, config.max_new_tokens)
-    return Stream(_rounds(target, prompt_ids, config, drafter, policy, clock, grammar))
+    return Stream(_rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibration_seconds))
 
 
 def generate(target, prompt_ids, config, drafter=None, policy=None, clock=time.perf_counter) -> GenerationResult:
@@ -228,18 +239,18 @@ def generate(target, prompt_ids, config, drafter=None, policy=None, clock=time.p
     return s.result
 
 
-def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar) -> Iterator[Chunk]:
+def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibration_seconds) -> Iterator[Chunk]:
     generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
     coupled_seed = None
-    # Greedy rows are one-hot: both verifiers accept exactly the drafts that equal the
-    # argmax, so coupling would only cost its noise.
-    if config.coupled and not config.sampling.greedy:  # unseeded coupling still needs one seed for its noise
+    if config.coupled:  # unseeded coupling still needs one seed for its noise
         coupled_seed = config.seed if config.seed is not None else int(torch.randint(1 << 62, ()))
     sampler = Sampler(len(prompt_ids), generator, coupled_seed)
     logprobs: list[TokenLogprob] | None = None if config.logprobs is None else []
     eos = target.eos_token_ids if config.eos_token_ids is None else config.eos_token_ids
-    stats = GenerationStats()
-    start = clock()
+    stats = GenerationStats(calibration_seconds=calibration_seconds)
+    # The total counts the calibration stream() made for this call (stats.other_seconds
+    # leaves it out again).
+    start = clock() - calibration_seconds
 
     # Prefill the prompt. Its last row is the distribution of the first new token, so
     # the first round feeds only its drafts; every later round feeds the last emitted
@@ -248,12 +259,10 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar) -> Iter
     claim = claim_cache(target)
     target.rollback(0)
     carried = target.score(prompt_ids, num_logits=1)  # [1, vocab]
-    stats.prefill_seconds = clock() - start
+    stats.prefill_seconds = clock() - start - calibration_seconds
     context = list(prompt_ids)
     if drafter is not None:
-        before = getattr(policy, "calibration_seconds", 0.0)
-        policy.begin(target, drafter, context, config.max_new_tokens)
-        stats.calibration_seconds = getattr(policy, "calibration_seconds", 0.0) - before
+        policy.begin(context, config.max_new_tokens)
     new: list[int] = []
     text = TextTracker(target.tokenizer, config.stop_strings)
     stop_reason = "grammar" if grammar is not None and grammar.done else "length"
@@ -270,7 +279,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar) -> Iter
         budget = min(policy.k_max, config.max_new_tokens - len(new) - 1)
         if drafter is not None and budget > 0:
             calls_before = drafter.calls
-            draft = draft_round(drafter, context, budget, sampler, policy, grammar)
+            draft = draft_round(drafter, context, budget, sampler, policy.plan, grammar)
             stats.draft_calls += drafter.calls - calls_before
         else:
             draft = Draft.empty()
@@ -331,8 +340,9 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar) -> Iter
         stats.record_round(draft, verdict.num_accepted, len(emitted), cut=len(emitted) < len(verdict.tokens))
         stats.new_tokens = len(new)
 
-        # 5. Tell the policy what this round cost and how its drafts fared.
+        # 5. Tell the drafter how its drafts fared, and the policy what the round cost.
         if drafter is not None:
+            tell(drafter, draft, verdict.num_accepted)
             policy.observe(RoundReport(draft.sources, draft.confidences, verdict.num_accepted, len(fed), t2 - t1,
                                        draft.calls, clock() - t0, tuple(emitted), target_probs))
         stats.constraint_seconds = 0.0 if grammar is None else grammar.seconds

@@ -26,11 +26,21 @@ class Tokenizer(Protocol):
 
 
 class Backend(Protocol):
+    """Engines subclass it for the defaults below; what the loop and the bench read
+    is declared here, never probed for."""
+
     name: str
     vocab_size: int  # rows of the tokenizer's vocabulary; logits are cut to this width
     eos_token_ids: frozenset[int]
     context_length: int
     tokenizer: Tokenizer | None
+    engine: str = "other"  # "hf", "llamacpp": which engine runs the model (the bench picks its peers by it)
+    # False for recurrent state, which cannot be rolled back: the loop then refuses to
+    # draft with the model before any output.
+    supports_rollback: bool = True
+    # Identifies engine, model file and thread count in the adaptive controller's cost
+    # cache (calibrate.py); None: no stable identity, nothing is cached.
+    cost_key: str | None = None
 
     @property
     def length(self) -> int:

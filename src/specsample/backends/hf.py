@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..files import build_once
-from .base import ChatTemplateError, trim_padding
+from .base import Backend, ChatTemplateError, trim_padding
 from .chat import chat_token_ids
 from .cpushare import SHARED
 
@@ -90,7 +90,9 @@ class HFTokenizer:
         return from_tokenizer(self.hf, eos_token=list(eos_token_ids) or None)
 
 
-class HFBackend:
+class HFBackend(Backend):
+    engine = "hf"
+
     def __init__(self, model, tokenizer: HFTokenizer | None = None, name: str = "hf-model"):
         self.model = model.eval()
         self.tokenizer = tokenizer

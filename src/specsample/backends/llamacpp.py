@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import BackendError, ChatTemplateError, trim_padding
+from .base import Backend, BackendError, ChatTemplateError, trim_padding
 from .chat import chat_token_ids
 from .cpushare import SHARED
 
@@ -142,7 +142,9 @@ def with_bos(ids: list[int], bos: int, add_bos: bool) -> list[int]:
     return ids
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(Backend):
+    engine = "llamacpp"
+
     def __init__(self, path: Path, *, name: str | None = None, threads: int | None = None, n_ctx: int = 4096,
                  n_batch: int = 512, share_cores: bool = True, batch_invariant: bool = False):
         lib = _llama()

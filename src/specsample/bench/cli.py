@@ -376,7 +376,7 @@ def _names(text: str, allowed, what: str) -> tuple[str, ...]:
 
 
 def _is_llamacpp(target) -> bool:
-    return hasattr(target, "threads")  # LlamaCppBackend; HF backends hold a torch `model`
+    return target.engine == "llamacpp"
 
 
 def _threads(args) -> int:

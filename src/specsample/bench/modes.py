@@ -14,7 +14,7 @@ import torch
 
 from ..assemble import make_drafter
 from ..constraints import Constraint
-from ..control import AdaptiveController
+from ..control import make_policy
 from ..generate import GenerationConfig, generate
 from ..sampling import SamplingConfig
 from .native import LlamaServer, completion_request, parse_completion
@@ -54,7 +54,8 @@ class OurMode:
                  k_max: int = 8):
         self.name, self.family, self.k = name, family, k
         self.target, self.draft, self.ngram_max = target, draft, ngram_max
-        self.policy = AdaptiveController(k_max) if family == "spec-auto" else None
+        self.policy = make_policy(k or 1, k_max, target, draft if family in ("spec", "spec-auto") else None,
+                                  drafts=family != "ar")
 
     def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=(), schema=None) -> Outcome:
         # spec-auto: the hybrid drafter (lookup alone without a draft model); spec: the
@@ -255,7 +256,6 @@ def build_modes(families, ks, peer_ks, target, draft=None, *, target_gguf=None, 
     server: a running llama-server for the llamacpp-spec and llamacpp-server
     families; without one, no_server is the one-line reason why."""
     modes, skipped = [], []
-    hf_target, hf_draft = hasattr(target, "model"), hasattr(draft, "model")
     for family in families:
         if family == "ar":
             modes.append(OurMode("ar", "ar", target))
@@ -269,18 +269,18 @@ def build_modes(families, ks, peer_ks, target, draft=None, *, target_gguf=None, 
         elif family == "ngram":
             modes += [OurMode(f"ngram-k{k}", "ngram", target, k, ngram_max=ngram_max) for k in peer_ks]
         elif family == "hf-generate":
-            if not hf_target:
+            if target.engine != "hf":
                 skipped.append("hf-generate: the target is not an hf backend")
                 continue
             modes.append(HFGenerateMode("hf-generate", target))
         elif family in ("hf-assisted", "hf-assisted-default"):
-            if not (hf_target and hf_draft):
+            if target.engine != "hf" or draft is None or draft.engine != "hf":
                 skipped.append(f"{family}: needs hf backends for both target and draft")
                 continue
             for k in peer_ks if family == "hf-assisted" else [None]:
                 modes.append(HFGenerateMode(f"hf-assisted-k{k}" if k else family, target, draft, k))
         elif family in ("llamacpp-ar", "llamacpp-lookup"):
-            if target_gguf is None or not hasattr(target, "threads"):
+            if target_gguf is None or target.engine != "llamacpp":
                 skipped.append(f"{family}: the target is not a llamacpp backend")
                 continue
             for k in peer_ks if family == "llamacpp-lookup" else [None]:

@@ -62,7 +62,7 @@ class Job:
 class Worker:
     def __init__(self, target, max_queue: int, policy=None):
         self.target = target
-        self.policy = policy  # for -k auto; None: each stream makes its own from the config
+        self.policy = policy  # kept across requests (control.make_policy); None: each stream makes its own
         self.max_queue = max_queue
         self._waiting: collections.deque[Job] = collections.deque()
         self._changed = threading.Condition()  # guards _waiting and _stopping
@@ -132,9 +132,8 @@ class Worker:
                 s = None
                 if task.config is not None:
                     drafter = drafter or job.make_drafter()
-                    policy = self.policy if task.config.k == "auto" else None
                     try:
-                        s = stream(self.target, task.prompt_ids, task.config, drafter, policy)  # checks the request
+                        s = stream(self.target, task.prompt_ids, task.config, drafter, self.policy)  # checks the request
                     except ValueError as e:
                         job.emit(Ended(End.REFUSED, e))
                         return

@@ -1,0 +1,110 @@
+"""What a round's drafting is agreed in: the drafter offers, the policy plans, the
+drafter carries the plan out and hears how it fared.
+
+    offer  = drafter.offer(context, k)     sources it could draft from, how many tokens each
+    plan   = policy.plan(offer)            which source, how many tokens, the rule for cutting short
+    draft  = drafter.draft(context, plan)  the drafts, with each one's source and confidence
+    ...verify...
+    drafter.accept(n); policy.observe(RoundReport(...))
+
+Neither side sees the other: the drafter knows a Plan, the policy an Offer and a
+RoundReport (llama.cpp's common_speculative begin / draft / accept; transformers'
+CandidateGenerator.update_candidate_strategy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a draft token comes from: the draft model, a grammar (tokens it forces,
+    drafted for free and always accepted), or a context lookup that matched the last
+    `match` tokens (a longer match is a better guess, so each length is its own source)."""
+
+    kind: str  # "model", "forced" or "lookup"
+    match: int = 0
+
+    @property
+    def is_lookup(self) -> bool:
+        return self.kind == "lookup"
+
+    def __str__(self) -> str:  # the name statistics and JSON output print
+        return f"ngram{self.match}" if self.is_lookup else self.kind
+
+
+MODEL = Source("model")
+FORCED = Source("forced")
+
+
+def lookup_source(match: int) -> Source:
+    return Source("lookup", match)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What a drafter could draft this round."""
+
+    available: dict[Source, int]  # source -> most tokens it can draft now
+    lag: int = 0  # tokens the draft model must read before its first draft
+    lookup: tuple[Source, tuple[int, ...]] | None = None  # the lookup found, proposed or not
+
+
+# Called by the draft model once the draft distribution at position i is known and
+# before a token is drawn from it, with that distribution's confidence: how many
+# drafts the round should end with. Position i is drawn and proposed iff the answer
+# is > i (control.py says why this keeps the output exact).
+Extent = Callable[[int, float], int]
+
+
+@dataclass(frozen=True)
+class Plan:
+    source: Source | None  # None: a plain target step
+    length: int  # drafts planned (0: none)
+    limit: int = 0  # the most drafts the round may end with
+    extent: Extent | None = None  # None: exactly `length`
+
+    def extent_at(self, i: int, confidence: float) -> int:
+        return self.length if self.extent is None else self.extent(i, confidence)
+
+
+NO_DRAFTS = Plan(None, 0)
+
+
+@dataclass
+class DraftCall:
+    tokens_fed: int  # tokens the draft model consumed in this call
+    seconds: float
+
+
+@dataclass
+class RoundReport:
+    """What the loop tells the policy after a round."""
+
+    sources: list[Source]  # source of each drafted position
+    confidences: list[float | None]  # draft confidence per position (None: no distribution)
+    num_accepted: int
+    target_tokens: int  # tokens the verify call scored (0: no call)
+    target_seconds: float
+    draft_calls: list[DraftCall]
+    round_seconds: float  # wall time of the whole round
+    emitted_tokens: tuple[int, ...]
+    # [emitted, vocab] or more rows: the target's distributions at the round's positions;
+    # row j follows the text emitted before it (so it exists for every emitted token).
+    target_probs: object = None
+
+
+class Policy(Protocol):
+    k_max: int
+
+    def begin(self, context: list[int], max_new_tokens: int) -> None:
+        """A new sequence starts after `context`."""
+        ...
+
+    def plan(self, offer: Offer) -> Plan: ...
+
+    def observe(self, report: RoundReport) -> None: ...
+

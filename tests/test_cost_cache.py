@@ -1,0 +1,92 @@
+"""The cost cache is read as untrusted input: an entry that cannot be a measurement
+is measured again, with one line, never a crash on every -k auto request."""
+
+import json
+import logging
+import math
+
+import pytest
+
+from specsample.cli import main
+from specsample.control import make_policy
+
+from test_cli import tiny_dirs  # noqa: F401 (a fixture)
+from toy import CostedBackend, FakeClock, TrigramBackend, random_table
+
+pytestmark = pytest.mark.pure
+
+GOOD = {"target": [1.0, 1.5, 2.0, 2.5], "draft_step": 0.2, "draft_first": 0.2, "draft_token": 0.05}
+BAD = {
+    "zeros": dict(GOOD, target=[0.0, 0.0, 0.0, 0.0]),
+    "negative": dict(GOOD, draft_step=-0.2),
+    "strings": dict(GOOD, target=["1.0", "1.5", "2.0", "2.5"]),
+    "nan": dict(GOOD, target=[math.nan, 1.5, 2.0, 2.5]),
+    "infinite draft": dict(GOOD, draft_first=math.inf),
+    "booleans": dict(GOOD, target=[True, True, True, True]),
+    "nested": dict(GOOD, target=[[1.0], [1.5], [2.0], [2.5]]),
+    "target not a list": dict(GOOD, target=1.0),
+    "not a dict": [1.0, 1.5, 2.0, 2.5],
+}
+
+
+def pair():
+    clock = FakeClock()
+    target = CostedBackend(TrigramBackend(random_table(5, 0)), clock, lambda n: 1.0 + 0.5 * (n - 1))
+    draft = CostedBackend(TrigramBackend(random_table(5, 1)), clock, lambda n: 0.2 + 0.05 * (n - 1))
+    return target, draft, clock
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_bad_entry_is_measured_again_with_one_line(tmp_path, caplog, name):
+    target, draft, clock = pair()
+    cache = tmp_path / "costs.json"
+    cache.write_text(json.dumps(BAD[name]))  # json.dumps writes NaN and Infinity, as a broken run could
+    with caplog.at_level(logging.WARNING):
+        policy = make_policy("auto", 3, target, draft, context=[1, 2, 3], cost_cache=cache, clock=clock)
+    assert target.calls > 0  # measured
+    assert policy.costs.target_call(3) == pytest.approx(2.0) and policy.costs.draft_step.value == pytest.approx(0.2)
+    written = json.loads(cache.read_text())  # the bad entry replaced
+    assert written.keys() == GOOD.keys() and written["target"] == pytest.approx(GOOD["target"])
+    assert all(written[key] == pytest.approx(GOOD[key]) for key in GOOD if key != "target")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and str(cache) in lines[0] and "\n" not in lines[0]
+
+
+def test_a_good_entry_is_used_as_it_is_without_a_word(tmp_path, caplog):
+    target, draft, clock = pair()
+    cache = tmp_path / "costs.json"
+    cache.write_text(json.dumps(dict(GOOD, target=[2.0, 2.2, 2.4, 2.6], draft_token=0.0)))  # catching up may be free
+    with caplog.at_level(logging.WARNING):
+        policy = make_policy("auto", 3, target, draft, context=[1, 2, 3], cost_cache=cache, clock=clock)
+    assert target.calls == 0 and policy.costs.target_call(2) == pytest.approx(2.2)
+    assert not caplog.records
+
+
+def test_an_entry_too_short_for_k_max_is_measured_again_without_a_word(tmp_path, caplog):
+    target, draft, clock = pair()
+    cache = tmp_path / "costs.json"
+    cache.write_text(json.dumps(dict(GOOD, target=[1.0, 1.5])))
+    with caplog.at_level(logging.WARNING):
+        make_policy("auto", 3, target, draft, context=[1, 2, 3], cost_cache=cache, clock=clock)
+    assert target.calls > 0 and not caplog.records
+
+
+def test_the_command_line_recalibrates_a_corrupt_cache_in_one_line(capsys, caplog, tiny_dirs, tmp_path,  # noqa: F811
+                                                                   monkeypatch):
+    """Before, a zero made every -k auto run end in a ZeroDivisionError traceback. The
+    line goes through logging: to stderr as it is where nothing configured logging (the
+    command line), to the server's log under uvicorn; pytest's own handler takes it here."""
+    monkeypatch.setenv("SPECSAMPLE_CACHE", str(tmp_path))
+    argv = ["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompt", "the cat sat on",
+            "--max-new-tokens", "6", "-k", "auto", "--json"]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    [cache] = (tmp_path / "costs").glob("*.json")
+    cache.write_text(json.dumps(dict(json.loads(cache.read_text()), target=[0, 0, "x"])))
+    with caplog.at_level(logging.WARNING):
+        assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["token_ids"] == first["token_ids"]
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "cost cache" in line and "\n" not in line and "Traceback" not in err
+    assert all(seconds > 0 for seconds in json.loads(cache.read_text())["target"])
