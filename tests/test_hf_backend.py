@@ -116,6 +116,16 @@ def test_chat_content_cannot_open_a_role_of_its_own():
     assert INJECTION in tok.hf.decode(tok.chat_messages(chat(INJECTION)))  # kept, as text
 
 
+def test_a_plain_prompt_stays_text():
+    """/v1/completions and --prompt without --chat encode like this: a prompt that spells
+    a control token gets the text, not the token (as on llama.cpp)."""
+    tok = HFTokenizer(tiny_chat_tokenizer())
+    im_start = tok.hf.convert_tokens_to_ids("<|im_start|>")
+    ids = tok.encode(INJECTION)
+    assert im_start not in ids and tok.decode(ids) == INJECTION
+    assert tok.encode("write a function") == tok.hf("write a function").input_ids  # ordinary text as before
+
+
 @pytest.mark.parametrize("user", ORDINARY)
 def test_an_ordinary_chat_gives_the_same_ids_as_tokenizing_the_rendered_template(user):
     tok = HFTokenizer(tiny_chat_tokenizer())

@@ -48,8 +48,10 @@ class HFTokenizer:
         self._lock = threading.Lock()
 
     def encode(self, text: str) -> list[int]:
+        """A plain prompt's ids: special-token text stays the text it spells, as on
+        llama.cpp (only a chat template's own markup makes control tokens)."""
         with self._lock:
-            return list(self.hf(text).input_ids)
+            return list(self.hf(text, split_special_tokens=True).input_ids)
 
     def decode(self, token_ids: list[int]) -> str:
         return self.hf.decode(token_ids, skip_special_tokens=True)
