@@ -79,6 +79,7 @@ CASES = [  # (path, body, status, param, words in the message)
     ("/v1/completions", completion(colour="red"), 400, "colour", "colour"),
     ("/v1/completions", completion(prompt=""), 400, "prompt", "empty"),
     ("/v1/completions", completion(prompt=[]), 400, "prompt", "empty"),
+    ("/v1/completions", completion(prompt=" \n\t"), 400, "prompt", "empty"),  # the library's rule, as on the CLI
     ("/v1/completions", completion(prompt=["the"] * 33), 400, "prompt", "at most 32 prompts"),
     ("/v1/completions", completion(prompt=[[3, 4], []]), 400, "prompt", "at least one"),
     ("/v1/completions", completion(prompt=[3, 999]), 400, "prompt", "token ids"),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..backends.base import Backend, ChatTemplateError
 from ..constraints import Constraint, ConstraintError
 from ..context_fit import new_token_room
-from ..generate import GenerationConfig
+from ..generate import GenerationConfig, check_prompt
 from ..sampling import InvalidSetting, SamplingConfig, bias_entry, check_range
 from .errors import APIError
 from .schemas import ChatRequest, CompletionRequest, GenerationRequest, ResponseFormat, TokenizeRequest
@@ -148,10 +148,11 @@ def completion_prompts(request: CompletionRequest, target: Backend) -> list[Prom
                                param="prompt")
             out.append((list(p), None))
             continue
-        ids = target.tokenizer.encode(p) if p else []
-        if not ids:
-            raise APIError(400, "the prompt is empty", param="prompt")
-        out.append((ids, p))
+        try:
+            check_prompt(p)  # the library's rule, as the command line applies it
+        except ValueError as e:
+            raise APIError(400, str(e), param="prompt") from None
+        out.append((target.tokenizer.encode(p), p))
     return out
 
 
