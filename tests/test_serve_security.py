@@ -32,19 +32,26 @@ def url():
         yield base
 
 
+class ServerLog(list):
+    """What the server logs on uvicorn's logger (which does not reach caplog), from
+    listen() on: starting uvicorn resets that logger's handlers and level."""
+
+    logger = logging.getLogger("uvicorn.error")
+
+    def listen(self):
+        self.handler = logging.Handler()
+        self.handler.emit = self.append
+        self.logger.addHandler(self.handler)
+        self.logger.setLevel(logging.INFO)
+
+
 @pytest.fixture
 def server_log():
-    """What the server logs (uvicorn's logger, which does not reach caplog), at INFO."""
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = logging.getLogger("uvicorn.error")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+    log = ServerLog()
+    level = log.logger.level
+    yield log
+    log.logger.removeHandler(getattr(log, "handler", None))
+    log.logger.setLevel(level)
 
 
 # ---- 4: an empty key is refused, never "no key" ------------------------------------
@@ -173,7 +180,7 @@ def metric(url: str, line_start: str) -> float:
 def test_a_client_leaving_mid_body_is_one_info_line_and_no_500(server_log):
     app, _ = toy_app()
     with running(app) as url:
-        logging.getLogger("uvicorn.error").setLevel(logging.INFO)  # starting uvicorn set its own level
+        server_log.listen()
         for _ in range(5):
             raw_request(url, JSON[:10], len(JSON)).close()
         counted = 'specsample_requests_total{endpoint="/v1/completions",status="499"}'
@@ -207,8 +214,10 @@ def test_a_stream_whose_client_stopped_reading_ends_after_the_send_timeout(serve
         if message["type"] == "http.response.body":
             await asyncio.Event().wait()  # its socket buffer is full
 
+    server_log.listen()
+
     async def serve():
-        scope = {"type": "http", "client": ("127.0.0.1", 5555), "headers": []}
+        scope = {"type": "http", "method": "GET", "client": ("127.0.0.1", 5555), "headers": []}
         await asyncio.wait_for(Stream(events(), send_timeout=0.2, ping=15)(scope, receive, send), 5)
 
     asyncio.run(serve())
