@@ -37,6 +37,12 @@ def test_draft_length_is_auto_or_an_integer_and_bad_ones_are_refused():
     (["--queue-timeout", "inf"], "--queue-timeout must be positive and finite"),
     (["--port", "70000"], "--port must be in"),
     (["--target", "no-such-model"], "unknown model"),
+    # the door flags (test_serve_security.py)
+    (["--max-connections", "0"], "--max-connections must be positive"),
+    (["--body-timeout", "nan"], "--body-timeout must be positive and finite"),
+    (["--send-timeout", "inf"], "--send-timeout must be positive and finite"),
+    (["--keep-alive-timeout", "-1"], "--keep-alive-timeout must be positive"),
+    (["--allowed-hosts", " , "], "--allowed-hosts is empty"),
 ])
 def test_bad_options_are_one_line_and_exit_2(capsys, monkeypatch, args, message):
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("must not start"))

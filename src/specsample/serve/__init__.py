@@ -1,7 +1,8 @@
 """An OpenAI-compatible HTTP server over the library (`specsample serve`).
 
 A file per job, in the order a request meets them:
-  app.py             the app: routes, API-key middleware, error handlers, the worker's lifespan
+  app.py             the app: routes, the doors' middleware, error handlers, the worker's lifespan
+  doors.py           who may come in: the Host check, the API key, the JSON content type
   schemas.py         the OpenAI request shapes (pydantic, strict) and reading a body into one
   request_config.py  request -> GenerationConfig and one task per choice: the one path that checks it
   routes.py          the routes, and Follower, the one consumer of the worker's events (JSON and SSE)

@@ -1,11 +1,11 @@
-"""The app: routes, the API-key middleware, error handlers, and the worker's lifespan."""
+"""The app: routes, the doors (Host, API key), error handlers, and the worker's lifespan."""
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 from collections.abc import Callable
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -16,27 +16,11 @@ from ..backends.base import Backend
 from ..drafters import Drafter
 from ..sampling import SamplingConfig
 from . import routes
+from .doors import CheckHost, RequireKey
 from .errors import APIError
 from .metrics import CountRequests, Metrics
 from .settings import Server, Settings
 from .worker import Worker
-
-
-class RequireKey:
-    """ASGI middleware: every path but /health needs `Authorization: Bearer <key>`."""
-
-    def __init__(self, app, key: str):
-        self.app = app
-        self.expected = f"Bearer {key}".encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] != "/health":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):  # constant time
-                error = APIError(401, "a valid API key is required: Authorization: Bearer <key>",
-                                 code="invalid_api_key")
-                return await error.response()(scope, receive, send)
-        await self.app(scope, receive, send)
 
 
 async def _api_error(request: Request, e: APIError) -> Response:
@@ -61,6 +45,7 @@ def create_app(target: Backend, make_drafter: Callable[[SamplingConfig], Drafter
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        server.tokenizing = anyio.CapacityLimiter(settings.tokenizer_threads)  # needs the running loop
         worker.start()
         try:
             yield
@@ -79,8 +64,10 @@ def create_app(target: Backend, make_drafter: Callable[[SamplingConfig], Drafter
     ]
     app = Starlette(routes=paths, lifespan=lifespan, exception_handlers={
         APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
-    if settings.api_key:
+    if settings.api_key is not None:
         app.add_middleware(RequireKey, key=settings.api_key)
+    if settings.allowed_hosts is not None and "*" not in settings.allowed_hosts:
+        app.add_middleware(CheckHost, allowed=settings.allowed_hosts)  # before the key: a rebound page learns nothing
     app.add_middleware(CountRequests, metrics=server.metrics, endpoints={r.path for r in paths})  # outermost
     app.state.server = server
     return app

@@ -27,7 +27,43 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request may wait (default 120)")
     p.add_argument("--max-tokens", type=int, default=1024, help="cap on a request's max_tokens, and its default")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="cap on a request body (default 1 MiB)")
+    add_door_arguments(p)
     p.set_defaults(func=cmd_serve)
+
+
+def add_door_arguments(p) -> None:
+    """Who may connect, and for how long (docs/serve.md, "Security")."""
+    p.add_argument("--allowed-hosts", metavar="NAMES",
+                   help="comma-separated Host names served besides loopback ones, '*' for any (default: on a "
+                        "loopback bind, loopback names only; otherwise any)")
+    p.add_argument("--max-connections", type=int, default=100,
+                   help="open connections (and requests) at once; more get 503 (default 100)")
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0,
+                   help="seconds an idle connection stays open between requests (default 5)")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds a request body may take to arrive; then 408 (default 30)")
+    p.add_argument("--send-timeout", type=float, default=30.0,
+                   help="seconds a stream may wait for its client to read; then it is dropped (default 30)")
+
+
+def door_settings(args) -> dict:
+    """The door flags, checked, as Settings fields (the uvicorn ones are read by cmd_serve)."""
+    from .doors import is_loopback
+    if args.api_key is not None and not args.api_key.strip():
+        raise UsageError("the API key is empty (--api-key or $SPECSAMPLE_API_KEY): give a key, or unset it to "
+                         "serve without one")
+    for name in ("max_connections", "keep_alive_timeout", "body_timeout", "send_timeout"):
+        value = getattr(args, name)
+        if not (value > 0 and math.isfinite(value)):
+            raise UsageError(f"--{name.replace('_', '-')} must be positive and finite, got {value}")
+    if args.allowed_hosts is not None:
+        hosts = tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
+        if not hosts:
+            raise UsageError("--allowed-hosts is empty: name the hosts, or '*' for any")
+        allowed = None if "*" in hosts else hosts
+    else:
+        allowed = () if is_loopback(args.host) else None  # a public bind is reached by names we cannot know
+    return dict(allowed_hosts=allowed, body_timeout=args.body_timeout, send_timeout=args.send_timeout)
 
 
 def cmd_serve(args) -> int:
@@ -38,6 +74,7 @@ def cmd_serve(args) -> int:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
     GenerationConfig(k=args.k, k_max=args.k_max)  # a bad -k fails now, not on every request
+    doors = door_settings(args)
     import uvicorn
 
     from .app import create_app
@@ -48,7 +85,8 @@ def cmd_serve(args) -> int:
     settings = Settings(model_name=models.target.name, k=args.k, k_max=args.k_max,
                         policy=models.policy(args.k, args.k_max), api_key=args.api_key, max_queue=args.max_queue,
                         queue_timeout=args.queue_timeout, max_body_bytes=args.max_body_bytes,
-                        max_tokens=args.max_tokens, verifier=args.verifier)
+                        max_tokens=args.max_tokens, verifier=args.verifier, **doors)
     app = create_app(models.target, models.drafter, models.drafter_name, settings)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", limit_concurrency=args.max_connections,
+                timeout_keep_alive=args.keep_alive_timeout)
     return 0

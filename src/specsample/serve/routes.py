@@ -10,11 +10,13 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import anyio.to_thread
 from sse_starlette import EventSourceResponse
-from starlette.concurrency import run_in_threadpool
+from sse_starlette.sse import SendTimeoutError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from .doors import log
 from .errors import APIError, ClientGone, ending_error
 from .events import Ended, Finished, Generated
 from .replies import FINISH_REASONS, Answer, Choice, Reply
@@ -36,16 +38,16 @@ async def _answer(request: Request, chat: bool) -> Response:
     arrived = time.monotonic()
     server: Server = request.app.state.server
     settings = server.settings
-    body = await read_request(request, ChatRequest if chat else CompletionRequest, settings.max_body_bytes)
+    body = await read_request(request, ChatRequest if chat else CompletionRequest, settings.max_body_bytes,
+                              settings.body_timeout)
     if body.model != settings.model_name:
         raise APIError(404, f"model {body.model!r} not found; this server serves {settings.model_name!r}",
                        param="model", code="model_not_found")
     asked = plan(body, settings, server.target.vocab_size)
-    # Tokenizing a long prompt takes a while: off the loop, like generation.
     if chat:
-        prompts = [(await run_in_threadpool(chat_prompt, body, server.target), None)]
+        prompts = [(await off_the_loop(server, chat_prompt, body, server.target), None)]
     else:
-        prompts = await run_in_threadpool(completion_prompts, body, server.target)
+        prompts = await off_the_loop(server, completion_prompts, body, server.target)
     choices = tasks(asked, prompts, server.target.context_length, "messages" if chat else "prompt")
     sampling = asked.config.sampling if asked.config is not None else None
     job = Job(choices, lambda: server.make_drafter(sampling), asyncio.get_running_loop())
@@ -63,13 +65,33 @@ async def _answer(request: Request, chat: bool) -> Response:
         await follower.started()
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return EventSourceResponse(_stream(follower, reply, include_usage), sep="\n", ping=15)
+            return Stream(_stream(follower, reply, include_usage), sep="\n", ping=15,
+                          send_timeout=settings.send_timeout)
         async for _ in follower.steps():
             pass
         return JSONResponse(reply.whole(follower.answer.whole, follower.answer.results))
     finally:
         # A stream's disconnects are sse-starlette's to notice from here on.
         watcher.cancel()
+
+
+async def off_the_loop(server: Server, tokenizing, *args):
+    """Tokenizing a long prompt takes a while: off the loop, but in a few threads only
+    (server.tokenizing), so that a flood of prompts cannot take the worker's cores."""
+    return await anyio.to_thread.run_sync(tokenizing, *args, limiter=server.tokenizing)
+
+
+class Stream(EventSourceResponse):
+    """Server-sent events whose client stopped reading (send_timeout) end with one log
+    line: its generation is cancelled as the events' generator closes."""
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            client = scope.get("client")
+            log.info("%s stopped reading its stream for %g s: dropped", "%s:%s" % tuple(client) if client else "a client",
+                     self.send_timeout)
 
 
 async def _cancel_on_disconnect(request: Request, job: Job) -> None:
@@ -176,22 +198,22 @@ async def tokenize(request: Request) -> Response:
     """vLLM's /tokenize, which evaluation harnesses use to count context tokens
     exactly as the server will (lm-evaluation-harness's remote tokenizer)."""
     server: Server = request.app.state.server
-    body = await read_request(request, TokenizeRequest, server.settings.max_body_bytes)
+    body = await read_request(request, TokenizeRequest, server.settings.max_body_bytes, server.settings.body_timeout)
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give one of prompt or messages", param="prompt")
     if body.messages is not None:
-        ids = await run_in_threadpool(chat_prompt, body, server.target)
+        ids = await off_the_loop(server, chat_prompt, body, server.target)
     else:
-        ids = await run_in_threadpool(server.target.tokenizer.encode, body.prompt)
+        ids = await off_the_loop(server, server.target.tokenizer.encode, body.prompt)
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": server.target.context_length})
 
 
 async def detokenize(request: Request) -> Response:
     server: Server = request.app.state.server
-    body = await read_request(request, DetokenizeRequest, server.settings.max_body_bytes)
+    body = await read_request(request, DetokenizeRequest, server.settings.max_body_bytes, server.settings.body_timeout)
     if not all(0 <= t < server.target.vocab_size for t in body.tokens):
         raise APIError(400, f"token ids must be in [0, {server.target.vocab_size})", param="tokens")
-    return JSONResponse({"prompt": await run_in_threadpool(server.target.tokenizer.decode, body.tokens)})
+    return JSONResponse({"prompt": await off_the_loop(server, server.target.tokenizer.decode, body.tokens)})
 
 
 async def tokenizer_info(request: Request) -> Response:

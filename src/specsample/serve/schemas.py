@@ -7,13 +7,15 @@ status.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
-from .errors import APIError
+from .doors import log, require_json
+from .errors import APIError, ClientGone
 
 
 class _Strict(BaseModel):
@@ -107,10 +109,10 @@ NEUTRAL = {
 Model = TypeVar("Model", bound=_Strict)
 
 
-async def read_request(request: Request, model: type[Model], limit: int) -> Model:
-    """The body, at most `limit` bytes of JSON, as `model`; unknown parameters are
-    refused unless NEUTRAL allows their value."""
-    data = await read_json(request, limit)
+async def read_request(request: Request, model: type[Model], limit: int, timeout: float) -> Model:
+    """The body, at most `limit` bytes of JSON arriving within `timeout` seconds, as
+    `model`; unknown parameters are refused unless NEUTRAL allows their value."""
+    data = await read_json(request, limit, timeout)
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
     try:
@@ -142,19 +144,35 @@ def _validation_error(e: ValidationError) -> APIError:
     return APIError(400, f"{param}: {error['msg']}" if param else error["msg"], param=param, code="invalid_type")
 
 
-async def read_json(request: Request, limit: int):
+async def read_json(request: Request, limit: int, timeout: float):
+    require_json(request)
     length = request.headers.get("content-length", "0")
     if not (length.isascii() and length.isdigit()) or int(length) > limit:
         raise APIError(413, f"the request body exceeds {limit} bytes", code="body_too_large")
+    try:
+        # One deadline for the whole body: a client trickling a byte at a time must
+        # not hold a connection (and a place under the connection limit) for ever.
+        body = await asyncio.wait_for(_read_body(request, limit), timeout)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout:g} s",
+                       code="request_timeout") from None
+    except ClientDisconnect:
+        client = request.client
+        log.info("%s left before sending all of its request body", f"{client.host}:{client.port}" if client else "a client")
+        raise ClientGone() from None
+    try:
+        return json.loads(body, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as e:
+        raise APIError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
+
+
+async def _read_body(request: Request, limit: int) -> bytearray:
     body = bytearray()
     async for part in request.stream():  # chunked bodies have no length: count as they come
         body += part
         if len(body) > limit:
             raise APIError(413, f"the request body exceeds {limit} bytes", code="body_too_large")
-    try:
-        return json.loads(body, parse_constant=_no_constants)
-    except (ValueError, RecursionError) as e:
-        raise APIError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
+    return body
 
 
 def _no_constants(name: str):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import anyio
 
 from ..backends.base import Backend
 from ..control import Policy
@@ -19,12 +22,29 @@ class Settings:
     k: int | str = "auto"  # draft tokens per round, or "auto"
     k_max: int = 8  # the most drafts "auto" proposes in a round
     policy: Policy | None = None  # one adaptive controller for all requests (keeps its measurements)
-    api_key: str | None = None
+    api_key: str | None = None  # None: no key; an empty one is refused (it would be no key, silently)
+    allowed_hosts: tuple[str, ...] | None = ()  # Host names served besides loopback ones; None: any
     max_queue: int = 16  # requests waiting for the model; one more gets 429
     queue_timeout: float = 120.0  # seconds a request may wait for the model
     max_body_bytes: int = 1 << 20
     max_tokens: int = 1024  # cap on max_tokens per request, and its default
     verifier: str = "auto"  # GenerationConfig.verifier for every request
+    body_timeout: float = 30.0  # seconds a request body may take to arrive (408 after)
+    send_timeout: float = 30.0  # seconds a stream's client may leave a chunk unread before it is dropped
+    tokenizer_threads: int = field(default_factory=lambda: tokenizer_threads())  # tokenizing off the queue
+
+    def __post_init__(self):
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("the API key is empty: give a non-empty key, or none to serve without one")
+        if self.tokenizer_threads < 1:
+            raise ValueError(f"tokenizer_threads must be at least 1, got {self.tokenizer_threads}")
+
+
+def tokenizer_threads() -> int:
+    """Threads that may tokenize at once outside the worker's queue: one on a small
+    machine, two at most, so a flood of /tokenize calls leaves the worker its cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return 1 if cores < 4 else 2
 
 
 @dataclass
@@ -35,3 +55,4 @@ class Server:
     settings: Settings
     worker: Worker
     metrics: Metrics
+    tokenizing: anyio.CapacityLimiter | None = None  # of settings.tokenizer_threads; made in the app's lifespan
