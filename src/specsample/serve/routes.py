@@ -93,6 +93,7 @@ class Follower:
 
     def __init__(self, server: Server, job: Job, answer: Answer, arrived: float):
         self.server, self.job, self.answer, self.arrived = server, job, answer, arrived
+        self._prompts = {task.index: task.prompt_ids for task in job.tasks}  # a batch's prompts differ in length
 
     async def started(self) -> None:
         """Wait for the worker to take the job, at most the queue timeout."""
@@ -120,7 +121,7 @@ class Follower:
                 first = False
             step = Step(event.index, self.answer.part(event))
             if isinstance(event, Finished):
-                self.server.metrics.finished(len(self.job.tasks[0].prompt_ids), event.result.stats)
+                self.server.metrics.finished(len(self._prompts[event.index]), event.result.stats)
                 step.finish_reason = FINISH_REASONS[event.result.stop_reason]
             yield step
         self._end(event)
