@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from .errors import APIError, ClientGone, ending_error
 from .events import Ended, Finished, Generated
 from .replies import FINISH_REASONS, Answer, Choice, Reply
-from .request_config import chat_prompt, completion_prompts, plan, tasks
+from .request_config import chat_prompt, completion_prompts, plan, response_headers, tasks
 from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, read_request
 from .settings import Server
 from .worker import Job, QueueFull
@@ -63,10 +63,12 @@ async def _answer(request: Request, chat: bool) -> Response:
         await follower.started()
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return EventSourceResponse(_stream(follower, reply, include_usage), sep="\n", ping=15)
+            return EventSourceResponse(_stream(follower, reply, include_usage), sep="\n", ping=15,
+                                       headers=response_headers(asked))
         async for _ in follower.steps():
             pass
-        return JSONResponse(reply.whole(follower.answer.whole, follower.answer.results))
+        return JSONResponse(reply.whole(follower.answer.whole, follower.answer.results),
+                            headers=response_headers(asked))
     finally:
         # A stream's disconnects are sse-starlette's to notice from here on.
         watcher.cancel()

@@ -24,7 +24,13 @@ class Settings:
     queue_timeout: float = 120.0  # seconds a request may wait for the model
     max_body_bytes: int = 1 << 20
     max_tokens: int = 1024  # cap on max_tokens per request, and its default
+    max_request_tokens: int | None = None  # cap on a request's tokens, all choices and echo; None: 8 x max_tokens
     verifier: str = "auto"  # GenerationConfig.verifier for every request
+
+    @property
+    def request_budget(self) -> int:
+        """Eight full-length choices by default: a request's n and prompts share one budget."""
+        return self.max_request_tokens or 8 * self.max_tokens
 
 
 @dataclass
