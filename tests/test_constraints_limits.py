@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specsample.constraints import MAX_SCHEMA_DEPTH, Constraint, ConstraintError, start
+from specsample.constraints import Constraint, ConstraintError, start
 from specsample.generate import GenerationConfig, stream
 
 from toy import byte_backend
@@ -27,7 +27,7 @@ def test_a_deeply_nested_schema_is_refused_in_one_line(depth, as_text):
     schema = nested(depth)
     if as_text:  # built by hand: json.dumps itself recurses
         schema = '{"type": "object", "properties": {"a": ' * depth + '{"type": "string"}' + "}}" * depth
-    with pytest.raises(ConstraintError, match=f"nested more than {MAX_SCHEMA_DEPTH} levels"):
+    with pytest.raises(ConstraintError, match="nested more than 128 levels"):
         Constraint.json_schema(schema)
 
 
@@ -55,5 +55,5 @@ def test_lenient_mode_names_the_keywords_it_leaves_unenforced():
     lenient = Constraint.json_schema(SCHEMA, strict=False)
     assert any("uniqueItems" in w for w in lenient.unenforced) and any('"not"' in w for w in lenient.unenforced)
     assert Constraint.json_schema({"type": "array"}, strict=False).unenforced == ()
-    with pytest.raises(ConstraintError, match="not"):
-        Constraint.json_schema(json.dumps(SCHEMA), strict=True)
+    with pytest.raises(ConstraintError, match='"not"'):
+        Constraint.json_schema(json.dumps({"not": {"type": "string"}}), strict=True)
