@@ -134,6 +134,21 @@ def test_metrics_count_requests_tokens_and_acceptance(client, url):
         assert name in after
 
 
+def test_prompt_tokens_count_each_prompt_of_a_batch(url):
+    """Two prompts of different lengths, two samples each: every choice counts its own prompt."""
+    def prompt_tokens():
+        text = httpx.get(f"{url}/metrics").text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("specsample_prompt_tokens_total"))
+
+    prompts = ["the cat", "the dog ran far away and then it was over"]
+    before = prompt_tokens()
+    r = httpx.post(f"{url}/v1/completions", json={"model": "toy", "prompt": prompts, "n": 2, "max_tokens": 3,
+                                                   "seed": 1}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert prompt_tokens() - before == 2 * sum(len(p.split()) for p in prompts)
+
+
 def test_the_default_auto_mode_with_the_hybrid_drafter():
     """The server as `specsample serve` starts it: -k auto, one adaptive controller for
     every request, the draft model with lookup beside it. Greedy answers equal plain

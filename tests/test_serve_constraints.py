@@ -110,8 +110,37 @@ def test_a_bad_response_format_is_a_400_naming_the_field(url, response_format, p
     assert error["param"] == param and words in error["message"], error
 
 
-def test_a_lenient_schema_is_served(client):
+def test_a_lenient_schema_is_served_and_names_what_it_left_unenforced(client, url):
     schema = {"type": "string", "format": "colour", "maxLength": 3}
-    reply = client.completions.create(model="toy", prompt="a", max_tokens=20, extra_body={"response_format": {
-        "type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": False}}})
-    assert isinstance(json.loads(reply.choices[0].text), str)
+    reply = client.completions.with_raw_response.create(
+        model="toy", prompt="a", max_tokens=20,
+        extra_body={"response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "x", "schema": schema, "strict": False}}})
+    assert isinstance(json.loads(reply.parse().choices[0].text), str)
+    assert "colour" in reply.headers["x-specsample-unenforced-schema"]
+    unique = {"type": "json_schema", "json_schema": {"name": "x", "strict": False,
+                                                     "schema": {"type": "array", "uniqueItems": True}}}
+    body = {"model": "toy", "prompt": "a", "max_tokens": 8, "response_format": unique, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200 and "uniqueItems" in r.headers["x-specsample-unenforced-schema"]
+    assert "x-specsample-unenforced-schema" not in httpx.post(
+        f"{url}/v1/completions", json={**body, "stream": False, "response_format": FORMAT}, timeout=30).headers
+
+
+def nested(depth):
+    schema = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+@pytest.mark.parametrize("schema,strict,words", [
+    ({"$ref": "#"}, True, "admits no output"), ({"$ref": "#"}, False, "admits no output"),
+    (nested(200), True, "nested more than 128"),
+    ({"type": "array", "items": {"not": {"type": "string"}}}, True, "not"),
+])
+def test_a_schema_the_server_cannot_honour_is_a_400(url, schema, strict, words):
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict}}
+    body = {"model": "toy", "prompt": "a", "max_tokens": 8, "response_format": response_format}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert r.status_code == 400 and words in r.json()["error"]["message"], r.text

@@ -58,6 +58,11 @@ KINDS = ("json_schema", "regex", "grammar")
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+# serde_json's nesting limit, which llguidance parses schemas with: checked first, so a
+# schema nested deeper is refused by its depth, before Python's json recurses on it.
+MAX_SCHEMA_DEPTH = 128
+
+
 class ConstraintError(ValueError):
     """A schema, regex or grammar that cannot be used; the message is one line."""
 
@@ -72,6 +77,10 @@ class Constraint:
     source: str
     strict: bool = True
     grammar: str = field(init=False, repr=False, compare=False)  # the engine's form
+    # What strict=False let through unenforced (the engine's warnings, one line each:
+    # unimplemented keywords such as `not` or `uniqueItems`, unknown formats); the
+    # output may break these parts of the schema.
+    unenforced: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         llguidance = _engine_module()
@@ -85,13 +94,18 @@ class Constraint:
                 grammar = llguidance.grammar_from("regex" if self.kind == "regex" else "grammar", self.source)
         except ValueError as e:
             raise ConstraintError(f"{_what(self.kind)}: {_one_line(e)}") from None
-        error = llguidance.LLMatcher.validate_grammar(grammar)
-        if error:
-            raise ConstraintError(f"{_what(self.kind)}: {_one_line(error)}")
+        except RecursionError:
+            raise ConstraintError(f"{_what(self.kind)}: nested too deeply") from None
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+        if failed:
+            raise ConstraintError(f"{_what(self.kind)}: {_one_line(messages[0])}")
         object.__setattr__(self, "grammar", grammar)
+        object.__setattr__(self, "unenforced", tuple(_one_line(m) for m in messages))
 
     @classmethod
     def json_schema(cls, schema: dict | str, strict: bool = True) -> "Constraint":
+        if not isinstance(schema, str):
+            _check_depth(schema)
         return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema), strict)
 
     @classmethod
@@ -121,9 +135,23 @@ def _schema_text(source: str) -> str:
         schema = json.loads(source)
     except ValueError as e:
         raise ValueError(f"not JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"nested more than {MAX_SCHEMA_DEPTH} levels deep") from None
     if not isinstance(schema, (dict, bool)):
         raise ValueError(f"a schema is a JSON object, not {type(schema).__name__}")
+    _check_depth(schema)
     return source
+
+
+def _check_depth(schema) -> None:
+    """Refuses a schema nested deeper than MAX_SCHEMA_DEPTH, walking it without recursion."""
+    level = [schema]
+    for depth in range(MAX_SCHEMA_DEPTH + 1):
+        level = [v for node in level if isinstance(node, (dict, list))
+                 for v in (node.values() if isinstance(node, dict) else node)]
+        if not level:
+            return
+    raise ConstraintError(f"{_what('json_schema')}: nested more than {MAX_SCHEMA_DEPTH} levels deep")
 
 
 def _what(kind: str) -> str:
@@ -363,6 +391,14 @@ _ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def start(constraint: Constraint, target, max_new_tokens: int) -> GrammarState:
-    """A fresh grammar state for one generation on `target`."""
-    return GrammarState(engine_for(target).matcher(constraint), target.vocab_size, target.eos_token_ids,
-                        max_new_tokens - 1)
+    """A fresh grammar state for one generation on `target`. A grammar that admits no
+    text at all (a schema that only refers to itself: {"$ref": "#"}) is refused here,
+    before any model call, rather than answered with an empty "valid" output."""
+    state = GrammarState(engine_for(target).matcher(constraint), target.vocab_size, target.eos_token_ids,
+                         max_new_tokens - 1)
+    allowed = state.allowed()  # the engine still allows an end of sequence there: no text, not accepting
+    if not isinstance(allowed, int) and not bool((allowed & state._text_tokens).any()) \
+            and not state._matcher.is_accepting():
+        raise ConstraintError(f"{_what(constraint.kind)}: it admits no output at all (a definition that only "
+                              "refers to itself?)")
+    return state

@@ -11,6 +11,7 @@ Two kinds, as vLLM names them:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -53,11 +54,16 @@ def token_logprobs(logits: torch.Tensor, probs: torch.Tensor | None, tokens: lis
             for t, v, i, w in zip(tokens, chosen, best.tolist(), transform(values).tolist())]
 
 
-def score_prompt(target, prompt_ids: list[int], top: int = 0, chunk: int = 128) -> list[TokenLogprob | None]:
+def score_prompt(target, prompt_ids: list[int], top: int = 0, chunk: int = 128,
+                 cancelled: Callable[[], bool] = lambda: False) -> list[TokenLogprob | None] | None:
     """Raw log-probabilities of each prompt token given the tokens before it; None for
     the first, which nothing predicts. Scores in chunks of `chunk` tokens, so the rows
     held at once stay small (a 152k vocabulary is 0.6 MB a row). Leaves the target's
-    cache holding the prompt."""
+    cache holding the prompt.
+
+    `cancelled()` is asked before each call to the target: once it says True, scoring
+    stops there and returns None (a server's client that left frees the model within
+    one call, not after the whole prompt)."""
     if not prompt_ids:
         raise ValueError("the prompt is empty")
     if len(prompt_ids) > target.context_length:
@@ -69,6 +75,8 @@ def score_prompt(target, prompt_ids: list[int], top: int = 0, chunk: int = 128) 
     target.rollback(0)
     out: list[TokenLogprob | None] = [None]
     for start in range(0, len(prompt_ids), chunk):
+        if cancelled():
+            return None
         piece = prompt_ids[start : start + chunk]
         logits = finite_logits(target.score(piece, num_logits=len(piece)), target.name)  # [len(piece), vocab]
         following = prompt_ids[start + 1 : start + 1 + len(piece)]  # one short at the end: the last row predicts text to come

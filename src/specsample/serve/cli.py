@@ -26,6 +26,10 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the model; more get 429")
     p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request may wait (default 120)")
     p.add_argument("--max-tokens", type=int, default=1024, help="cap on a request's max_tokens, and its default")
+    p.add_argument("--max-request-tokens", type=int, default=None,
+                   help="cap on one request's tokens: every choice's max_tokens (n x prompts) plus the prompt tokens "
+                        "echo scores; more gets 400, as one worker serves requests in turn and a large one holds "
+                        "everyone else (default 8 x --max-tokens: eight full-length choices)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="cap on a request body (default 1 MiB)")
     add_door_arguments(p)
     p.set_defaults(func=cmd_serve)
@@ -71,6 +75,8 @@ def cmd_serve(args) -> int:
         value = getattr(args, name)
         if not (value > 0 and math.isfinite(value)):  # NaN fails both; inf would wait forever
             raise UsageError(f"--{name.replace('_', '-')} must be positive and finite, got {value}")
+    if args.max_request_tokens is not None and args.max_request_tokens < 1:
+        raise UsageError(f"--max-request-tokens must be positive, got {args.max_request_tokens}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
     GenerationConfig(k=args.k, k_max=args.k_max)  # a bad -k fails now, not on every request
@@ -85,7 +91,8 @@ def cmd_serve(args) -> int:
     settings = Settings(model_name=models.target.name, k=args.k, k_max=args.k_max,
                         policy=models.policy(args.k, args.k_max), api_key=args.api_key, max_queue=args.max_queue,
                         queue_timeout=args.queue_timeout, max_body_bytes=args.max_body_bytes,
-                        max_tokens=args.max_tokens, verifier=args.verifier, **doors)
+                        max_tokens=args.max_tokens, max_request_tokens=args.max_request_tokens,
+                        verifier=args.verifier, **doors)
     app = create_app(models.target, models.drafter, models.drafter_name, settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", limit_concurrency=args.max_connections,
                 timeout_keep_alive=args.keep_alive_timeout)

@@ -41,6 +41,7 @@ class Plan:
     logprobs: int | None  # alternatives per token; None: none asked for
     n: int
     echo: bool
+    budget: int  # the most tokens one request may ask for: every choice's max_tokens, and the prompts echo scores
 
 
 def plan(request: GenerationRequest, settings: Settings, vocab_size: int) -> Plan:
@@ -86,7 +87,18 @@ def _plan(request: GenerationRequest, requested: int | None, echo: bool, setting
                               verifier=settings.verifier, logprobs=logprobs,
                               logprobs_mode=request.logprobs_mode or "raw",
                               constraint=response_constraint(request.response_format))
-    return Plan(None if requested == 0 else config, requested, logprobs, request.n or 1, echo)
+    return Plan(None if requested == 0 else config, requested, logprobs, request.n or 1, echo,
+                settings.request_budget)
+
+
+def response_headers(plan: Plan) -> dict[str, str]:
+    """The schema parts a lenient response_format left unenforced, as a header (on
+    whole and streamed answers alike; OpenAI's body has no field for it)."""
+    constraint = plan.config.constraint if plan.config is not None else None
+    if constraint is None or not constraint.unenforced:
+        return {}
+    value = "; ".join(constraint.unenforced).encode("ascii", "backslashreplace").decode()
+    return {UNENFORCED_HEADER: value}
 
 
 def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
@@ -109,10 +121,15 @@ def requested_logprobs(request: GenerationRequest) -> int | None:
     return (request.top_logprobs or 0) if request.logprobs else None
 
 
+UNENFORCED_HEADER = "X-Specsample-Unenforced-Schema"
+
+
 def response_constraint(response_format: ResponseFormat | None) -> Constraint | None:
-    """OpenAI's response_format: text, any JSON object, or JSON under a schema. The
-    output always follows the schema; `strict` (default false, as OpenAI's) says
-    whether schema keywords the grammar engine does not implement are refused."""
+    """OpenAI's response_format: text, any JSON object, or JSON under a schema.
+    `strict: true` refuses (400) a schema with keywords the grammar engine does not
+    implement, so the output follows the whole schema; `strict: false` (the default,
+    as OpenAI's) enforces the rest and lets those parts go unenforced: the output may
+    break them, and the response's UNENFORCED_HEADER names them (response_headers)."""
     if response_format is None or response_format.type == "text":
         return None
     if response_format.type == "json_object":
@@ -182,7 +199,22 @@ def tasks(plan: Plan, prompts: list[Prompt], context_length: int, param: str) ->
         for i in range(plan.n):
             seeded = None if fitted is None else dataclasses.replace(fitted, seed=_nth_seed(fitted.seed, i))
             out.append(Task(p * plan.n + i, ids, seeded, plan.logprobs if plan.echo else None))
+    check_budget(out, plan.budget)
     return out
+
+
+def check_budget(tasks: list[Task], budget: int) -> None:
+    """The single worker serves one request at a time, so one asking for n x prompts x
+    max_tokens would hold everyone else for as long: its generated tokens (each
+    choice's max_tokens, fitted to the context) and the prompt tokens echo scores must
+    fit the server's --max-request-tokens."""
+    generated = sum(t.config.max_new_tokens for t in tasks if t.config is not None)
+    scored = sum(len(t.prompt_ids) for t in tasks if t.prompt_logprobs is not None)
+    if generated + scored > budget:
+        raise APIError(400, f"this request asks for up to {generated + scored} tokens ({len(tasks)} choices: "
+                       f"{generated} to generate, {scored} prompt tokens to score), over this server's limit of "
+                       f"{budget} per request (--max-request-tokens); ask for fewer choices or a smaller max_tokens",
+                       param="max_tokens", code="request_too_large")
 
 
 def fit_context(plan: Plan, prompt_length: int, context: int, param: str) -> GenerationConfig | None:

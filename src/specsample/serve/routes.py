@@ -20,7 +20,7 @@ from .doors import log
 from .errors import APIError, ClientGone, ending_error
 from .events import Ended, Finished, Generated
 from .replies import FINISH_REASONS, Answer, Choice, Reply
-from .request_config import chat_prompt, completion_prompts, plan, tasks
+from .request_config import chat_prompt, completion_prompts, plan, response_headers, tasks
 from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, read_request
 from .settings import Server
 from .worker import Job, QueueFull
@@ -66,10 +66,11 @@ async def _answer(request: Request, chat: bool) -> Response:
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return Stream(_stream(follower, reply, include_usage), sep="\n", ping=15,
-                          send_timeout=settings.send_timeout)
+                          send_timeout=settings.send_timeout, headers=response_headers(asked))
         async for _ in follower.steps():
             pass
-        return JSONResponse(reply.whole(follower.answer.whole, follower.answer.results))
+        return JSONResponse(reply.whole(follower.answer.whole, follower.answer.results),
+                            headers=response_headers(asked))
     finally:
         # A stream's disconnects are sse-starlette's to notice from here on.
         watcher.cancel()
@@ -115,6 +116,7 @@ class Follower:
 
     def __init__(self, server: Server, job: Job, answer: Answer, arrived: float):
         self.server, self.job, self.answer, self.arrived = server, job, answer, arrived
+        self._prompts = {task.index: task.prompt_ids for task in job.tasks}  # a batch's prompts differ in length
 
     async def started(self) -> None:
         """Wait for the worker to take the job, at most the queue timeout."""
@@ -142,7 +144,7 @@ class Follower:
                 first = False
             step = Step(event.index, self.answer.part(event))
             if isinstance(event, Finished):
-                self.server.metrics.finished(len(self.job.tasks[0].prompt_ids), event.result.stats)
+                self.server.metrics.finished(len(self._prompts[event.index]), event.result.stats)
                 step.finish_reason = FINISH_REASONS[event.result.stop_reason]
             yield step
         self._end(event)

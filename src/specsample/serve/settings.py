@@ -28,6 +28,7 @@ class Settings:
     queue_timeout: float = 120.0  # seconds a request may wait for the model
     max_body_bytes: int = 1 << 20
     max_tokens: int = 1024  # cap on max_tokens per request, and its default
+    max_request_tokens: int | None = None  # cap on a request's tokens, all choices and echo; None: 8 x max_tokens
     verifier: str = "auto"  # GenerationConfig.verifier for every request
     body_timeout: float = 30.0  # seconds a request body may take to arrive (408 after)
     send_timeout: float = 30.0  # seconds a stream's client may leave a chunk unread before it is dropped
@@ -45,6 +46,11 @@ def tokenizer_threads() -> int:
     machine, two at most, so a flood of /tokenize calls leaves the worker its cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return 1 if cores < 4 else 2
+
+    @property
+    def request_budget(self) -> int:
+        """Eight full-length choices by default: a request's n and prompts share one budget."""
+        return self.max_request_tokens or 8 * self.max_tokens
 
 
 @dataclass

@@ -59,6 +59,15 @@ class Job:
         self.cancelled.set()
 
 
+class _Cancelled(Exception):
+    pass
+
+
+def _stop_if_cancelled(job: Job) -> None:
+    if job.cancelled.is_set():
+        raise _Cancelled
+
+
 class Worker:
     def __init__(self, target, max_queue: int, policy=None):
         self.target = target
@@ -129,6 +138,10 @@ class Worker:
         try:
             drafter = None
             for task in job.tasks:
+                # Asked between tasks, between scoring calls and before a generation
+                # starts as well as between rounds: a client that left holds the
+                # model for one call at most, whatever it asked for.
+                _stop_if_cancelled(job)
                 s = None
                 if task.config is not None:
                     drafter = drafter or job.make_drafter()
@@ -139,17 +152,23 @@ class Worker:
                         return
                 job.start()
                 if task.prompt_logprobs is not None:
-                    scored = score_prompt(self.target, task.prompt_ids, task.prompt_logprobs)
+                    scored = score_prompt(self.target, task.prompt_ids, task.prompt_logprobs,
+                                          cancelled=job.cancelled.is_set)
+                    _stop_if_cancelled(job)  # scored is None then
                     job.emit(PromptScored(task.index, scored))
+                _stop_if_cancelled(job)  # before the prefill
                 if s is None:
                     job.emit(Finished(task.index, GenerationResult([], "", GenerationStats(), "length")))
                     continue
                 for chunk in s:
                     job.emit(Generated(task.index, chunk))
-                    if job.cancelled.is_set():  # before computing the next round
-                        job.emit(Ended(End.CANCELLED))  # the next job starts with a rollback: nothing to clean up
-                        return
+                    # Before computing the next round; the next job starts with a
+                    # rollback: nothing to clean up.
+                    _stop_if_cancelled(job)
                 job.emit(Finished(task.index, s.result))
+        except _Cancelled:
+            job.emit(Ended(End.CANCELLED))
+            return
         except Exception as e:  # reported to the request; the worker keeps serving
             job.emit(Ended(End.FAILED, e))
             return
