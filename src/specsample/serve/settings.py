@@ -40,17 +40,17 @@ class Settings:
         if self.tokenizer_threads < 1:
             raise ValueError(f"tokenizer_threads must be at least 1, got {self.tokenizer_threads}")
 
+    @property
+    def request_budget(self) -> int:
+        """Eight full-length choices by default: a request's n and prompts share one budget."""
+        return self.max_request_tokens or 8 * self.max_tokens
+
 
 def tokenizer_threads() -> int:
     """Threads that may tokenize at once outside the worker's queue: one on a small
     machine, two at most, so a flood of /tokenize calls leaves the worker its cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return 1 if cores < 4 else 2
-
-    @property
-    def request_budget(self) -> int:
-        """Eight full-length choices by default: a request's n and prompts share one budget."""
-        return self.max_request_tokens or 8 * self.max_tokens
 
 
 @dataclass
