@@ -24,12 +24,12 @@ def test_the_server_fits_max_tokens_to_what_stream_accepts(k, k_max):
     room = new_token_room(target.context_length, len(PROMPT), k if k != "auto" else k_max)
     assert room == 20 - 5 - (3 if k == 3 else 5) - 1
     config = GenerationConfig(max_new_tokens=100, k=k, k_max=k_max)
-    fitted = fit_context(Plan(config, None, None, 1, False), len(PROMPT), target.context_length, "prompt")
+    fitted = fit_context(Plan(config, None, None, 1, False, budget=1 << 20), len(PROMPT), target.context_length, "prompt")
     assert fitted.max_new_tokens == room
     stream(target, PROMPT, fitted)  # accepted: stream() checks before any model call
     with pytest.raises(ValueError, match="does not fit the context of the target"):
         stream(target, PROMPT, dataclasses.replace(fitted, max_new_tokens=room + 1))
     with pytest.raises(APIError, match=f"leaves room for {room}"):
-        fit_context(Plan(config, room + 1, None, 1, False), len(PROMPT), target.context_length, "prompt")
+        fit_context(Plan(config, room + 1, None, 1, False, budget=1 << 20), len(PROMPT), target.context_length, "prompt")
     with pytest.raises(APIError, match=f"prompts of at most {len(PROMPT) + room - 1}"):
-        fit_context(Plan(config, None, None, 1, False), len(PROMPT) + room, target.context_length, "prompt")
+        fit_context(Plan(config, None, None, 1, False, budget=1 << 20), len(PROMPT) + room, target.context_length, "prompt")
