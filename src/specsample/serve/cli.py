@@ -53,9 +53,11 @@ def add_door_arguments(p) -> None:
 def door_settings(args) -> dict:
     """The door flags, checked, as Settings fields (the uvicorn ones are read by cmd_serve)."""
     from .doors import is_loopback
-    if args.api_key is not None and not args.api_key.strip():
-        raise UsageError("the API key is empty (--api-key or $SPECSAMPLE_API_KEY): give a key, or unset it to "
-                         "serve without one")
+    from .settings import check_api_key
+    try:
+        check_api_key(args.api_key)  # before the models load
+    except ValueError as e:
+        raise UsageError(f"{e} (--api-key or $SPECSAMPLE_API_KEY)") from None
     for name in ("max_connections", "keep_alive_timeout", "body_timeout", "send_timeout"):
         value = getattr(args, name)
         if not (value > 0 and math.isfinite(value)):

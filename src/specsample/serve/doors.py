@@ -17,6 +17,7 @@ import logging
 from starlette.requests import Request
 
 from .errors import APIError
+from .settings import check_api_key
 
 # uvicorn configures this logger at the level `serve` runs with; ours would print nothing.
 log = logging.getLogger("uvicorn.error")
@@ -68,8 +69,7 @@ class RequireKey:
     header (the scheme in any case, RFC 7235)."""
 
     def __init__(self, app, key: str):
-        if not key.strip():
-            raise ValueError("the API key is empty: an empty key would let every request in")
+        check_api_key(key)
         self.app = app
         self.expected = key.encode()
 

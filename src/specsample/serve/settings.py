@@ -35,8 +35,7 @@ class Settings:
     tokenizer_threads: int = field(default_factory=lambda: tokenizer_threads())  # tokenizing off the queue
 
     def __post_init__(self):
-        if self.api_key is not None and not self.api_key.strip():
-            raise ValueError("the API key is empty: give a non-empty key, or none to serve without one")
+        check_api_key(self.api_key)
         if self.tokenizer_threads < 1:
             raise ValueError(f"tokenizer_threads must be at least 1, got {self.tokenizer_threads}")
 
@@ -44,6 +43,12 @@ class Settings:
     def request_budget(self) -> int:
         """Eight full-length choices by default: a request's n and prompts share one budget."""
         return self.max_request_tokens or 8 * self.max_tokens
+
+
+def check_api_key(key: str | None) -> None:
+    """The one rule for a key: none, or not empty (an empty one would let every request in)."""
+    if key is not None and not key.strip():
+        raise ValueError("the API key is empty: give a non-empty key, or none to serve without one")
 
 
 def tokenizer_threads() -> int:
