@@ -72,6 +72,9 @@ class FixedK:
     def observe(self, report) -> None:
         pass
 
+    def end(self) -> None:
+        pass
+
 
 class AdaptiveController:
     """Plans each round's source and draft length (0 ... k_max) to maximise expected
@@ -138,6 +141,9 @@ class AdaptiveController:
         self.acceptance.observe(report)
         self.shadow.observe(report, self.acceptance)
         self.length.generated += len(report.emitted_tokens)
+
+    def end(self) -> None:
+        pass
 
 
 class ConfidenceRule:

@@ -108,3 +108,7 @@ class Policy(Protocol):
 
     def observe(self, report: RoundReport) -> None: ...
 
+    def end(self) -> None:
+        """The sequence begun last is over (finished, stopped or abandoned)."""
+        ...
+

@@ -6,9 +6,19 @@ marks on the backend object who filled the cache last (claim_cache).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """The model call that served a score(): the tokens it scored in all (every
+    sequence's, when several were batched into it) and how long it took."""
+
+    tokens: int
+    seconds: float
 
 
 class Tokenizer(Protocol):
@@ -41,6 +51,10 @@ class Backend(Protocol):
     # Identifies engine, model file and thread count in the adaptive controller's cost
     # cache (calibrate.py); None: no stable identity, nothing is cached.
     cost_key: str | None = None
+    # The call behind the last score(), where the backend knows better than a clock
+    # around score() (a batched call: its size is everyone's tokens, and a clock around
+    # score() would also count the wait for the others); None: time score() itself.
+    last_call: CallRecord | None = None
 
     @property
     def length(self) -> int:
