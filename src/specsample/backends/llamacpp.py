@@ -146,7 +146,7 @@ class LlamaCppBackend(Backend):
     engine = "llamacpp"
 
     def __init__(self, path: Path, *, name: str | None = None, threads: int | None = None, n_ctx: int = 4096,
-                 n_batch: int = 512, share_cores: bool = True, batch_invariant: bool = False):
+                 n_batch: int = 512, share_cores: bool = True, batch_invariant: bool = False, sequences: int = 1):
         lib = _llama()
         self._lib = lib
         self.name = name or Path(path).name
@@ -161,8 +161,18 @@ class LlamaCppBackend(Backend):
         self._model, self._vocab = self._loaded.pointer, self._loaded.vocab
         threads = threads or os.cpu_count() or 1
         cparams = lib.llama_context_default_params()
+        # n_ctx is each sequence's context. With several sequences every one gets a KV
+        # stream of its own (kv_unified off): a sequence's cells then sit in the order of
+        # its positions whatever the others do, so its attention sums in the same order
+        # as when it runs alone (what --batch-invariant needs), and one sequence's
+        # rollback never leaves holes that another's tokens fill.
+        if sequences < 1:
+            raise ValueError(f"a llama.cpp backend holds at least one sequence, got {sequences}")
+        self.sequences = sequences
         self.context_length = min(n_ctx, lib.llama_model_n_ctx_train(self._model))
-        cparams.n_ctx = self.context_length
+        cparams.n_ctx = self.context_length * sequences
+        cparams.n_seq_max = sequences
+        cparams.kv_unified = sequences == 1
         cparams.n_batch = cparams.n_ubatch = n_batch
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.flash_attn = cparams.flash_attn or batch_invariant
@@ -182,43 +192,63 @@ class LlamaCppBackend(Backend):
         self.tokenizer = LlamaCppTokenizer(self)
         self.vocab_size = trim_padding(self._n_vocab, lambda t: (lib.llama_vocab_get_text(self._vocab, t) or b"").decode("utf-8", "replace"))
         self.eos_token_ids = frozenset(t for t in range(self._n_vocab) if lib.llama_vocab_is_eog(self._vocab, t))
-        self._length = 0
+        self._lengths = [0] * sequences
         # Identifies this engine, file and thread count in the controller's cost cache.
-        self.cost_key = f"llamacpp-{Path(path).name}-{Path(path).stat().st_size}-t{threads}" + ("-bi" if batch_invariant else "")
+        self.cost_key = (f"llamacpp-{Path(path).name}-{Path(path).stat().st_size}-t{threads}" + ("-bi" if batch_invariant else "")
+                         + (f"-s{sequences}" if sequences > 1 else ""))
 
     @property
     def length(self) -> int:
-        return self._length
+        return self._lengths[0]
 
     def score(self, token_ids: list[int], num_logits: int) -> torch.Tensor:
+        return self.score_many([(0, token_ids, num_logits)])[0]
+
+    def sequence_length(self, seq: int) -> int:
+        return self._lengths[seq]
+
+    def score_many(self, requests: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
+        """Several sequences' score() in one batch: (sequence, token_ids, num_logits)
+        each, at most one per sequence; llama.cpp decodes them together (in chunks of
+        n_batch tokens). Returns each request's [num_logits, vocab] rows."""
+        if len({seq for seq, _, _ in requests}) < len(requests):
+            raise ValueError("a batch holds at most one request per sequence")
         if self._share is not None:
             self._use_threads(self._share.threads(self.threads))
+        # One flat list of (sequence, position, token, wants logits), cut into calls.
+        flat = []
+        for seq, token_ids, num_logits in requests:
+            first_wanted = len(token_ids) - num_logits
+            base = self._lengths[seq]
+            flat += [(seq, base + i, token, i >= first_wanted) for i, token in enumerate(token_ids)]
         rows = []
-        first_wanted = len(token_ids) - num_logits
-        for start in range(0, len(token_ids), self._n_batch):
-            chunk = token_ids[start : start + self._n_batch]
+        for start in range(0, len(flat), self._n_batch):
+            chunk = flat[start : start + self._n_batch]
             batch = self._batch
             batch.n_tokens = len(chunk)
-            for i, token in enumerate(chunk):
+            for i, (seq, pos, token, wanted) in enumerate(chunk):
                 batch.token[i] = token
-                batch.pos[i] = self._length + i
+                batch.pos[i] = pos
                 batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = start + i >= first_wanted
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = wanted
             if self._lib.llama_decode(self._ctx, batch) != 0:
-                raise RuntimeError(f"llama_decode failed at position {self._length} ({self.name})")
-            self._length += len(chunk)
-            for i in range(max(0, first_wanted - start), len(chunk)):
-                pointer = self._lib.llama_get_logits_ith(self._ctx, i)
-                rows.append(np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))[: self.vocab_size].copy())
-        logits = np.stack(rows)  # [num_logits, vocab]
+                raise RuntimeError(f"llama_decode failed at position {chunk[0][1]} of sequence {chunk[0][0]} ({self.name})")
+            for i, (seq, pos, _, wanted) in enumerate(chunk):
+                self._lengths[seq] = pos + 1
+                if wanted:
+                    pointer = self._lib.llama_get_logits_ith(self._ctx, i)
+                    rows.append(np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))[: self.vocab_size].copy())
+        if not rows:
+            return [torch.empty(0, self.vocab_size) for _ in requests]
+        logits = np.stack(rows)  # [every request's num_logits, vocab]
         if not np.isfinite(logits.max(-1)).all():
             # llama.cpp computes in float32: non-finite logits mean damaged weights, not
             # an overflow that another dtype would avoid (base.finite_logits' advice).
             raise BackendError(f"{self.name}: llama.cpp returned NaN or infinite logits from {self.path}, so its "
                                f"weights are damaged: delete that file (a re-encoded copy is made again and a default "
                                f"model fetched again on the next start) or replace it")
-        return torch.from_numpy(logits)
+        return list(torch.from_numpy(logits).split([n for _, _, n in requests]))
 
     def _use_threads(self, n: int) -> None:
         if n != self._threads_now:
@@ -226,11 +256,14 @@ class LlamaCppBackend(Backend):
             self._threads_now = n
 
     def rollback(self, length: int) -> None:
-        if length >= self._length:
+        self.rollback_sequence(0, length)
+
+    def rollback_sequence(self, seq: int, length: int) -> None:
+        if length >= self._lengths[seq]:
             return
-        if not self._lib.llama_memory_seq_rm(self._memory, 0, length, -1):
-            raise RuntimeError(f"llama.cpp could not roll back to {length} tokens ({self.name})")
-        self._length = length
+        if not self._lib.llama_memory_seq_rm(self._memory, seq, length, -1):
+            raise RuntimeError(f"llama.cpp could not roll back sequence {seq} to {length} tokens ({self.name})")
+        self._lengths[seq] = length
 
     def __del__(self, _exiting=sys.is_finalizing):
         lib = getattr(self, "_lib", None)
@@ -244,5 +277,5 @@ class LlamaCppBackend(Backend):
 
 
 def load_llamacpp(path: Path, *, name: str | None = None, threads: int | None = None,
-                  batch_invariant: bool = False) -> LlamaCppBackend:
-    return LlamaCppBackend(path, name=name, threads=threads, batch_invariant=batch_invariant)
+                  batch_invariant: bool = False, sequences: int = 1) -> LlamaCppBackend:
+    return LlamaCppBackend(path, name=name, threads=threads, batch_invariant=batch_invariant, sequences=sequences)

@@ -1,0 +1,313 @@
+"""Many sequences per model call: continuous batching with speculation per sequence.
+
+Each sequence runs the unchanged generation loop (generate.stream) in a greenlet of
+its own, on a `Slot`: one sequence of a backend that holds several (llama.cpp
+sequence ids). A slot's score() does not call the model; it hands the request to the
+`Scheduler` and sleeps. When every live sequence is asleep on a request, the
+scheduler makes the calls, one per backend, with every waiting sequence's tokens in
+it, and wakes each with its own rows:
+
+    sequence A: draft draft ....... score(pending + 3 drafts) ... verify, emit
+    sequence B: ................... score(pending)            ... verify, emit
+    sequence C: draft ............. score(pending + 1 draft)  ... verify, emit
+                 \\ draft calls: A+C,  then A \\  one target call: 1 + 4 + 2 tokens
+
+Draft-model requests go first: a sequence that drafts reaches its target request a
+few draft steps later, and the target call waits for every live sequence, so that
+one call serves them all (the slack of a memory-bound call is what batching and
+speculation both spend; control.py decides how much of it each sequence's drafts
+get). Sequences join and leave between calls: a newcomer's prompt is scored in
+chunks (`prefill_chunk` tokens per call), so it does not stall the others for long.
+
+Why greenlets rather than a loop that steps every sequence: the loop's round (draft,
+score, verify, emit, with grammars, stop strings, log-probabilities and the
+policy) stays one readable function of one sequence, and every sequence keeps its
+own sampler, seed, verifier, grammar and statistics; the scheduler only sees model
+calls. Greenlets switch only at those calls, so a batch runs on one thread, in an
+order fixed by the sequences' arrival: a seeded run is reproducible, and nothing
+needs a lock.
+
+Exactness: a sequence's rows depend only on its own tokens, so its output follows
+its own target distribution whatever shares the call. With batch-invariant kernels
+(--batch-invariant) a row is even bitwise the row it would be alone; with llama.cpp's
+default kernels it moves with the call's size, as it already does with the number
+of drafts (docs/results/numerics).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import greenlet
+import torch
+
+from .backends.base import Backend, CallRecord
+
+PREFILL_CHUNK = 128  # prompt tokens a newcomer adds to one call while others decode
+
+
+class Slot(Backend):
+    """One sequence of a backend that holds several, as a Backend of its own: what the
+    loop, the drafters and prompt scoring use. Outside a scheduler it calls the model
+    itself (a batch of one)."""
+
+    def __init__(self, shared, seq: int):
+        self.shared, self.seq = shared, seq
+        self.name = shared.name if shared.sequences == 1 else f"{shared.name}[{seq}]"
+        for attribute in ("vocab_size", "eos_token_ids", "context_length", "tokenizer", "engine",
+                          "supports_rollback", "cost_key"):
+            setattr(self, attribute, getattr(shared, attribute))
+        self.last_call: CallRecord | None = None
+
+    @property
+    def length(self) -> int:
+        return self.shared.sequence_length(self.seq)
+
+    def score(self, token_ids: list[int], num_logits: int) -> torch.Tensor:
+        current = greenlet.getcurrent()
+        if not isinstance(current, _Sequence):
+            started = time.perf_counter()
+            rows = self.shared.score_many([(self.seq, token_ids, num_logits)])[0]
+            self.last_call = CallRecord(len(token_ids), time.perf_counter() - started)
+            return rows
+        if not token_ids:
+            return torch.empty(0, self.vocab_size)
+        # A long prompt goes in chunks, one per call, so the others keep decoding; each
+        # chunk asks for the rows of the wanted positions it holds.
+        rows = []
+        chunk = current.scheduler.prefill_chunk
+        first_wanted = len(token_ids) - num_logits
+        for start in range(0, len(token_ids), chunk):
+            piece = token_ids[start : start + chunk]
+            wanted = max(0, start + len(piece) - max(first_wanted, start))
+            rows.append(current.parent.switch(_Request(self, piece, wanted)))
+        return torch.cat(rows) if len(rows) > 1 else rows[0]
+
+    def rollback(self, length: int) -> None:
+        self.shared.rollback_sequence(self.seq, length)
+
+
+def slots(shared) -> list[Slot]:
+    """A Slot for each sequence the backend holds."""
+    return [Slot(shared, seq) for seq in range(shared.sequences)]
+
+
+class SeparateSequences:
+    """Single-sequence backends (sharing one model's weights) as one backend holding
+    several sequences, each request a call of its own: what transformers gets. Its
+    cache (DynamicCache) is one tensor per layer for the whole batch, so a batched
+    call would need every sequence padded to one length and rolled back together,
+    while speculation rolls each back by its own verdict."""
+
+    def __init__(self, backends: list[Backend]):
+        if not backends:
+            raise ValueError("need at least one backend")
+        self.backends = backends
+        self.sequences = len(backends)
+        first = backends[0]
+        self.name = first.name
+        for attribute in ("vocab_size", "eos_token_ids", "context_length", "tokenizer", "engine",
+                          "supports_rollback", "cost_key"):
+            setattr(self, attribute, getattr(first, attribute))
+
+    def sequence_length(self, seq: int) -> int:
+        return self.backends[seq].length
+
+    def score_many(self, requests: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
+        return [self.backends[seq].score(token_ids, num_logits) for seq, token_ids, num_logits in requests]
+
+    def rollback_sequence(self, seq: int, length: int) -> None:
+        self.backends[seq].rollback(length)
+
+
+@dataclass
+class _Request:
+    slot: Slot
+    token_ids: list[int]
+    num_logits: int
+
+
+class _Sequence(greenlet.greenlet):
+    """A greenlet that runs one sequence's work; `scheduler` is the one it belongs to."""
+
+    def __init__(self, run: Callable[[], object], scheduler: "Scheduler"):
+        super().__init__(run)
+        self.scheduler = scheduler
+
+
+@dataclass
+class Job:
+    """One unit of work the scheduler runs in a sequence: its outcome once done."""
+
+    run: Callable[[], object]
+    result: object = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+@dataclass
+class BatchStats:
+    """What the scheduler's calls looked like: per target call, its sequences and tokens."""
+
+    target_calls: int = 0
+    sequences_per_call: list[int] = field(default_factory=list)  # histogram: [n] = calls serving n sequences
+    tokens_per_call: list[int] = field(default_factory=list)  # histogram: [n] = calls scoring n tokens
+    target_seconds: float = 0.0
+    draft_calls: int = 0
+    draft_seconds: float = 0.0
+
+    def record(self, target: bool, sequences: int, tokens: int, seconds: float) -> None:
+        if target:
+            self.target_calls += 1
+            self.target_seconds += seconds
+            _bump(self.sequences_per_call, sequences)
+            _bump(self.tokens_per_call, tokens)
+        else:
+            self.draft_calls += 1
+            self.draft_seconds += seconds
+
+
+class Scheduler:
+    """Runs jobs, each in a sequence of its own, and makes their model calls together.
+
+    `target` is the backend (the shared one the slots belong to) whose calls wait for
+    every live sequence; calls on any other backend (the draft model's) are made as
+    soon as no sequence can run on without them. Single-threaded: add jobs and call
+    step() from one thread.
+    """
+
+    def __init__(self, target, prefill_chunk: int = PREFILL_CHUNK, clock=time.perf_counter):
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill chunk must be >= 1 token, got {prefill_chunk}")
+        self.target, self.prefill_chunk, self.clock = target, prefill_chunk, clock
+        self.stats = BatchStats()
+        self._waiting: dict[_Sequence, _Request] = {}  # live sequences, each asleep on its request
+        self._jobs: dict[_Sequence, Job] = {}
+
+    @property
+    def live(self) -> int:
+        return len(self._jobs)
+
+    def add(self, run: Callable[[], object]) -> Job:
+        """Start `run()` in a sequence of its own: it runs until its first model call
+        (or to its end) now, and from then on inside step()."""
+        job = Job(run)
+        sequence = _Sequence(lambda *_: _capture(job), self)
+        self._jobs[sequence] = job
+        self._resume(sequence, None)
+        return job
+
+    def step(self) -> bool:
+        """Make the next calls: every draft-model request if there is one, otherwise
+        the target call that serves every live sequence. False: nothing was waiting."""
+        if not self._waiting:
+            return False
+        others = {s: r for s, r in self._waiting.items() if r.slot.shared is not self.target}
+        if others:
+            by_backend: dict[int, dict[_Sequence, _Request]] = {}
+            for sequence, request in others.items():
+                by_backend.setdefault(id(request.slot.shared), {})[sequence] = request
+            for group in by_backend.values():
+                self._call(group, target=False)
+        else:
+            self._call(dict(self._waiting), target=True)
+        return True
+
+    def run(self, jobs: Iterable[Callable[[], object]] = ()) -> None:
+        """Add the jobs and step until every sequence is done."""
+        for run in jobs:
+            self.add(run)
+        while self.step():
+            pass
+
+    def _call(self, group: dict[_Sequence, _Request], target: bool) -> None:
+        requests = list(group.values())
+        shared = requests[0].slot.shared
+        tokens = sum(len(r.token_ids) for r in requests)
+        for sequence in group:
+            del self._waiting[sequence]
+        started = self.clock()
+        try:
+            rows = shared.score_many([(r.slot.seq, r.token_ids, r.num_logits) for r in requests])
+        except Exception as error:  # every sequence in the call hears it, in its own loop
+            for sequence in group:
+                self._resume(sequence, None, error)
+            return
+        seconds = self.clock() - started
+        self.stats.record(target, len(requests), tokens, seconds)
+        for sequence, request, logits in zip(group, requests, rows):
+            request.slot.last_call = CallRecord(tokens, seconds)
+            self._resume(sequence, logits)
+
+    def _resume(self, sequence: _Sequence, value, error: BaseException | None = None) -> None:
+        """Run a sequence until its next request (kept) or its end (dropped)."""
+        request = sequence.throw(error) if error is not None else sequence.switch(value)
+        if sequence.dead:
+            del self._jobs[sequence]
+        else:
+            self._waiting[sequence] = request
+
+
+def _capture(job: Job) -> None:
+    try:
+        job.result = job.run()
+    except BaseException as error:  # the caller reads it from the job; the others go on
+        job.error = error
+    job.done = True
+
+
+def _bump(histogram: list[int], index: int) -> None:
+    histogram.extend([0] * (index + 1 - len(histogram)))
+    histogram[index] += 1
+
+
+def generate_many(target, prompts: list[list[int]], configs, draft=None,
+                  make_drafter: Callable[[Backend], object] | None = None, policy=None,
+                  prefill_chunk: int = PREFILL_CHUNK) -> tuple[list, BatchStats]:
+    """Generate for every prompt, up to `target.sequences` at once: a prompt joins as
+    soon as an earlier one finishes (continuous batching).
+
+    `target` (and `draft`, when given) hold several sequences (a llama.cpp backend
+    loaded with `sequences=N`, or SeparateSequences); `configs` is one
+    GenerationConfig or one per prompt; `make_drafter(draft_slot)` builds a sequence's
+    drafter on its slot of the draft model (the draft is None for lookup alone);
+    `policy` is forked for each sequence (control.py). Returns the GenerationResults
+    in the prompts' order, and the batch's statistics. A prompt that fails raises
+    after the others are done.
+    """
+    from .generate import generate
+
+    configs = list(configs) if isinstance(configs, (list, tuple)) else [configs] * len(prompts)
+    if len(configs) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(configs)} configurations")
+    if draft is not None and draft.sequences < target.sequences:
+        raise ValueError(f"the draft model holds {draft.sequences} sequences, the target {target.sequences}")
+    target_slots = slots(target)
+    draft_slots = slots(draft) if draft is not None else [None] * len(target_slots)
+    free = list(range(len(target_slots)))
+    scheduler = Scheduler(target, prefill_chunk)
+    jobs = [None] * len(prompts)
+
+    def job(i: int, seq: int) -> Callable[[], object]:
+        def run():
+            try:
+                drafter = None if make_drafter is None else make_drafter(draft_slots[seq])
+                own = None if policy is None else policy.fork()
+                return generate(target_slots[seq], prompts[i], configs[i], drafter, own)
+            finally:
+                free.append(seq)
+        return run
+
+    waiting = list(range(len(prompts)))
+    while waiting or scheduler.live:
+        while waiting and free:
+            i = waiting.pop(0)
+            jobs[i] = scheduler.add(job(i, free.pop(0)))
+        if not scheduler.step() and not (waiting and free):
+            break
+    for j in jobs:
+        if j.error is not None:
+            raise j.error
+    return [j.result for j in jobs], scheduler.stats
