@@ -35,7 +35,7 @@ PROMPT = "weather today? "
 @pytest.fixture(scope="module")
 def url():
     draft = byte_backend(1, "draft")
-    app = create_app(byte_backend(0), lambda sampling: ModelDrafter(draft, sampling), draft.name,
+    app = create_app(byte_backend(0), lambda sampling, slot: ModelDrafter(slot or draft, sampling), draft.name,
                      Settings(model_name="toy", k=3))
     with running(app) as base:
         yield base

@@ -38,9 +38,9 @@ class LeavesAt(ToyBackend):
 
 
 def run(target, tasks) -> list:
-    job = Job(tasks, lambda: None, Inline())
+    job = Job(tasks, lambda draft: None, Inline())
     target.job = job
-    Worker(target, max_queue=1)._generate(job)
+    Worker(target, max_queue=1)._generate(job, 0)
     events = []
     while not job.events.empty():
         events.append(job.events.get_nowait())

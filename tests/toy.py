@@ -35,6 +35,8 @@ class TrigramBackend(Backend):
     def score(self, token_ids, num_logits):
         self.tokens += token_ids
         n = len(self.tokens)
+        if not num_logits:
+            return torch.empty(0, self.vocab_size)
         return torch.stack([self.next_logits(self.tokens[: n - i]) for i in reversed(range(num_logits))])
 
     def rollback(self, length):
@@ -304,3 +306,54 @@ def byte_backend(seed: int, name: str = "bytes") -> BigramBackend:
     b = BigramBackend(torch.randn(len(BYTE_PIECES), len(BYTE_PIECES), generator=g) * 2, name=name)
     b.tokenizer, b.eos_token_ids = PieceTokenizer(BYTE_PIECES, BYTE_EOS), frozenset({BYTE_EOS})
     return b
+
+
+class TrigramSequences(Backend):
+    """Several trigram sequences in one backend (as llama.cpp holds them): each request
+    of a batch is scored on its own sequence's tokens. Records every call as the list
+    of (sequence, tokens scored)."""
+
+    def __init__(self, table: torch.Tensor, sequences: int, name: str = "trigram"):
+        self.members = [TrigramBackend(table, name) for _ in range(sequences)]
+        self.sequences, self.name = sequences, name
+        self.vocab_size = table.shape[-1]
+        self.eos_token_ids = frozenset()
+        self.context_length = 10_000
+        self.tokenizer = None
+        self.calls: list[list[tuple[int, int]]] = []
+
+    @property
+    def length(self) -> int:
+        return self.members[0].length
+
+    def score(self, token_ids, num_logits):
+        return self.score_many([(0, token_ids, num_logits)])[0]
+
+    def rollback(self, length):
+        self.members[0].rollback(length)
+
+    def sequence_length(self, seq):
+        return self.members[seq].length
+
+    def rollback_sequence(self, seq, length):
+        self.members[seq].rollback(length)
+
+    def score_many(self, requests):
+        self.calls.append([(seq, len(ids)) for seq, ids, _ in requests])
+        return [self.members[seq].score(ids, n) for seq, ids, n in requests]
+
+
+class CrossTalk(TrigramSequences):
+    """A broken batch: in a call of several sequences, each one's rows lean towards the
+    token the next sequence ended on (state leaking between sequences)."""
+
+    def score_many(self, requests):
+        rows = super().score_many(requests)
+        if len(requests) < 2:
+            return rows
+        lasts = [self.members[seq].tokens[-1] for seq, _, _ in requests]
+        leaked = []
+        for i, r in enumerate(rows):
+            other = lasts[(i + 1) % len(lasts)]
+            leaked.append(r + 1.5 * torch.nn.functional.one_hot(torch.tensor(other), self.vocab_size))
+        return leaked

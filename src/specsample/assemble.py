@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from .backends import BACKENDS, load_backend, pick_backend
-from .backends.base import Backend, check_same_vocabulary
+from .backends.base import Backend, SeparateSequences, check_same_vocabulary
 from .backends.hf import DTYPES
 from .backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
 from .calibrate import cost_cache_path
@@ -105,8 +105,10 @@ class Models:
     def drafts(self) -> bool:
         return self.draft is not None or self.lookup
 
-    def drafter(self, sampling: SamplingConfig) -> Drafter | None:
-        return make_drafter(self.draft, sampling, lookup=self.lookup, ngram_max=self.ngram_max)
+    def drafter(self, sampling: SamplingConfig, draft: Backend | None = None) -> Drafter | None:
+        """A drafter drawing from `sampling`, on `draft` (one sequence of the draft
+        model, batching.Slot) or else on the draft model itself."""
+        return make_drafter(draft or self.draft, sampling, lookup=self.lookup, ngram_max=self.ngram_max)
 
     @property
     def drafter_name(self) -> str | None:
@@ -131,8 +133,9 @@ def make_drafter(draft: Backend | None, sampling: SamplingConfig, *, lookup: boo
     return HybridDrafter(model, ngram) if ngram is not None else model
 
 
-def assemble(options: ModelOptions, drafting: bool = True) -> Models:
-    """Load the target and, when drafting, the draft model (none for "ngram")."""
+def assemble(options: ModelOptions, drafting: bool = True, sequences: int = 1) -> Models:
+    """Load the target and, when drafting, the draft model (none for "ngram"), each
+    holding `sequences` sequences at once (the server's slots, batching.py)."""
     target_engine, draft_engine = check_options(options, drafting)
     if options.threads:
         import torch
@@ -140,20 +143,30 @@ def assemble(options: ModelOptions, drafting: bool = True) -> Models:
         torch.set_num_threads(options.threads)
     kw = dict(device=options.device, dtype=options.dtype, threads=options.threads)
     target_quant = None if options.target_quant == "none" else options.target_quant
-    target = load_backend(options.target, target_engine, quant=target_quant,
-                          batch_invariant=options.batch_invariant, **kw)
+    kw["sequences"] = sequences if target_engine == "llamacpp" else 1
+    target = hold_sequences(load_backend(options.target, target_engine, quant=target_quant,
+                                         batch_invariant=options.batch_invariant, **kw), sequences)
     if not drafting:
         return Models(target)
     if draft_engine is None:
         return Models(target, lookup=True, ngram_max=options.ngram_max)
     quant = options.draft_quant if draft_engine == "llamacpp" and options.draft_quant != "none" else None
+    kw["sequences"] = sequences if draft_engine == "llamacpp" else 1
     draft = load_backend(options.draft, draft_engine, quant=quant, **kw)
     check_same_vocabulary(target, draft)  # before any prompt work
     if options.draft_vocab:
         from .vocab import restrict_draft_vocabulary
 
         restrict_draft_vocabulary(draft, options.draft_vocab, cache_dir())
-    return Models(target, draft, lookup=options.lookup, ngram_max=options.ngram_max)
+    return Models(target, hold_sequences(draft, sequences), lookup=options.lookup, ngram_max=options.ngram_max)
+
+
+def hold_sequences(backend: Backend, sequences: int) -> Backend:
+    """The backend, holding `sequences` at once: a llama.cpp one was loaded so; an hf
+    one gets a cache per sequence on the same weights (base.SeparateSequences says why)."""
+    if backend.sequences >= sequences:
+        return backend
+    return SeparateSequences([backend] + [backend.sibling() for _ in range(sequences - 1)])
 
 
 def check_options(options: ModelOptions, drafting: bool = True) -> tuple[str, str | None]:

@@ -94,34 +94,6 @@ def slots(shared) -> list[Slot]:
     return [Slot(shared, seq) for seq in range(shared.sequences)]
 
 
-class SeparateSequences:
-    """Single-sequence backends (sharing one model's weights) as one backend holding
-    several sequences, each request a call of its own: what transformers gets. Its
-    cache (DynamicCache) is one tensor per layer for the whole batch, so a batched
-    call would need every sequence padded to one length and rolled back together,
-    while speculation rolls each back by its own verdict."""
-
-    def __init__(self, backends: list[Backend]):
-        if not backends:
-            raise ValueError("need at least one backend")
-        self.backends = backends
-        self.sequences = len(backends)
-        first = backends[0]
-        self.name = first.name
-        for attribute in ("vocab_size", "eos_token_ids", "context_length", "tokenizer", "engine",
-                          "supports_rollback", "cost_key"):
-            setattr(self, attribute, getattr(first, attribute))
-
-    def sequence_length(self, seq: int) -> int:
-        return self.backends[seq].length
-
-    def score_many(self, requests: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
-        return [self.backends[seq].score(token_ids, num_logits) for seq, token_ids, num_logits in requests]
-
-    def rollback_sequence(self, seq: int, length: int) -> None:
-        self.backends[seq].rollback(length)
-
-
 @dataclass
 class _Request:
     slot: Slot
@@ -178,10 +150,11 @@ class Scheduler:
     step() from one thread.
     """
 
-    def __init__(self, target, prefill_chunk: int = PREFILL_CHUNK, clock=time.perf_counter):
+    def __init__(self, target, prefill_chunk: int = PREFILL_CHUNK, clock=time.perf_counter, on_call=None):
         if prefill_chunk < 1:
             raise ValueError(f"prefill chunk must be >= 1 token, got {prefill_chunk}")
         self.target, self.prefill_chunk, self.clock = target, prefill_chunk, clock
+        self.on_call = on_call  # on_call(target, sequences, tokens, seconds) after every call
         self.stats = BatchStats()
         self._waiting: dict[_Sequence, _Request] = {}  # live sequences, each asleep on its request
         self._jobs: dict[_Sequence, Job] = {}
@@ -237,6 +210,8 @@ class Scheduler:
             return
         seconds = self.clock() - started
         self.stats.record(target, len(requests), tokens, seconds)
+        if self.on_call is not None:
+            self.on_call(target, len(requests), tokens, seconds)
         for sequence, request, logits in zip(group, requests, rows):
             request.slot.last_call = CallRecord(tokens, seconds)
             self._resume(sequence, logits)

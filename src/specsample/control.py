@@ -75,6 +75,9 @@ class FixedK:
     def end(self) -> None:
         pass
 
+    def fork(self) -> "FixedK":
+        return self  # nothing per sequence
+
 
 class AdaptiveController:
     """Plans each round's source and draft length (0 ... k_max) to maximise expected

@@ -112,3 +112,7 @@ class Policy(Protocol):
         """The sequence begun last is over (finished, stopped or abandoned)."""
         ...
 
+    def fork(self) -> "Policy":
+        """The policy for another sequence decoded beside this one's (batching.py)."""
+        ...
+

@@ -31,10 +31,13 @@ def pick_backend(name: str, backend: str = "auto", device: str = "cpu") -> str:
 
 
 def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype: str = "float32",
-                 threads: int | None = None, quant: str | None = None, batch_invariant: bool = False):
+                 threads: int | None = None, quant: str | None = None, batch_invariant: bool = False,
+                 sequences: int = 1):
     """A ready backend for a model name: short name, .gguf path, directory or hub id.
     `quant` (llama.cpp only): re-encode the GGUF file to this type first (cached).
-    `batch_invariant` (llama.cpp only): logits that do not depend on the call's size."""
+    `batch_invariant` (llama.cpp only): logits that do not depend on the call's size.
+    `sequences` (llama.cpp): how many it holds at once, in one context (batching.py);
+    an hf model gets its sequences from assemble.hold_sequences."""
     backend = pick_backend(name, backend, device)
     if backend in ENGINE_PACKAGES:
         require_engine(backend)
@@ -50,7 +53,8 @@ def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype
         if model.gguf_file:
             key = model.sha256[:16] if model.sha256 else f"{model.gguf_path.stat().st_size}-{int(model.gguf_path.stat().st_mtime)}"
             converted = cache_dir() / "converted" / f"{model.gguf_path.stem}-{key}-{dtype}"
-        return load_hf(model.location, model.gguf_file, device=device, dtype=dtype, name=model.name, converted_dir=converted)
+        return load_hf(model.location, model.gguf_file, device=device, dtype=dtype, name=model.name,
+                       converted_dir=converted)
     if backend == "llamacpp":
         if model.gguf_path is None:
             raise ModelError(f"the llamacpp backend needs a .gguf file, and {name} is not one")
@@ -61,6 +65,7 @@ def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype
 
             label = f"{model.name}-{quant}"
             return load_reencoded(model.gguf_path, quant, lambda path: load_llamacpp(
-                path, name=label, threads=threads, batch_invariant=batch_invariant))
-        return load_llamacpp(model.gguf_path, name=model.name, threads=threads, batch_invariant=batch_invariant)
+                path, name=label, threads=threads, batch_invariant=batch_invariant, sequences=sequences))
+        return load_llamacpp(model.gguf_path, name=model.name, threads=threads, batch_invariant=batch_invariant,
+                             sequences=sequences)
     raise ModelError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")

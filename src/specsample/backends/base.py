@@ -73,6 +73,62 @@ class Backend(Protocol):
         """Forget every cached token past the first `length`."""
         ...
 
+    # Several sequences at once (batching.py): a backend that holds more than one
+    # overrides these; score() and rollback() above are its sequence 0.
+    sequences: int = 1
+
+    def score_many(self, requests: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
+        """score() for several sequences in one call: (sequence, token_ids, num_logits)
+        each, at most one per sequence; each request's [num_logits, vocab] rows."""
+        if [seq for seq, _, _ in requests] != [0]:
+            raise ValueError(f"{self.name} holds one sequence (0); asked for {[seq for seq, _, _ in requests]}")
+        _, token_ids, num_logits = requests[0]
+        return [self.score(token_ids, num_logits)]
+
+    def sequence_length(self, seq: int) -> int:
+        return self.length
+
+    def rollback_sequence(self, seq: int, length: int) -> None:
+        self.rollback(length)
+
+
+class SeparateSequences(Backend):
+    """Single-sequence backends (sharing one model's weights) as one backend holding
+    several sequences, each request a call of its own: what transformers gets. Its
+    cache (DynamicCache) is one tensor per layer for the whole batch, so a batched
+    call would need every sequence padded to one length and rolled back together,
+    while speculation rolls each back by its own verdict."""
+
+    def __init__(self, backends: list[Backend]):
+        if not backends:
+            raise ValueError("need at least one backend")
+        self.backends = backends
+        self.sequences = len(backends)
+        first = backends[0]
+        self.name = first.name
+        for attribute in ("vocab_size", "eos_token_ids", "context_length", "tokenizer", "engine",
+                          "supports_rollback", "cost_key"):
+            setattr(self, attribute, getattr(first, attribute))
+
+    @property
+    def length(self) -> int:
+        return self.backends[0].length
+
+    def score(self, token_ids: list[int], num_logits: int) -> torch.Tensor:
+        return self.backends[0].score(token_ids, num_logits)
+
+    def rollback(self, length: int) -> None:
+        self.backends[0].rollback(length)
+
+    def sequence_length(self, seq: int) -> int:
+        return self.backends[seq].length
+
+    def score_many(self, requests: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
+        return [self.backends[seq].score(token_ids, num_logits) for seq, token_ids, num_logits in requests]
+
+    def rollback_sequence(self, seq: int, length: int) -> None:
+        self.backends[seq].rollback(length)
+
 
 def trim_padding(size: int, token_text) -> int:
     """Vocabulary size without trailing padding entries ("[PAD151665]" ... in Qwen).

@@ -118,6 +118,12 @@ class HFBackend(Backend):
         self._threads = torch.get_num_threads()
         self._share = SHARED if self.device.type == "cpu" else None
 
+    def sibling(self) -> "HFBackend":
+        """Another sequence on the same weights (and vocabulary cut): a cache of its own."""
+        other = HFBackend(self.model, self.tokenizer, self.name)
+        other._kept = self._kept
+        return other
+
     def restrict_vocabulary(self, keep: list[int]) -> None:
         """Score only these tokens (a draft-side speed-up, see vocab.py): the output
         layer is replaced by its rows for `keep`; every other logit is -inf."""
@@ -148,7 +154,9 @@ class HFBackend(Backend):
             self.cache = self._new_cache()
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
         try:
-            out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=num_logits)
+            # logits_to_keep=0 would mean every row: keep one and drop it below.
+            out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
+                             logits_to_keep=max(1, num_logits))
         except BaseException:
             # A forward that fails midway (out of memory in a long prefill, Ctrl-C) has
             # appended these tokens to the layers before the failure and not to the
@@ -156,7 +164,7 @@ class HFBackend(Backend):
             self.cache, self._length = None, 0
             raise
         self._length += len(token_ids)
-        logits = out.logits[0, -num_logits:].float().cpu()  # [num_logits, scored]
+        logits = out.logits[0, out.logits.shape[1] - num_logits:].float().cpu()  # [num_logits, scored]
         if self._kept is not None:
             full = torch.full((num_logits, self.vocab_size), float("-inf"))
             inside = self._kept < self.vocab_size

@@ -35,13 +35,17 @@ async def _internal_error(request: Request, e: Exception) -> Response:
     return APIError(500, f"internal error: {type(e).__name__}", type="server_error").response()
 
 
-def create_app(target: Backend, make_drafter: Callable[[SamplingConfig], Drafter | None], drafter_name: str | None,
-               settings: Settings) -> Starlette:
-    """make_drafter(sampling) -> a Drafter or None (autoregressive), built per request."""
+def create_app(target: Backend, make_drafter: Callable[[SamplingConfig, Backend | None], Drafter | None],
+               drafter_name: str | None, settings: Settings, draft: Backend | None = None) -> Starlette:
+    """make_drafter(sampling, draft_slot) -> a Drafter or None (autoregressive), built per
+    request on its slot of `draft` (None: the drafter's own model). For
+    settings.parallel > 1, target and draft hold that many sequences."""
     if target.tokenizer is None:
         raise ValueError(f"{target.name} has no tokenizer; the server needs one")
-    worker = Worker(target, settings.max_queue, settings.policy)
-    server = Server(target, make_drafter, drafter_name, settings, worker, Metrics(queue_depth=lambda: worker.depth))
+    metrics = Metrics()
+    worker = Worker(target, settings.max_queue, settings.policy, draft, settings.parallel, on_call=metrics.call)
+    metrics.watch(worker)
+    server = Server(target, make_drafter, drafter_name, settings, worker, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

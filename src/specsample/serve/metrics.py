@@ -11,7 +11,7 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 
 
 class Metrics:
-    def __init__(self, queue_depth):
+    def __init__(self):
         r = self.registry = CollectorRegistry()
         self.requests = Counter("specsample_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
         self.request_seconds = Histogram("specsample_request_seconds", "Time to answer a request, end of stream included",
@@ -30,8 +30,24 @@ class Metrics:
                                     buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), registry=r)
         self.cancelled = Counter("specsample_cancelled_generations", "Generations stopped: client gone or timed out",
                                  registry=r)
-        depth = Gauge("specsample_queue_depth", "Requests waiting for the model", registry=r)
-        depth.set_function(queue_depth)
+        self.batch_sequences = Histogram("specsample_batch_sequences", "Requests served by each target call",
+                                         buckets=(1, 2, 3, 4, 6, 8, 12, 16), registry=r)
+        self.batch_tokens = Histogram("specsample_batch_tokens", "Tokens scored by each target call (every request's)",
+                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
+        self.depth = Gauge("specsample_queue_depth", "Requests waiting for the model", registry=r)
+        self.active = Gauge("specsample_active_slots", "Requests being generated now", registry=r)
+        self.slots = Gauge("specsample_slots", "Requests that may be generated at once (--parallel)", registry=r)
+
+    def watch(self, worker) -> None:
+        self.depth.set_function(lambda: worker.depth)
+        self.active.set_function(lambda: worker.active)
+        self.slots.set(worker.parallel)
+
+    def call(self, target: bool, sequences: int, tokens: int, seconds: float) -> None:
+        """A model call the worker made (called from its thread)."""
+        if target:
+            self.batch_sequences.observe(sequences)
+            self.batch_tokens.observe(tokens)
 
     def finished(self, prompt_tokens: int, stats) -> None:
         self.prompt_tokens.inc(prompt_tokens)

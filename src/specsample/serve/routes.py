@@ -50,7 +50,7 @@ async def _answer(request: Request, chat: bool) -> Response:
         prompts = await off_the_loop(server, completion_prompts, body, server.target)
     choices = tasks(asked, prompts, server.target.context_length, "messages" if chat else "prompt")
     sampling = asked.config.sampling if asked.config is not None else None
-    job = Job(choices, lambda: server.make_drafter(sampling), asyncio.get_running_loop())
+    job = Job(choices, lambda draft: server.make_drafter(sampling, draft), asyncio.get_running_loop())
     try:
         server.worker.submit(job)
     except QueueFull:

@@ -21,7 +21,8 @@ class Settings:
     model_name: str  # the id clients pass as "model"
     k: int | str = "auto"  # draft tokens per round, or "auto"
     k_max: int = 8  # the most drafts "auto" proposes in a round
-    policy: Policy | None = None  # one adaptive controller for all requests (keeps its measurements)
+    policy: Policy | None = None  # forked for each slot; the forks share the measured costs
+    parallel: int = 1  # requests generated at once, in one target call per round (slots)
     api_key: str | None = None  # None: no key; an empty one is refused (it would be no key, silently)
     allowed_hosts: tuple[str, ...] | None = ()  # Host names served besides loopback ones; None: any
     max_queue: int = 16  # requests waiting for the model; one more gets 429
@@ -38,6 +39,8 @@ class Settings:
         check_api_key(self.api_key)
         if self.tokenizer_threads < 1:
             raise ValueError(f"tokenizer_threads must be at least 1, got {self.tokenizer_threads}")
+        if self.parallel < 1:
+            raise ValueError(f"parallel must be at least 1, got {self.parallel}")
 
     @property
     def request_budget(self) -> int:
@@ -61,7 +64,8 @@ def tokenizer_threads() -> int:
 @dataclass
 class Server:
     target: Backend  # with a tokenizer
-    make_drafter: Callable[[SamplingConfig], Drafter | None]  # a request's drafter, drawing from its sampling
+    # make_drafter(sampling, draft_slot): a request's drafter, drawing from its sampling, on its slot
+    make_drafter: Callable[[SamplingConfig, Backend | None], Drafter | None]
     drafter_name: str | None
     settings: Settings
     worker: Worker

@@ -1,10 +1,14 @@
-"""The single worker that owns the models: one generation at a time, in a thread.
+"""The single worker that owns the models: up to `parallel` generations at once, in
+one thread.
 
-The KV caches are single-sequence, so requests take turns. Each waits in a FIFO
-queue of at most max_queue live requests; the worker runs `stream` for it and hands
-every chunk back to the event loop that is answering it (`loop.call_soon_threadsafe`),
-so the loop never blocks on a model. A request whose client went away is cancelled:
-the worker stops iterating its Stream at the next round and moves on.
+Each request waits in a FIFO queue of at most max_queue live requests until a slot
+(one sequence of the models' caches) is free; then it runs `stream` on its slot, in a
+sequence of the batch scheduler (batching.py), which makes one target call per
+round for every request being generated (continuous batching: requests join and
+leave between calls). Every chunk is handed back to the event loop that is
+answering the request (`loop.call_soon_threadsafe`), so the loop never blocks on a
+model. A request whose client went away is cancelled: its sequence stops at its
+next round and frees its slot.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..backends.base import Backend
+from ..batching import Scheduler, slots
 from ..drafters import Drafter
 from ..generate import GenerationConfig, GenerationResult, GenerationStats, stream
 from ..logprobs import score_prompt
@@ -39,7 +45,9 @@ class Task:
 @dataclass
 class Job:
     tasks: list[Task]  # run in turn: n samples of each prompt
-    make_drafter: Callable[[], Drafter | None]  # built in the worker: a ModelDrafter follows the request's sampling
+    # make_drafter(draft_slot), built in the worker on the request's slot of the draft
+    # model (None: lookup alone or none): a ModelDrafter follows the request's sampling.
+    make_drafter: Callable[[Backend | None], Drafter | None]
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)  # in the order events.py gives
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -69,15 +77,40 @@ def _stop_if_cancelled(job: Job) -> None:
 
 
 class Worker:
-    def __init__(self, target, max_queue: int, policy=None):
+    def __init__(self, target, max_queue: int, policy=None, draft=None, parallel: int = 1, on_call=None):
+        """`target` and `draft` (None: no draft model) hold at least `parallel`
+        sequences (backends loaded with sequences=N); `policy` is forked for each slot
+        (control.py), so each keeps its own state across the requests it serves and
+        all share the machine's costs; `on_call(target, sequences, tokens, seconds)`
+        hears of every model call (metrics)."""
+        if not 1 <= parallel <= target.sequences:
+            raise ValueError(f"--parallel {parallel}: the target holds {target.sequences} sequences")
+        if draft is not None and draft.sequences < parallel:
+            raise ValueError(f"--parallel {parallel}: the draft model holds {draft.sequences} sequences")
         self.target = target
-        self.policy = policy  # kept across requests (control.make_policy); None: each stream makes its own
+        self.parallel = parallel
+        self.slots = slots(target)[:parallel]
+        self.draft_slots = slots(draft)[:parallel] if draft is not None else [None] * parallel
+        if policy is None or parallel == 1:
+            self.policies = [policy] * parallel
+        else:
+            self.policies = [policy.fork() for _ in range(parallel)]
         self.max_queue = max_queue
+        self.scheduler = Scheduler(target, on_call=on_call)
+        self._free = list(range(parallel))  # slots without a request; only the worker thread changes it
         self._waiting: collections.deque[Job] = collections.deque()
         self._changed = threading.Condition()  # guards _waiting and _stopping
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="specsample-worker", daemon=True)
-        self.busy = False
+
+    @property
+    def active(self) -> int:
+        """Requests being generated now (slots in use)."""
+        return self.parallel - len(self._free)
+
+    @property
+    def busy(self) -> bool:
+        return self.active > 0
 
     @property
     def depth(self) -> int:
@@ -112,25 +145,37 @@ class Worker:
             self._waiting.remove(job)
             job.emit(Ended(End.CANCELLED))
 
-    def _next(self) -> Job | None:
-        """The next job, waiting for one; None once stopped."""
+    def _admit(self) -> list[Job] | None:
+        """The jobs to start now, one per free slot, waiting for one while nothing is
+        being generated; None once stopped."""
         with self._changed:
-            while not self._waiting and not self._stopping:
+            while not self._waiting and not self.scheduler.live and not self._stopping:
                 self._changed.wait()
-            return None if self._stopping else self._waiting.popleft()
+            if self._stopping:
+                return None
+            admitted = []
+            while self._waiting and len(admitted) < len(self._free):
+                job = self._waiting.popleft()
+                if job.cancelled.is_set():  # timed out or disconnected while waiting
+                    job.emit(Ended(End.CANCELLED))
+                else:
+                    admitted.append(job)
+            return admitted
 
     def _run(self) -> None:
-        while (job := self._next()) is not None:
-            if job.cancelled.is_set():  # timed out or disconnected while waiting
-                job.emit(Ended(End.CANCELLED))
-                continue
-            self.busy = True
-            try:
-                self._generate(job)
-            finally:
-                self.busy = False
+        while (admitted := self._admit()) is not None:
+            for job in admitted:
+                seq = self._free.pop(0)
+                self.scheduler.add(lambda job=job, seq=seq: self._serve(job, seq))
+            self.scheduler.step()  # one round of calls; then newcomers are admitted
 
-    def _generate(self, job: Job) -> None:
+    def _serve(self, job: Job, seq: int) -> None:
+        try:
+            self._generate(job, seq)
+        finally:
+            self._free.append(seq)
+
+    def _generate(self, job: Job, seq: int) -> None:
         # Every job ends with exactly one Ended. A task's checks (stream()'s) come
         # before any model call for it, so a refusal is told apart by where it was
         # raised, and the first task's comes before Started, while a stream can still
@@ -144,15 +189,15 @@ class Worker:
                 _stop_if_cancelled(job)
                 s = None
                 if task.config is not None:
-                    drafter = drafter or job.make_drafter()
-                    try:
-                        s = stream(self.target, task.prompt_ids, task.config, drafter, self.policy)  # checks the request
+                    drafter = drafter or job.make_drafter(self.draft_slots[seq])
+                    try:  # checks the request
+                        s = stream(self.slots[seq], task.prompt_ids, task.config, drafter, self.policies[seq])
                     except ValueError as e:
                         job.emit(Ended(End.REFUSED, e))
                         return
                 job.start()
                 if task.prompt_logprobs is not None:
-                    scored = score_prompt(self.target, task.prompt_ids, task.prompt_logprobs,
+                    scored = score_prompt(self.slots[seq], task.prompt_ids, task.prompt_logprobs,
                                           cancelled=job.cancelled.is_set)
                     _stop_if_cancelled(job)  # scored is None then
                     job.emit(PromptScored(task.index, scored))
@@ -162,8 +207,8 @@ class Worker:
                     continue
                 for chunk in s:
                     job.emit(Generated(task.index, chunk))
-                    # Before computing the next round; the next job starts with a
-                    # rollback: nothing to clean up.
+                    # Before computing the next round; the slot's next job starts
+                    # with a rollback: nothing to clean up.
                     _stop_if_cancelled(job)
                 job.emit(Finished(task.index, s.result))
         except _Cancelled:
