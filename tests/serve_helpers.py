@@ -14,7 +14,7 @@ from specsample.assemble import Models
 from specsample.serve.app import create_app
 from specsample.serve.settings import Settings
 
-from toy import TrigramBackend, random_table
+from toy import TrigramBackend, TrigramSequences, random_table
 
 SPECIAL = ["<unk>", "<system>", "<user>", "<assistant>", "<end>"]
 WORDS = SPECIAL + "the cat sat on a mat dog ran far away and then it was over here there big small red".split()
@@ -66,18 +66,42 @@ class ToyBackend(TrigramBackend):
         return super().score(token_ids, num_logits)
 
 
-def toy_pair(eos: bool = True, context_length: int = 256):
+class ToySequences(TrigramSequences):
+    """ToyBackend's model holding several sequences, scored together in one call (as a
+    llama.cpp backend loaded with sequences=N); `gate` and `delay` as ToyBackend's."""
+
+    def __init__(self, seed: int, sequences: int, eos: bool = True, context_length: int = 256, name: str = "toy"):
+        super().__init__(random_table(VOCAB, seed, scale=2.0), sequences, name=name)
+        self.tokenizer = WordTokenizer()
+        self.eos_token_ids = frozenset({END}) if eos else frozenset()
+        self.context_length = context_length
+        self.gate = threading.Event()
+        self.gate.set()
+        self.delay = 0.0
+
+    def score_many(self, requests):
+        assert self.gate.wait(timeout=20), "gate never opened"
+        if self.delay:
+            time.sleep(self.delay)
+        return super().score_many(requests)
+
+
+def toy_pair(eos: bool = True, context_length: int = 256, parallel: int = 1):
+    if parallel > 1:
+        return (ToySequences(0, parallel, eos, context_length, name="toy"),
+                ToySequences(1, parallel, eos, context_length, name="toy-draft"))
     return (ToyBackend(0, eos=eos, context_length=context_length, name="toy"),
             ToyBackend(1, eos=eos, context_length=context_length, name="toy-draft"))
 
 
 def toy_app(drafter: str = "model", eos: bool = True, context_length: int = 256, **settings):
-    """An app over a fresh toy pair; returns (app, target)."""
-    target, draft = toy_pair(eos, context_length)
+    """An app over a fresh toy pair (holding settings' `parallel` sequences); returns
+    (app, target)."""
+    target, draft = toy_pair(eos, context_length, settings.get("parallel", 1))
     models = {"model": Models(target, draft), "hybrid": Models(target, draft, lookup=True),
               "ngram": Models(target, lookup=True), "none": Models(target)}[drafter]
     settings = Settings(model_name="toy", **{"k": 3, **settings})
-    return create_app(target, models.drafter, models.drafter_name, settings), target
+    return create_app(target, models.drafter, models.drafter_name, settings, models.draft), target
 
 
 @contextlib.contextmanager
