@@ -88,9 +88,11 @@ def test_bad_target_types_are_usage_errors(q4_k_m_file, argv, message):
         target_types(_args("--target", q4_k_m_file, *argv))
 
 
-def test_target_quants_belong_to_the_per_sequence_bench(q4_k_m_file):
+def test_target_quants_run_the_per_sequence_bench_and_serve_but_not_contention(q4_k_m_file, monkeypatch):
     with pytest.raises(UsageError, match="give one --target-quant"):
-        bench_cli.cmd_bench(_args("--target", q4_k_m_file, "--serve", "--target-quants", "bf16"))
+        bench_cli.cmd_bench(_args("--target", q4_k_m_file, "--contention", "--target-quants", "bf16"))
+    monkeypatch.setattr(bench_cli, "cmd_serve_load", lambda args: "served")
+    assert bench_cli.cmd_bench(_args("--target", q4_k_m_file, "--serve", "--target-quants", "q4_k_m,bf16")) == "served"
 
 
 def test_no_native_server_is_none_when_unasked_and_a_reason_when_it_cannot_run():
@@ -111,7 +113,7 @@ def test_served_children_get_every_model_option():
     args = build_parser().parse_args(["bench", "--serve", *CHANGED.argv()])
     argv = serve_argv(args)
     assert model_options(args) == CHANGED and model_options(build_parser().parse_args(["serve", *argv])) == CHANGED
-    assert argv[-4:] == ["--max-queue", str(max(16, args.clients)), "--queue-timeout", "3600"]
+    assert argv[-4:] == ["--max-queue", "16", "--queue-timeout", "3600"]
 
 
 @pytest.mark.pure

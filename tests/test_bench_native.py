@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specsample.bench.modes import SETTINGS, LlamaServerMode, build_modes
-from specsample.bench.native import completion_request, parse_completion
+from specsample.bench.native import LlamaServer, completion_request, llama_server_argv, parse_completion
 from specsample.bench.tasks import HUMANEVAL_STOPS
 
 pytestmark = pytest.mark.pure
@@ -101,8 +101,6 @@ def test_every_speculative_request_starts_on_an_empty_draft_context():
     answer to the same prompt as a free draft; before each measured -md request the
     server is sent a short request whose first token is in neither the new prompt nor
     the last request's text, which empties it. Plain requests need none."""
-    from specsample.bench.native import LlamaServer
-
     class Recorder(LlamaServer):
         def __init__(self):  # no process: record what would be sent
             self.sent = []
@@ -124,3 +122,33 @@ def test_every_speculative_request_starts_on_an_empty_draft_context():
     assert len(flushes) == 2 and all(body["speculative.n_max"] > 0 for body in flushes)
     first = flushes[1]["prompt"][0]
     assert first not in (5, 6, 1000) and first not in answer  # matches nothing the draft may hold
+
+
+def test_llama_server_divides_its_context_among_slots_so_each_slot_keeps_n_ctx():
+    argv = llama_server_argv("llama-server", "t.gguf", "d.gguf", port=8080, tmp="/tmp/x", threads=2, n_ctx=1000,
+                             k_max=4, parallel=4)
+    flag = {name: argv[argv.index(name) + 1] for name in ("-m", "-md", "-c", "-cd", "-np", "--draft-max", "-t")}
+    assert flag == {"-m": "t.gguf", "-md": "d.gguf", "-c": "4000", "-cd": "1000", "-np": "4", "--draft-max": "4",
+                    "-t": "2"}
+    one = llama_server_argv("llama-server", "t.gguf", "d.gguf", port=8080, tmp="/tmp/x", threads=2, n_ctx=1000,
+                            k_max=4)
+    assert one[one.index("-c") + 1] == "1000" and one[one.index("-np") + 1] == "1"
+
+
+def test_every_llama_server_slot_forgets_its_prompt_and_draft_before_a_load():
+    class Recorder(LlamaServer):
+        def __init__(self, parallel):  # no process: record what would be sent
+            self.parallel, self.sent = parallel, []
+
+        def request(self, route, body=None):
+            self.sent.append((route, body))
+            return {}
+
+    server = Recorder(3)
+    server.reset([[5, 1000], [999, 7]])
+    routes = [route for route, _ in server.sent]
+    assert routes == ["/completion", "/slots/0?action=erase", "/completion", "/slots/1?action=erase",
+                      "/completion", "/slots/2?action=erase"]
+    flushes = [body for route, body in server.sent if route == "/completion"]
+    assert [body["id_slot"] for body in flushes] == [0, 1, 2]  # each slot's own draft context
+    assert all(body["speculative.n_max"] > 0 and body["prompt"][0] not in (5, 1000, 999, 7) for body in flushes)

@@ -1,21 +1,21 @@
 """`bench --serve`: the load client against a toy server, the report, the server
 processes and the command line."""
 
-import json
 import sys
+import threading
 
 import pytest
 from openai import OpenAI
 
 from specsample.bench.cli import resolve_options, serve_argv
-from specsample.bench.load import RequestTiming, run_load, summarise_load
+from specsample.bench.load import run_load, summarise_load
 from specsample.bench.modes import SETTINGS
-from specsample.bench.report import write_serve_report
-from specsample.bench.servers import ServerProcess, ServerUnavailable
-from specsample.bench.serving import ServedMode, ServedRecord, serve_sections, serve_table, served_modes
+from specsample.bench.servers import ServerProcess, ServerUnavailable, free_port
+from specsample.bench.serving import ServedMode, served_modes
 from specsample.cli import build_parser
 
-from serve_helpers import WordTokenizer, running, toy_app
+from serve_helpers import WordTokenizer, running, toy_app, wait_until
+from test_serve_queue import worker_held
 
 pytestmark = pytest.mark.system
 
@@ -40,50 +40,35 @@ def test_load_from_concurrent_clients_times_every_request_and_keeps_its_text():
     assert all(t.error is None and t.completion_tokens == 12 and t.finish_reason == "length" for t in ok)
     assert all(0 < t.first_text <= t.finished <= wall for t in ok)
     assert all(t.drafted >= t.accepted and t.drafted > 0 for t in ok)  # the toy server drafts k=3
-    assert refused.error is not None and "temperature" in refused.error
+    assert refused.error is not None and "temperature" in refused.error and refused.status == 400
 
-    summary = summarise_load(timings, concurrency=3, wall_seconds=wall)
-    assert (summary.requests, summary.errors, summary.completion_tokens) == (8, 1, 96)
+    summary = summarise_load(timings, wall_seconds=wall)
+    assert (summary.requests, summary.answered, summary.refused, summary.lost) == (9, 8, {400: 1}, 0)
+    assert (summary.completion_tokens, summary.decode_tokens) == (96, 88)  # each answer's first token is its TTFT's
     assert len(summary.ttft) == len(summary.tpot) == 8
-    assert summary.requests_per_second == pytest.approx(8 / wall)
+    assert summary.tokens_per_second == pytest.approx(96 / wall)
+    assert 0 < summary.decode_seconds <= wall
     assert summary.quantile("ttft", 50) <= summary.quantile("ttft", 99)
 
 
-def test_time_per_output_token_leaves_out_the_first_token():
-    t = RequestTiming(0, 0.0, first_text=1.0, finished=3.0, completion_tokens=5)
-    assert t.tpot == pytest.approx(0.5)
-    assert RequestTiming(0, 0.0, first_text=1.0, finished=1.0, completion_tokens=1).tpot is None
+def test_a_full_queue_is_counted_as_refused_with_its_status_and_nothing_is_lost():
+    with worker_held(eos=False, max_queue=1) as (app, target, url, results, first):
+        waiting = threading.Thread(target=run_load, args=(url, [_body(0)], 1))
+        waiting.start()
+        wait_until(lambda: app.state.server.worker.depth == 1, what="a waiting request")
+        timings, wall = run_load(url, [_body(i) for i in range(3)], concurrency=3)
+        target.gate.set()
+        first.join(timeout=30)
+        waiting.join(timeout=30)
+    assert [(t.outcome, t.status) for t in timings] == [("refused", 429)] * 3
+    summary = summarise_load(timings, wall)
+    assert (summary.answered, summary.refused, summary.lost, summary.completion_tokens) == (0, {429: 3}, 0, 0)
 
 
-def _record(mode, setting, prompt, text, tokens, wall=2.0, error=None, **timing):
-    timing = RequestTiming(**{"index": int(prompt[-1]), "sent": 0.0, "first_text": 0.5, "finished": 1.5,
-                              "completion_tokens": tokens, "chunk_gaps": [0.1], "text": text, "finish_reason": "stop",
-                              "error": error, **timing})
-    return ServedRecord(mode, mode, None, "humaneval", setting, prompt, 2, wall, timing)
-
-
-def test_serve_table_compares_each_server_with_ar_and_counts_identical_greedy_answers():
-    records = [_record("ar", "greedy", "p0", "a", 10), _record("ar", "greedy", "p1", "b", 10),
-               _record("spec-auto", "greedy", "p0", "a", 10, wall=1.0, drafted=8, accepted=6),
-               _record("spec-auto", "greedy", "p1", "c", 10, wall=1.0, drafted=4, accepted=2)]
-    table = serve_table(records)
-    ar_row, spec_row = table.splitlines()[2:4]
-    assert "| 10.00 | 1.00 |" in ar_row  # 20 tokens in 2 s
-    assert "| 20.00 | 2.00 |" in spec_row and spec_row.endswith("| 0.67 |")  # 8 of 12 drafts accepted
-    failed = [_record("ar", "greedy", "p2", "x", 10), _record("spec-auto", "greedy", "p2", "x", 4, error="boom")]
-    identity = serve_sections(records + failed)[0][-1]
-    assert "| spec-auto | 1/2 |" in identity  # the failed request is left out, whatever text it streamed
-
-
-def test_the_serve_report_keeps_every_request_and_the_command(tmp_path):
-    records = [_record("ar", "greedy", "p0", "a", 10), _record("spec-auto", "greedy", "p0", "a", 10, error="boom")]
-    sections, table = serve_sections(records)
-    write_serve_report(tmp_path, records, sections, command="specsample bench --serve", machine="m", notes=["a note"])
-    report = (tmp_path / "serve.md").read_text()
-    assert table in report and "`specsample bench --serve`" in report and "- a note" in report
-    lines = (tmp_path / "serve.jsonl").read_text().splitlines()
-    assert [json.loads(line)["mode"] for line in lines] == ["ar", "spec-auto"]
-    assert [ServedRecord.from_json(json.loads(line)) for line in lines] == records  # flat on disk, whole on reading
+def test_a_server_that_never_answers_loses_the_request():
+    timings, wall = run_load(f"http://127.0.0.1:{free_port()}", [_body(0)], 1)  # nothing listens there
+    assert timings[0].outcome == "lost" and timings[0].status is None and "Connection" in timings[0].error
+    assert summarise_load(timings, wall).lost == 1
 
 
 def test_served_modes_and_their_request_bodies():
@@ -114,7 +99,8 @@ def test_server_process_waits_for_health_and_reports_a_crash(tmp_path):
 def test_serve_option_defaults_and_the_child_server_command_line():
     args = resolve_options(build_parser().parse_args(["bench", "--serve", "--threads", "2", "--clients", "20",
                                                       "--draft-quant", "none", "--no-lookup"]))
-    assert (args.tasks, args.modes, args.prompts, args.settings) == ("humaneval", "auto", "8", "greedy,sample")
+    assert (args.tasks, args.modes, args.prompts, args.settings) == ("humaneval,explain", "auto", "8", "greedy,sample")
+    assert (args.clients, args.slots) == ("20", "1,4")
     argv = serve_argv(args)
     served = build_parser().parse_args(["serve", *argv, "-k", "auto"])
     assert served.threads == 2 and served.draft_quant == "none" and served.lookup is False

@@ -35,6 +35,13 @@ def test_copy_task_includes_the_canonical_solution():
         assert "descriptive variable names" in p.text
 
 
+def test_explain_asks_for_long_answers_that_no_stop_string_cuts_short():
+    p = load_task("explain", 1)[0]
+    assert p.text.startswith("Explain") and p.problem["canonical_solution"].strip() in p.text
+    task = TASKS["explain"]
+    assert task.chat and task.max_new_tokens >= 128 and task.stop_strings == ()
+
+
 def test_n_limits_the_count():
     assert len(load_task("copy", 5)) == 5
     with pytest.raises(ValueError):

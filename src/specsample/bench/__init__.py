@@ -11,7 +11,8 @@ servers.py    servers run as child processes (llama-server, specsample serve)
 budget.py     the run's time estimate and --budget-minutes trimming
 bandwidth.py  measured read bandwidth and effective bandwidth
 runner.py     interleaved runs -> one Record per prompt x mode x setting x task
-records.py    Record: one timed generation, a line of records.jsonl
+records.py    Record: one timed generation, a line of records.jsonl; ServedRecord: one
+              request of a --serve load, a line of serve.jsonl
 costs.py      the measured cost curve and the analytic speedup prediction
 parity.py     HumanEval pass@1 of samples, run in a resource-limited subprocess (not a sandbox)
 stats.py      percentiles, confidence intervals, per-mode aggregates
@@ -20,6 +21,7 @@ summary.py    summary.md's sections for one target type
 targets.py    target types side by side (--target-quants): the overview table
 plots.py      the report's figures (matplotlib Agg)
 report.py     the one writer of the output folder: records, curves, markdown, plots
-serving.py    --serve: each server under a load of streaming clients; load.py: the clients
+serving.py    --serve: each server, per slot count, under loads of streaming clients;
+              load.py: the clients and a load's figures; serve_summary.py: serve.md's tables
 contention.py --contention: two model processes at once, with and without core sharing
 """

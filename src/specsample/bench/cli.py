@@ -1,4 +1,8 @@
-"""The `bench` subcommand: parse, load the models once, run, write the report."""
+"""The `bench` subcommand: parse, load the models once, run, write the report.
+
+Over 400 lines, on purpose: the per-sequence run, --serve and --contention are one
+subcommand and share its option checks, target types and the native server's start;
+a module per run would import those back from here, in a cycle."""
 
 from __future__ import annotations
 
@@ -40,8 +44,9 @@ PRESETS = {
     "demo": dict(tasks="humaneval", settings="greedy", modes="ar,spec-auto,spec,llamacpp-spec", ks="4", peer_k="4",
                  prompts="4", parity=False, plots=False, target_quants="q4_k_m,bf16"),
 }
-# --serve: HumanEval completions, both settings, 8 requests from 4 clients per server.
-SERVE_DEFAULTS = dict(tasks="humaneval", modes="auto", prompts="8")
+# --serve: short HumanEval completions and long explanations (decoding dominates), both
+# settings, 8 requests from 4 clients per server, on 1 and 4 slots (--clients, --slots).
+SERVE_DEFAULTS = dict(tasks="humaneval,explain", modes="auto", prompts="8")
 
 
 def add_bench_parser(subparsers) -> None:
@@ -75,10 +80,14 @@ def add_bench_parser(subparsers) -> None:
     b.add_argument("--no-build", dest="build", action="store_false", help="skip llamacpp-spec unless llama-server is already built")
     b.add_argument("--no-plots", dest="plots", action="store_false", default=None, help="skip the PNG plots")
     b.add_argument("--serve", action="store_true",
-                   help="measure serving instead: --clients concurrent streaming clients send each task's prompts to "
-                        "each server in turn (modes: ar, spec-auto, spec, llamacpp-server, llamacpp-spec; default all "
-                        "but spec), writing serve.md and serve.jsonl")
-    b.add_argument("--clients", type=int, default=4, help="--serve: concurrent clients (default 4)")
+                   help="measure serving instead: each server in turn (modes: ar, spec-auto, spec, llamacpp-server, "
+                        "llamacpp-spec; default all but spec), started once per --slots count, gets each task's "
+                        "prompts from each --clients count of concurrent streaming clients (tasks default "
+                        "humaneval,explain); writes serve.md and serve.jsonl")
+    b.add_argument("--clients", default="4", help="--serve: concurrent clients, N or a comma list (default 4)")
+    b.add_argument("--slots", default="1,4",
+                   help="--serve: requests each server decodes at once, N or a comma list: specsample serve "
+                        "--parallel N, llama-server -np N (default 1,4)")
     b.add_argument("--contention", action="store_true",
                    help="measure instead how two model processes at once slow each other, with and without "
                         "specsample's core sharing, writing contention.md")
@@ -124,8 +133,8 @@ def cmd_bench(args) -> int:
     from .bandwidth import measure_read_bandwidth
 
     args = resolve_options(args)
-    if (args.serve or args.contention) and args.target_quants:
-        raise UsageError("--target-quants runs the per-sequence benchmark; with --serve or --contention give one "
+    if args.contention and args.target_quants:
+        raise UsageError("--target-quants runs the per-sequence benchmark or --serve; with --contention give one "
                          "--target-quant")
     if args.serve:
         return cmd_serve_load(args)
@@ -176,7 +185,7 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bo
     n_ctx = longest + most_tokens + max(ks + peer_ks) + 16
     gguf = getattr(target, "path", None) if _is_llamacpp(target) else None
     try:
-        server, no_server = _start_server(args, families, n_ctx, max(ks + peer_ks), gguf, draft), None
+        server, no_server = _start_server(args, families, n_ctx, max(ks + peer_ks), gguf, loaded_draft=draft), None
     except ServerUnavailable as e:
         server, no_server = None, str(e)
     try:
@@ -196,14 +205,7 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bo
 
 def draft_lengths(args) -> tuple[list[int], list[int]]:
     """--ks and --peer-k as lists of K >= 1."""
-    try:
-        ks = [int(k) for k in args.ks.split(",")]
-        peer_ks = [int(k) for k in str(args.peer_k).split(",")]
-    except ValueError:
-        raise UsageError(f"--ks and --peer-k take K or a comma list of K; got {args.ks!r} and {args.peer_k!r}") from None
-    if min(ks + peer_ks) < 1:
-        raise UsageError("K must be >= 1")
-    return ks, peer_ks
+    return list(_counts(args.ks, "--ks")), list(_counts(args.peer_k, "--peer-k"))
 
 
 def target_types(args) -> list[tuple[str | None, str]]:
@@ -237,7 +239,8 @@ def target_label(target, args) -> str:
 
 
 def cmd_serve_load(args) -> int:
-    from .serving import DEFAULT_SERVE_FAMILIES, SERVE_FAMILIES, run_serving, serve_sections, served_modes
+    from .serve_summary import serve_sections
+    from .serving import DEFAULT_SERVE_FAMILIES, SERVE_FAMILIES, Load, run_serving, served_modes
 
     load_at_start = os.getloadavg()[0]
     config = bench_config(args)
@@ -245,26 +248,51 @@ def cmd_serve_load(args) -> int:
         raise UsageError("--serve sends plain requests: run tasks with a JSON schema (structured) without --serve")
     families = DEFAULT_SERVE_FAMILIES if args.modes == "auto" else _names(args.modes, SERVE_FAMILIES, "--serve mode")
     ks, peer_ks = draft_lengths(args)
-    if args.clients < 1:
-        raise UsageError("--clients must be >= 1")
-    target = assemble(model_options(args), drafting=False).target  # for the tokenizer: prompts go out as token ids
+    clients, slots = serve_axes(args)
+    types = target_types(args)
+    # The first type's target, for its tokenizer (prompts go out as token ids) and file.
+    target = assemble(replace(model_options(args), target_quant=types[0][1]), drafting=False).target
     prompts = prepare(target, config.tasks, {t: config.prompt_count(t) for t in config.tasks})
-    gguf = getattr(target, "path", None) if _is_llamacpp(target) else None
-    longest = max(len(p.ids) for group in prompts.values() for p in group)
-    n_ctx = longest + max(config.new_tokens(t) for t in config.tasks) + max(ks + peer_ks) + 16
+    files = [getattr(target, "path", None) if _is_llamacpp(target) else None]
+    files += [_target_file(args, quant) if files[0] else None for _, quant in types[1:]]
+    labels = [label or target_label(target, args) for label, _ in types]
+    # Each slot holds one request: its context fits the longest prompt and answer.
+    n_ctx = max(len(p.ids) for group in prompts.values() for p in group)
+    n_ctx += max(config.new_tokens(t) for t in config.tasks) + max(ks + peer_ks) + 16
     del target  # the servers load their own copies; this process only sends requests
 
-    llama_server = partial(_start_server, args, ["llamacpp-spec"], n_ctx, max(peer_ks), gguf)
-    records, notes = run_serving(served_modes(families, ks, peer_ks), prompts, config.settings,
-                                 clients=args.clients, model_argv=serve_argv(args), llama_server=llama_server,
-                                 new_tokens=config.new_tokens)
-    machine = machine_description("gguf" if gguf else args.dtype, _threads(args))
+    load = Load(prompts, config.settings, clients, config.new_tokens)
+    records, notes = [], []
+    for (_, quant), label, gguf in zip(types, labels, files):
+        if len(types) > 1:
+            print(f"specsample: target {label}", file=sys.stderr, flush=True)
+        llama_server = partial(_start_server, args, ["llamacpp-spec"], n_ctx, max(peer_ks), gguf)
+        got, run_notes = run_serving(served_modes(families, ks, peer_ks), load, slots,
+                                     model_argv=serve_argv(args, quant), llama_server=llama_server)
+        records += [replace(r, target=label) for r in got]
+        notes += [f"{label}: {n}" if len(types) > 1 else n for n in run_notes]
+    machine = machine_description("gguf" if files[0] else args.dtype, _threads(args))
     machine += f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
-    sections, table = serve_sections(records)
+    sections, printed = serve_sections(records)
     write_serve_report(args.out, records, sections, command=_command(), machine=machine, notes=notes)
-    print(table)
+    print(printed)
     print(f"specsample: wrote {args.out}/serve.jsonl and {args.out}/serve.md", file=sys.stderr)
     return 0
+
+
+def serve_axes(args) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """--clients and --slots as tuples of counts >= 1, in the order given."""
+    return _counts(args.clients, "--clients"), _counts(args.slots, "--slots")
+
+
+def _counts(text, flag: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(n) for n in str(text).split(","))
+    except ValueError:
+        raise UsageError(f"{flag} takes N or a comma list of N; got {text!r}") from None
+    if min(counts) < 1:
+        raise UsageError(f"{flag} must be >= 1; got {text!r}")
+    return counts
 
 
 def cmd_contention(args, reps: int = 6, tokens: int = 32) -> int:
@@ -281,10 +309,13 @@ def cmd_contention(args, reps: int = 6, tokens: int = 32) -> int:
     return 0
 
 
-def serve_argv(args) -> list[str]:
-    """This run's model arguments for a `specsample serve` child process, with a queue
-    that holds every client and never times out."""
-    return model_options(args).argv() + ["--max-queue", str(max(16, args.clients)), "--queue-timeout", "3600"]
+def serve_argv(args, target_quant: str | None = None) -> list[str]:
+    """This run's model arguments for a `specsample serve` child process (the target
+    re-encoded as target_quant says, when given), with a queue that holds every client
+    and never times out."""
+    options = model_options(args) if target_quant is None else replace(model_options(args), target_quant=target_quant)
+    queue = max(16, *_counts(args.clients, "--clients"))
+    return options.argv() + ["--max-queue", str(queue), "--queue-timeout", "3600"]
 
 
 def _command() -> str:
@@ -331,10 +362,12 @@ def _run(modes, prompts, config, parity_modes, parity_prompts) -> list[Record]:
     return records
 
 
-def _start_server(args, families, n_ctx: int, k_max: int, target_gguf: Path | None, loaded_draft=None) -> LlamaServer | None:
+def _start_server(args, families, n_ctx: int, k_max: int, target_gguf: Path | None, parallel: int = 1,
+                  loaded_draft=None) -> LlamaServer | None:
     """A running llama-server for the native peer on the target file our modes run
-    (re-encoded as --target-quant says); None when no mode asks for one. Raises
-    ServerUnavailable with the one-line reason when it cannot run here."""
+    (re-encoded as --target-quant says), with `parallel` slots of n_ctx tokens each;
+    None when no mode asks for one. Raises ServerUnavailable with the one-line reason
+    when it cannot run here."""
     if not {"llamacpp-spec", "llamacpp-server"} & set(families):
         return None
     from ..models import resolve
@@ -347,7 +380,18 @@ def _start_server(args, families, n_ctx: int, k_max: int, target_gguf: Path | No
     binary = ensure_server(build=args.build, jobs=min(2, os.cpu_count() or 1))
     # The peer gets the very files our modes use (the draft as requantized by --draft-quant).
     draft_path = getattr(loaded_draft, "path", None) or _draft_file(args, draft.gguf_path)
-    return LlamaServer(binary, target_gguf, draft_path, threads=_threads(args), n_ctx=n_ctx, k_max=k_max)
+    return LlamaServer(binary, target_gguf, draft_path, threads=_threads(args), n_ctx=n_ctx, k_max=k_max,
+                       parallel=parallel)
+
+
+def _target_file(args, quant: str) -> Path:
+    """The target file our servers load for a --target-quants type: the GGUF file as
+    given, or its re-encoding (made once, cached)."""
+    from ..backends.reencode import reencoded
+    from ..models import resolve
+
+    gguf = resolve(args.target).gguf_path
+    return gguf if quant == "none" else reencoded(gguf, quant)
 
 
 def _draft_file(args, gguf: Path) -> Path:

@@ -3,9 +3,11 @@ OpenAI-compatible server, and we time what each client sees.
 
 The client is the official `openai` package, as a user's would be; requests carry
 token ids (both our server and llama-server accept them), so every server decodes
-the very same tokens.
+the very same tokens. Every figure below comes from the client's clock alone, so it
+means the same for every server: neither our `usage` nor llama-server's `timings`
+can split the time of a call that served several requests between them.
 
-What is measured, per request (all from the client's clock):
+Per request:
 - TTFT: from sending the request to the first streamed text. Under load it includes
   the time spent waiting in the server's queue: that is what a user waits.
 - TPOT (time per output token): (last text - first text) / (tokens - 1), the
@@ -14,45 +16,44 @@ What is measured, per request (all from the client's clock):
 - ITL: gaps between successive streamed chunks. A speculative round streams several
   tokens in one chunk, so its gaps are longer and fewer than plain decoding's; ITL
   is how jerky the stream looks, TPOT how fast it goes.
+- outcome: answered (the stream ended with a finish reason), refused (the server
+  answered an HTTP status instead: 429 or 503 under load), or lost (neither).
+
+Per load, over its answered requests:
+- tokens/s (prefill included): completion tokens / wall time of the whole load, from
+  the first request sent to the last answer.
+- decode tokens/s (prefill left out): tokens after each answer's first / the decode
+  span, the time during which at least one answer was streaming (the union of the
+  requests' first-text-to-last-text intervals). An answer's first token comes out of
+  its prompt's prefill, so it and the time before it (queue, prefill) count in TTFT,
+  not here. With one request at a time this is sum(tokens - 1) / sum(last - first),
+  the decode rate of the per-sequence bench; with several at once, a newcomer's
+  prefill that runs while others stream stays inside the span (it slows them, a cost
+  batching pays), and only the stretches when nothing streams are left out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from .records import RequestTiming
 from .stats import percentile
 
 
 @dataclass
-class RequestTiming:
-    index: int
-    sent: float  # seconds since the load started
-    first_text: float | None  # seconds after `sent`
-    finished: float  # seconds after `sent`
-    completion_tokens: int
-    chunk_gaps: list[float] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-    drafted: int = 0
-    accepted: int = 0
-    error: str | None = None
-
-    @property
-    def tpot(self) -> float | None:
-        if self.first_text is None or self.completion_tokens < 2:
-            return None
-        return (self.finished - self.first_text) / (self.completion_tokens - 1)
-
-
-@dataclass
 class LoadSummary:
-    requests: int
-    errors: int
-    concurrency: int
+    """One load (one server, slot count, client count, task and setting) as a whole."""
+
+    requests: int  # sent
+    answered: int
+    refused: dict[int, int]  # HTTP status -> requests answered with it instead of a completion
+    lost: int
     wall_seconds: float
-    completion_tokens: int
+    completion_tokens: int  # of the answered requests
+    decode_tokens: int  # the same, less each answer's first token
+    decode_seconds: float  # the decode span: see decode_span
     ttft: list[float]
     tpot: list[float]
     itl: list[float]
@@ -60,12 +61,16 @@ class LoadSummary:
     accepted: int
 
     @property
-    def requests_per_second(self) -> float:
-        return self.requests / self.wall_seconds if self.wall_seconds else 0.0
-
-    @property
     def tokens_per_second(self) -> float:
         return self.completion_tokens / self.wall_seconds if self.wall_seconds else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds else None
+
+    @property
+    def tokens_per_answer(self) -> float | None:
+        return self.completion_tokens / self.answered if self.answered else None
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -76,16 +81,35 @@ class LoadSummary:
         return percentile(values, q) if values else None
 
 
-def summarise_load(timings: list[RequestTiming], concurrency: int, wall_seconds: float) -> LoadSummary:
-    ok = [t for t in timings if t.error is None]
+def summarise_load(timings: list[RequestTiming], wall_seconds: float) -> LoadSummary:
+    ok = [t for t in timings if t.outcome == "answered"]
+    refused: dict[int, int] = {}
+    for t in timings:
+        if t.outcome == "refused":
+            refused[t.status] = refused.get(t.status, 0) + 1
+    streamed = [t for t in ok if t.decoding is not None]
     return LoadSummary(
-        requests=len(ok), errors=len(timings) - len(ok), concurrency=concurrency, wall_seconds=wall_seconds,
+        requests=len(timings), answered=len(ok), refused=dict(sorted(refused.items())),
+        lost=sum(t.outcome == "lost" for t in timings), wall_seconds=wall_seconds,
         completion_tokens=sum(t.completion_tokens for t in ok),
+        decode_tokens=sum(max(t.completion_tokens - 1, 0) for t in streamed),
+        decode_seconds=decode_span([t.decoding for t in streamed]),
         ttft=[t.first_text for t in ok if t.first_text is not None],
         tpot=[t.tpot for t in ok if t.tpot is not None],
         itl=[g for t in ok for g in t.chunk_gaps],
         drafted=sum(t.drafted for t in ok), accepted=sum(t.accepted for t in ok),
     )
+
+
+def decode_span(intervals: list[tuple[float, float]]) -> float:
+    """Seconds during which at least one answer was streaming: the length of the union
+    of the (first text, last text) intervals. [(0, 2), (1, 3), (5, 6)] -> 3 + 1 = 4."""
+    total, end = 0.0, float("-inf")
+    for lo, hi in sorted(intervals):
+        if hi > end:
+            total += hi - max(lo, end)
+            end = hi
+    return total
 
 
 def run_load(base_url: str, bodies: list[dict], concurrency: int, api_key: str = "none",
@@ -121,6 +145,8 @@ async def _load(base_url, bodies, concurrency, api_key, timeout):
 
 
 async def _one(client, index: int, body: dict, start: float) -> RequestTiming:
+    from openai import APIStatusError
+
     sent = time.perf_counter()
     timing = RequestTiming(index, sent - start, None, 0.0, 0)
     last = None
@@ -144,8 +170,12 @@ async def _one(client, index: int, body: dict, start: float) -> RequestTiming:
             if chunk.usage is not None:
                 timing.completion_tokens = chunk.usage.completion_tokens
                 timing.drafted, timing.accepted = _draft_counts(chunk)
-    except Exception as e:  # a failed request is counted, not fatal to the load
+    except APIStatusError as e:  # the server said no, with a status: a refusal
+        timing.status, timing.error = e.status_code, f"{type(e).__name__}: {e}"
+    except Exception as e:  # a lost request is counted, not fatal to the load
         timing.error = f"{type(e).__name__}: {e}"
+    if timing.error is None and timing.finish_reason is None:
+        timing.error = "the stream ended without a finish reason"
     timing.finished = (last or time.perf_counter()) - sent
     return timing
 

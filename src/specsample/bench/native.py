@@ -144,19 +144,31 @@ def parse_completion(response: dict) -> dict:
     return {"token_ids": tokens, "text": response.get("content", ""), "stop_reason": stop, "stats": stats}
 
 
-class LlamaServer(ServerProcess):
-    """One llama-server process holding the target and draft models, on a local port."""
-
-    def __init__(self, binary: Path, target_gguf, draft_gguf, *, threads: int, n_ctx: int, k_max: int):
-        super().__init__(lambda port, tmp: [
-            str(binary), "-m", str(target_gguf), "-md", str(draft_gguf), "--host", "127.0.0.1", "--port", str(port),
+def llama_server_argv(binary: Path, target_gguf, draft_gguf, *, port: int, tmp: str, threads: int, n_ctx: int,
+                      k_max: int, parallel: int = 1) -> list[str]:
+    """llama-server's command line: the target and draft on `threads` threads, `parallel`
+    slots (-np) of n_ctx tokens each. llama-server divides -c among its slots, so -c is
+    parallel x n_ctx; the draft gets a context of its own in every slot, sized by -cd."""
+    return [str(binary), "-m", str(target_gguf), "-md", str(draft_gguf), "--host", "127.0.0.1", "--port", str(port),
             "-t", str(threads), "-tb", str(threads), "-td", str(threads), "-tbd", str(threads),
-            "-c", str(n_ctx), "-cd", str(n_ctx), "-np", "1", "-ngl", "0", "-ngld", "0",
+            "-c", str(n_ctx * parallel), "-cd", str(n_ctx), "-np", str(parallel), "-ngl", "0", "-ngld", "0",
             "--draft-max", str(k_max), "--draft-min", "0", "--draft-p-min", "0",
             "--slot-save-path", tmp, "--no-webui",
             # An HTTP thread for every client of `bench --serve` (its default is the
             # core count), so waiting clients queue in the server, not in its backlog.
-            "--threads-http", "64"], name="llama-server")
+            "--threads-http", "64"]
+
+
+class LlamaServer(ServerProcess):
+    """One llama-server process holding the target and draft models, on a local port,
+    with `parallel` slots (requests decoded at once, in one batch per step)."""
+
+    def __init__(self, binary: Path, target_gguf, draft_gguf, *, threads: int, n_ctx: int, k_max: int,
+                 parallel: int = 1):
+        self.parallel = parallel
+        super().__init__(lambda port, tmp: llama_server_argv(binary, target_gguf, draft_gguf, port=port, tmp=tmp,
+                                                             threads=threads, n_ctx=n_ctx, k_max=k_max,
+                                                             parallel=parallel), name="llama-server")
 
     _seen: frozenset = frozenset()  # the tokens of the last request's prompt and answer
 
@@ -169,9 +181,9 @@ class LlamaServer(ServerProcess):
         self._seen = frozenset(body["prompt"]) | frozenset(response.get("tokens") or ())
         return response
 
-    def forget_draft(self, prompt: list[int]) -> None:
-        """Empty the draft model's context before a measured request. Erasing the slot
-        leaves it, and common_speculative_gen_draft reuses it: when it holds this
+    def forget_draft(self, prompt: list[int], slot: int = 0) -> None:
+        """Empty the draft model's context in `slot` before a measured request. Erasing the
+        slot leaves it, and common_speculative_gen_draft reuses it: when it holds this
         prompt followed by an earlier answer (the same prompt asked before by another
         K, the other setting or the warm-up), it hands that answer back as the draft,
         free and mostly right, which no user's fresh request gets. A short request that
@@ -180,5 +192,14 @@ class LlamaServer(ServerProcess):
         seen = self._seen | frozenset(prompt)
         token = next(t for t in range(1000, 0, -1) if t not in seen)
         self.request("/completion", {"prompt": [token, token], "n_predict": 4, "temperature": 0.0, "cache_prompt": True,
-                                     "speculative.n_max": 2, "speculative.n_min": 0, "speculative.p_min": 0.0})
-        self.request("/slots/0?action=erase", {})
+                                     "speculative.n_max": 2, "speculative.n_min": 0, "speculative.p_min": 0.0,
+                                     "id_slot": slot})
+        self.request(f"/slots/{slot}?action=erase", {})
+
+    def reset(self, prompts: list[list[int]]) -> None:
+        """Before a serving load of these prompts: every slot forgets its cached prompt
+        and its draft context, so no request finds an earlier answer to reuse (the same
+        prompts come again under the other setting and every client count)."""
+        everything = [t for prompt in prompts for t in prompt]
+        for slot in range(self.parallel):
+            self.forget_draft(everything, slot)

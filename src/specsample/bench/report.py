@@ -52,7 +52,7 @@ def write_report(out: Path, runs: list[TargetRun], *, command: str, machine: str
 
 def write_serve_report(out: Path, records: list, sections: list[str], *, command: str, machine: str,
                        notes: list[str]) -> None:
-    """serve.jsonl (serving.ServedRecord, one a line) and serve.md in `out`."""
+    """serve.jsonl (records.ServedRecord, one a line) and serve.md in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     write_records(out / SERVE_RECORDS, records)
     _write_markdown(out / SERVE_SUMMARY, "specsample bench --serve", command, machine, sections, notes)

@@ -62,6 +62,11 @@ class ServerProcess:
         with urllib.request.urlopen(request, timeout=3600) as r:
             return json.loads(r.read())
 
+    def reset(self, prompts: list[list[int]]) -> None:
+        """Before a load of these prompts, forget whatever earlier requests left that
+        could serve them for free; `specsample serve` keeps nothing between requests
+        (llama-server does: native.LlamaServer)."""
+
     def close(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()

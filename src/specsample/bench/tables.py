@@ -89,20 +89,23 @@ def _verdict(preds: list[Prediction], measured: dict, task: str, setting: str) -
 
 
 def greedy_identity(records: list, answer: Callable = lambda r: r.token_ids,
-                    header: tuple[str, str] = ("mode", "greedy outputs identical to ar")) -> list[list[str]]:
-    """Per mode: how many greedy outputs equal the `ar` output. `answer(record)` is
-    what is compared (a Record's token ids, or the text a server streamed); None for
-    a failed request, which is left out."""
-    ar = {(r.task, r.prompt_id): answer(r) for r in records if r.setting == "greedy" and r.mode == "ar"}
-    counts: dict[str, list[int]] = {}
-    for r in records:
+                    header: tuple[str, ...] = ("mode", "greedy outputs identical to ar"),
+                    label: Callable = lambda r: (r.mode,),
+                    reference: Callable = lambda r: r.mode == "ar") -> list[list[str]]:
+    """Per label (a mode): how many greedy outputs equal the reference's (`ar`'s) on
+    the same task and prompt. `answer(record)` is what is compared (a Record's token
+    ids, or the text a server streamed); None for a failed request, which is left out."""
+    greedy = [r for r in records if r.setting == "greedy"]
+    ar = {(r.task, r.prompt_id): answer(r) for r in greedy if reference(r) and answer(r) is not None}
+    counts: dict[tuple, list[int]] = {}
+    for r in greedy:
         key = (r.task, r.prompt_id)
-        if r.setting != "greedy" or r.mode == "ar" or key not in ar or answer(r) is None:
+        if reference(r) or key not in ar or answer(r) is None:
             continue
-        c = counts.setdefault(r.mode, [0, 0])
+        c = counts.setdefault(label(r), [0, 0])
         c[0] += answer(r) == ar[key]
         c[1] += 1
-    return [list(header)] + [[m, f"{a}/{n}"] for m, (a, n) in counts.items()]
+    return [list(header)] + [[*cells, f"{a}/{n}"] for cells, (a, n) in counts.items()]
 
 
 def controller_table(records: list[Record]) -> str | None:

@@ -7,6 +7,9 @@ humaneval-chat  the same problems in the chat template, answered to EOS: the ins
 summarize       one-sentence summaries of long standard-library module docstrings
 copy            rewrite a HumanEval canonical solution with descriptive names: the
                 answer repeats much of the prompt, the case prompt lookup is built for
+explain         explain a HumanEval canonical solution step by step: long answers
+                (up to 256 tokens, no stop string), so decoding, not the prompt's
+                prefill, takes most of their time (bench --serve runs it beside humaneval)
 structured      fields of standard-library function docs as JSON under a fixed schema
                 (structured.py): constrained output, where much of the text is forced
 
@@ -31,6 +34,8 @@ HUMANEVAL_STOPS = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")
 HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with only the code, in one ```python block.\n\n"
 SUMMARIZE_INSTRUCTION = "Summarise the following documentation in one sentence.\n\n"
 COPY_INSTRUCTION = "Rewrite this function with descriptive variable names. Reply with only the code.\n\n"
+EXPLAIN_INSTRUCTION = ("Explain step by step how this function works: what each part of the code does and why, and "
+                       "which inputs it treats specially.\n\n")
 
 # Docstrings between these lengths (characters, ~200-400 tokens): long enough to
 # summarise, short enough that the prompt prefill does not dominate the timing.
@@ -78,6 +83,11 @@ def copy_prompts() -> list[Prompt]:
             for p in humaneval_problems()]
 
 
+def explain_prompts() -> list[Prompt]:
+    return [Prompt("explain", p["task_id"], EXPLAIN_INSTRUCTION + _fenced(p["prompt"] + p["canonical_solution"]), p)
+            for p in humaneval_problems()]
+
+
 def structured_prompts() -> list[Prompt]:
     return [Prompt("structured", name, structured.prompt_text(name, doc)) for name, doc in structured.structured_docs()]
 
@@ -98,6 +108,7 @@ TASKS = {
         # second paragraph, which is no longer the answer.
         Task("summarize", chat=True, max_new_tokens=128, stop_strings=("\n\n",), load=summarize_prompts),
         Task("copy", chat=True, max_new_tokens=384, stop_strings=(), load=copy_prompts),
+        Task("explain", chat=True, max_new_tokens=256, stop_strings=(), load=explain_prompts),
         Task("structured", chat=True, max_new_tokens=512, stop_strings=(), load=structured_prompts,
              schema=structured.SCHEMA),
     )

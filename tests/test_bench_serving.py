@@ -1,0 +1,146 @@
+"""`bench --serve` runs: every server alone, started once per slot count, under every
+client count, task and setting; llama-server's slots and their reset between loads;
+the axes on the command line. Fake servers and a fake load client: nothing starts."""
+
+import pytest
+
+from specsample.arguments import UsageError
+from specsample.bench import serving
+from specsample.bench.cli import draft_lengths, resolve_options, serve_axes, serve_argv
+from specsample.bench.records import RequestTiming
+from specsample.bench.runner import PreparedPrompt
+from specsample.bench.servers import ServerUnavailable
+from specsample.bench.serving import Load, our_server_flags, run_serving, served_modes
+from specsample.bench.tasks import TASKS, Prompt
+from specsample.cli import build_parser
+
+pytestmark = pytest.mark.pure
+
+
+class FakeServer:
+    """A started server: answers /v1/models, records resets and its close in `events`."""
+
+    def __init__(self, name, events):
+        self.name, self.events, self.url = name, events, f"http://{name}"
+        events.append(f"start {name}")
+
+    def request(self, route, body=None):
+        return {"data": [{"id": "m"}]}
+
+    def reset(self, prompts):
+        self.events.append(f"reset {self.name}")
+
+    def close(self):
+        self.events.append(f"close {self.name}")
+
+
+def _prompts(task, n):
+    return [PreparedPrompt(Prompt(task, f"{task}/{i}", "text"), TASKS[task], [10 + i, 20 + i]) for i in range(n)]
+
+
+@pytest.fixture
+def fake_run(monkeypatch):
+    """Our servers and the load client replaced: returns the events (starts, resets,
+    loads as 'load <server> <clients> <requests>', closes) and the flags each of our
+    servers was started with."""
+    events, flags = [], []
+
+    def specsample_server(model_argv, extra, name):
+        flags.append(extra)
+        return FakeServer(name, events)
+
+    def run_load(url, bodies, clients):
+        events.append(f"load {url.removeprefix('http://')} {clients} {len(bodies)}")
+        timings = [RequestTiming(i, 0.0, 0.5, 1.0, 4) for i in range(len(bodies))]
+        return timings, 2.0
+
+    monkeypatch.setattr(serving, "specsample_server", specsample_server)
+    monkeypatch.setattr(serving, "run_load", run_load)
+    return events, flags
+
+
+def test_each_server_runs_alone_once_per_slot_count_under_every_client_count(fake_run):
+    events, flags = fake_run
+    modes = served_modes(["ar", "llamacpp-server", "llamacpp-spec"], [3], [3, 4])
+    load = Load({"humaneval": _prompts("humaneval", 3), "explain": _prompts("explain", 2)}, ("greedy", "sample"),
+                (1, 4), lambda task: TASKS[task].max_new_tokens)
+    records, notes = run_serving(modes, load, (1, 2), model_argv=["--threads", "2"],
+                                 llama_server=lambda n: FakeServer(f"llama-np{n}", events), log=lambda msg: None)
+    ar1, ar2 = (f"specsample serve --autoregressive --parallel {n}" for n in (1, 2))
+    starts = [e for e in events if e.startswith(("start", "close"))]
+    assert starts == [f"start {ar1}", f"close {ar1}",
+                      "start llama-np1", "close llama-np1",  # both llamacpp modes share one process per slot count
+                      f"start {ar2}", f"close {ar2}", "start llama-np2", "close llama-np2"]
+    assert flags == [["--autoregressive", "--parallel", "1"], ["--autoregressive", "--parallel", "2"]]
+    # Per server: a one-request warm-up, then (2 client counts x 2 tasks x 2 settings) loads, each after a reset.
+    ar_events = events[1:events.index(f"close {ar1}")]
+    assert ar_events[:3] == [f"load {ar1} 1 1", f"reset {ar1}", f"load {ar1} 1 3"]
+    assert [e.split()[-2:] for e in ar_events[2::2]] == [["1", "3"], ["1", "3"], ["1", "2"], ["1", "2"],
+                                                         ["4", "3"], ["4", "3"], ["4", "2"], ["4", "2"]]
+    assert ar_events[1::2] == [f"reset {ar1}"] * 8
+    assert notes == []
+    # One record per request: 4 modes x 2 slot counts x 2 client counts x 2 settings x (3 + 2) prompts.
+    assert len(records) == 4 * 2 * 2 * 2 * 5
+    assert len({(r.mode, r.slots, r.clients, r.task, r.setting) for r in records}) == 4 * 2 * 2 * 2 * 2
+    assert list(dict.fromkeys(r.mode for r in records)) == ["ar", "llamacpp-server", "llamacpp-spec-k3",
+                                                            "llamacpp-spec-k4"]
+    assert all(r.wall_seconds == 2.0 and r.target is None for r in records)
+
+
+def test_a_server_that_cannot_start_is_a_note_and_the_others_still_run(fake_run):
+    events, _ = fake_run
+
+    def no_llama(n):
+        raise ServerUnavailable("cmake not found")
+
+    load = Load({"humaneval": _prompts("humaneval", 1)}, ("greedy",), (2,), lambda task: 16)
+    records, notes = run_serving(served_modes(["ar", "llamacpp-spec"], [3], [3]), load, (4,), model_argv=[],
+                                 llama_server=no_llama, log=lambda msg: None)
+    assert notes == ["not run: llamacpp-spec-k3, 4 slots: cmake not found"]
+    assert [(r.mode, r.slots, r.clients) for r in records] == [("ar", 4, 2)]
+
+
+def test_requests_not_answered_are_noted_with_their_statuses(fake_run, monkeypatch):
+    def refusing_load(url, bodies, clients):
+        timings = [RequestTiming(0, 0.0, 0.5, 1.0, 4), RequestTiming(1, 0.0, None, 0.1, 0, error="429 busy", status=429),
+                   RequestTiming(2, 0.0, None, 0.1, 0, error="ConnectError")]
+        return timings[:len(bodies)], 1.0
+
+    monkeypatch.setattr(serving, "run_load", refusing_load)
+    load = Load({"humaneval": _prompts("humaneval", 3)}, ("greedy",), (8,), lambda task: 16)
+    records, notes = run_serving(served_modes(["spec-auto"], [3], [3]), load, (4,), model_argv=[],
+                                 llama_server=None, log=lambda msg: None)
+    assert [r.timing.outcome for r in records] == ["answered", "refused", "lost"]
+    assert notes == ["spec-auto, 4 slots, 8 clients, humaneval greedy: 2 of 3 requests not answered "
+                     "(statuses: 429); first: 429 busy"]
+
+
+def test_our_servers_always_get_their_slot_count():
+    ar, auto, spec = served_modes(["ar", "spec-auto", "spec"], [4], [3])
+    assert our_server_flags(ar, 1) == ["--autoregressive", "--parallel", "1"]
+    assert our_server_flags(auto, 4) == ["-k", "auto", "--parallel", "4"]
+    assert our_server_flags(spec, 2) == ["-k", "4", "--parallel", "2"]
+
+
+def _args(*argv):
+    return resolve_options(build_parser().parse_args(["bench", "--serve", *argv]))
+
+
+def test_clients_and_slots_are_axes():
+    assert serve_axes(_args("--clients", "1,4,8", "--slots", "1,4")) == ((1, 4, 8), (1, 4))
+    assert serve_axes(_args()) == ((4,), (1, 4))
+    assert serve_argv(_args("--clients", "1,32,8"))[-4:] == ["--max-queue", "32", "--queue-timeout", "3600"]
+    argv = serve_argv(_args(), "bf16")
+    assert argv[argv.index("--target-quant") + 1] == "bf16"  # each --target-quants type on its own server
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--clients", "0"], "--clients must be >= 1"),
+    (["--slots", "1,x"], "--slots takes N or a comma list of N"),
+    (["--ks", "0"], "--ks must be >= 1"),
+])
+def test_bad_axes_are_usage_errors(argv, message):
+    args = _args(*argv)
+    with pytest.raises(UsageError, match=message):
+        serve_axes(args)
+        draft_lengths(args)
