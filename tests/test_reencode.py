@@ -80,6 +80,16 @@ def test_a_file_is_re_encoded_once_then_reused(fake_llama, quant):
     assert reencode.reencoded(source, "q4_1") != path  # each type its own file
 
 
+def test_the_cached_copy_is_found_but_never_made(fake_llama):
+    source, made, _ = fake_llama
+    assert reencode.cached_reencoding(source, "bf16") is None and made == []
+    path = reencode.reencoded(source, "bf16")
+    assert reencode.cached_reencoding(source, "bf16") == path and len(made) == 1
+    assert reencode.cached_reencoding(source, "f16") is None  # another type is another copy
+    path.write_bytes(path.read_bytes()[:-8])  # damaged: not a copy to use
+    assert reencode.cached_reencoding(source, "bf16") is None and len(made) == 1
+
+
 def test_another_file_of_the_same_name_and_size_gets_its_own_copy(fake_llama, tmp_path):
     source, made, _ = fake_llama
     (tmp_path / "B").mkdir()
@@ -168,7 +178,7 @@ def damaged_backend(logits: list[float]):
     row = (ctypes.c_float * len(logits))(*logits)
     backend = object.__new__(llamacpp.LlamaCppBackend)
     backend.__dict__.update(
-        name="draft-q4_0", path=Path("/cache/requantized/draft-q4_0.gguf"), _share=None, _n_batch=4, _length=0,
+        name="draft-q4_0", path=Path("/cache/requantized/draft-q4_0.gguf"), _share=None, _n_batch=4, _lengths=[0],
         _n_vocab=len(logits), vocab_size=len(logits), _ctx=None,
         _batch=SimpleNamespace(token=[0] * 4, pos=[0] * 4, n_seq_id=[0] * 4, seq_id=[[0] for _ in range(4)],
                                logits=[0] * 4, n_tokens=0),

@@ -47,9 +47,9 @@ SOURCE_KEY = "specsample.source_sha256"  # GGUF metadata: the sha256 of the file
 Loaded = TypeVar("Loaded")
 
 
-def reencoded(source: Path, quant: str, *, rebuild: bool = False) -> Path:
-    """`source` re-encoded to `quant` (a key of FTYPES), made once and cached;
-    `rebuild`: made again even if a copy is cached."""
+def _cached_copy(source: Path, quant: str) -> tuple[Path, str, Callable[[Path], bool]]:
+    """Where `source` re-encoded to `quant` is cached, the source's key, and the check
+    that a file there is a whole copy of this very source."""
     if quant not in FTYPES:
         raise ModelError(f"unknown weight type {quant!r}; choose from {', '.join(FTYPES)}")
     # The source's stamp lives in our cache: the model's own folder may be read-only.
@@ -63,6 +63,21 @@ def reencoded(source: Path, quant: str, *, rebuild: bool = False) -> Path:
         return (path.is_file() and isinstance(made, dict) and isinstance(made.get("sha256"), str)
                 and verified_sha256(path, stamp, made["sha256"]) and _source_key(path) == key)
 
+    return out, key, ready
+
+
+def cached_reencoding(source: Path, quant: str) -> Path | None:
+    """The re-encoded copy of `source` if one is cached and whole, else None (never
+    makes one: for callers that use a copy only where it costs nothing)."""
+    out, _, ready = _cached_copy(source, quant)
+    return out if ready(out) else None
+
+
+def reencoded(source: Path, quant: str, *, rebuild: bool = False) -> Path:
+    """`source` re-encoded to `quant` (a key of FTYPES), made once and cached;
+    `rebuild`: made again even if a copy is cached."""
+    out, key, ready = _cached_copy(source, quant)
+    stamp = out.with_name(out.name + ".sha256")
     if rebuild:
         with locked(out):
             out.unlink(missing_ok=True)

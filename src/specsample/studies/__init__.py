@@ -6,6 +6,9 @@ rounds.py        where a round's time goes, from any run's records.jsonl
                  (python -m specsample.studies.rounds RECORDS.jsonl)
 numerics.py      llama.cpp logits by call size under each engine setting
                  (python -m specsample.studies.numerics)
+batch_numerics.py  llama.cpp logits of one sequence by what shares its call (serve
+                 --parallel), default and batch-invariant kernels
+                 (python -m specsample.studies.batch_numerics --out DIR)
 logprob_cost.py  what log-probabilities cost in decode speed
                  (python -m specsample.studies.logprob_cost --out DIR)
 seeded.py        a seed's text across real `specsample serve` processes, default and
