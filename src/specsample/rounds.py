@@ -62,6 +62,10 @@ def play_round(target: Backend, drafter: Drafter | None, policy: Policy, sampler
     pending = [context[-1]] if carried is None else []
     fed = pending + draft.tokens.tolist()
     logits = target.score(fed, num_logits=len(fed)) if fed else None  # [len(fed), vocab]
+    # The backend may know the call behind this score() better than a clock around it:
+    # a batched call scored every sequence's tokens, and the clock also counts the wait
+    # for the others. Read now, and only after a call of this round's (else stale).
+    reported = target.last_call if fed else None
     if carried is not None:
         logits = carried if logits is None else torch.cat([carried, logits])
     t2 = clock()
@@ -80,5 +84,5 @@ def play_round(target: Backend, drafter: Drafter | None, policy: Policy, sampler
         verdict = verify(draft.tokens, draft.probs, target_probs, sampler.generator)
     # 4. Keep pending + accepted drafts; the new last token is fed next round.
     target.rollback(base + len(pending) + verdict.num_accepted)
-    return Round(draft, verdict, fed, logits, target_probs, draft_calls, t0, t1 - t0, t2 - t1,
-                 CallRecord(len(fed), t2 - t1))
+    call = reported if reported is not None else CallRecord(len(fed), t2 - t1)
+    return Round(draft, verdict, fed, logits, target_probs, draft_calls, t0, t1 - t0, t2 - t1, call)
