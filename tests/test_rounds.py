@@ -1,15 +1,17 @@
 """What the loop tells the policy: the call behind each round (a batched call's size
-and time, where the backend reports it)."""
+and time, where the backend reports it), and when a sequence is over."""
+
+import gc
 
 import pytest
 
-from specsample.backends.base import CallRecord
+from specsample.backends.base import BackendError, CallRecord
 from specsample.control import FixedK
 from specsample.drafters import ModelDrafter
-from specsample.generate import GenerationConfig, generate
+from specsample.generate import GenerationConfig, generate, stream
 from specsample.sampling import SamplingConfig
 
-from toy import FakeClock, TrigramBackend, random_table
+from toy import FakeClock, PoisonedBackend, TrigramBackend, random_table
 
 pytestmark = pytest.mark.pure
 
@@ -22,10 +24,16 @@ class CountingPolicy(FixedK):
 
     def __init__(self, k):
         super().__init__(k)
-        self.reports = []
+        self.begun, self.ended, self.reports = 0, 0, []
+
+    def begin(self, context, max_new_tokens):
+        self.begun += 1
 
     def observe(self, report):
         self.reports.append(report)
+
+    def end(self):
+        self.ended += 1
 
 
 class BatchedBackend(TrigramBackend):
@@ -79,3 +87,42 @@ def test_without_a_record_the_policy_is_told_the_tokens_fed_and_the_clock():
     fed = [len(r.sources) + (i > 0) for i, r in enumerate(policy.reports)]
     assert [r.target_tokens for r in policy.reports] == fed
     assert [r.target_seconds for r in policy.reports] == [1.0] * len(fed)
+
+
+def test_the_policy_hears_the_end_once_when_the_stream_finishes():
+    policy = CountingPolicy(2)
+    result = generate(TrigramBackend(TABLE), [1, 2, 3], GenerationConfig(max_new_tokens=15, k=2, sampling=GREEDY),
+                      drafter(), policy)
+    assert len(result.token_ids) == 15
+    assert (policy.begun, policy.ended) == (1, 1)
+
+
+@pytest.mark.parametrize("how", ["closed", "collected", "failed"])
+def test_the_policy_hears_the_end_once_when_the_stream_is_abandoned_or_fails(how):
+    policy = CountingPolicy(2)
+    # Poisoned: the target's rows turn to NaN once the text reaches 12 tokens, after the first two chunks.
+    target = PoisonedBackend(TABLE, float("nan"), after=12) if how == "failed" else TrigramBackend(TABLE)
+    s = stream(target, [1, 2, 3], GenerationConfig(max_new_tokens=50, k=2, sampling=GREEDY), drafter(), policy)
+    chunks = iter(s)
+    next(chunks), next(chunks)
+    assert (policy.begun, policy.ended) == (1, 0)
+    if how == "closed":
+        chunks.close()
+        chunks.close()  # a second close is a no-op
+    elif how == "collected":
+        del chunks, s
+        gc.collect()
+    else:
+        with pytest.raises(BackendError, match="poisoned"):
+            list(chunks)
+    assert (policy.begun, policy.ended) == (1, 1)
+
+
+def test_a_stream_never_started_or_without_a_drafter_never_ends_the_policy():
+    policy = CountingPolicy(2)
+    config = GenerationConfig(max_new_tokens=5, k=2, sampling=GREEDY)
+    s = stream(TrigramBackend(TABLE), [1, 2, 3], config, drafter(), policy)
+    del s
+    gc.collect()
+    generate(TrigramBackend(TABLE), [1, 2, 3], config, None, policy)
+    assert (policy.begun, policy.ended) == (0, 0)

@@ -260,21 +260,25 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
     out.stats.prefill_seconds = clock() - start - calibration_seconds
     if drafter is not None:
         policy.begin(out.context, config.max_new_tokens)
-    while out.going:
-        # The target must still hold this stream's text (all but the pending token):
-        # another stream on the same backend may have run in between.
-        check_cache(target, claim, len(out.context) - (carried is None))
-        played = play_round(target, drafter, policy, sampler, config.sampling, grammar, out.context, carried,
-                            out.room, clock)
-        carried = None
-        chunk = out.emit(played)
-        # Tell the drafter how its drafts fared, and the policy what the round cost.
+    try:
+        while out.going:
+            # The target must still hold this stream's text (all but the pending token):
+            # another stream on the same backend may have run in between.
+            check_cache(target, claim, len(out.context) - (carried is None))
+            played = play_round(target, drafter, policy, sampler, config.sampling, grammar, out.context, carried,
+                                out.room, clock)
+            carried = None
+            chunk = out.emit(played)
+            # Tell the drafter how its drafts fared, and the policy what the round cost.
+            if drafter is not None:
+                tell(drafter, played.draft, played.verdict.num_accepted)
+                policy.observe(played.report(chunk.token_ids, clock() - played.started))
+            out.stats.total_seconds = clock() - start
+            yield chunk
+        yield from out.flush()
+    finally:  # also when the stream is abandoned (closed, or collected) before its end
         if drafter is not None:
-            tell(drafter, played.draft, played.verdict.num_accepted)
-            policy.observe(played.report(chunk.token_ids, clock() - played.started))
-        out.stats.total_seconds = clock() - start
-        yield chunk
-    yield from out.flush()
+            policy.end()
     out.stats.total_seconds = clock() - start
     return out.result()
 
