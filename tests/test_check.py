@@ -20,7 +20,7 @@ from specsample.sampling import SamplingConfig, logits_to_probs
 from test_distribution import accept_everything, recover_from_target
 from toy import TrigramBackend, random_table
 
-generate_module = importlib.import_module("specsample.generate")
+rounds_module = importlib.import_module("specsample.rounds")
 
 pytestmark = pytest.mark.pure
 
@@ -66,7 +66,7 @@ def test_exact_cells_follow_the_target(k):
 
 @pytest.mark.parametrize("wrong_verify", [accept_everything, recover_from_target])
 def test_a_wrong_sampler_fails(monkeypatch, wrong_verify):
-    monkeypatch.setattr(generate_module, "verify", wrong_verify)
+    monkeypatch.setattr(rounds_module, "verify", wrong_verify)
     result = run_check()
     assert not result.passed
     assert result.tv > result.perfect_tv[1]
@@ -197,7 +197,7 @@ def test_cli_checks_auto_and_says_what_its_reference_is(capsys, toy_models):
 
 
 def test_cli_exits_1_on_a_wrong_sampler(capsys, toy_models, monkeypatch):
-    monkeypatch.setattr(generate_module, "verify", accept_everything)
+    monkeypatch.setattr(rounds_module, "verify", accept_everything)
     code = main(["check", "--target", "toy", "--draft", "toy", "-n", "1500"])
     out, _ = capsys.readouterr()
     assert code == 1

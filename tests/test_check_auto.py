@@ -16,7 +16,7 @@ from toy import TrigramBackend
 
 pytestmark = pytest.mark.system
 
-generate_module = importlib.import_module("specsample.generate")
+rounds_module = importlib.import_module("specsample.rounds")
 
 
 class Sleepy(TrigramBackend):
@@ -36,7 +36,7 @@ def test_auto_checks_the_controllers_own_draft_lengths(monkeypatch, wrong_verify
     """-k auto: the adaptive controller drafts (up to k_max) as it would in use, the
     reference scores the second token in a one-token call; a wrong sampler still fails."""
     if wrong_verify is not None:
-        monkeypatch.setattr(generate_module, "verify", wrong_verify)
+        monkeypatch.setattr(rounds_module, "verify", wrong_verify)
     config = CheckConfig(samples=1500, k="auto", k_max=4, sampling=SAMPLING)
     result = check(Sleepy(TARGET, 0.001), ModelDrafter(Sleepy(DRAFT, 0.0001, name="draft"), SAMPLING), PROMPTS, config)
     assert any(p.acceptance_rate is not None for p in result.prompts)  # it drafted

@@ -35,7 +35,7 @@ from toy import (CostedBackend, DrafterWrapper, FakeClock, PieceTokenizer, Trigr
 
 pytestmark = pytest.mark.pure
 
-generate_module = importlib.import_module("specsample.generate")
+rounds_module = importlib.import_module("specsample.rounds")
 drafters_module = importlib.import_module("specsample.drafters")
 
 PIECES = [b"a", b"b", b"ab", b"<", b">", b"=", b"c", b"<eos>"]
@@ -261,7 +261,7 @@ def test_the_mask_on_the_target_alone_is_exact_and_the_drafts_mask_is_for_accept
 
 def mask_target_rows_not(monkeypatch):
     """Wrong: the target's rows are not masked (the mask on the draft only)."""
-    monkeypatch.setattr(generate_module, "constrained_logits", lambda logits, allowed: logits)
+    monkeypatch.setattr(rounds_module, "constrained_logits", lambda logits, allowed: logits)
 
 
 def verify_against_unmasked_draft_rows(monkeypatch):
@@ -308,18 +308,18 @@ def forced_tokens_from_the_unmasked_draft(monkeypatch, trusted=True):
         return Draft(tokens, probs, d.sources, d.confidences, d.calls)
 
     def verify(draft_tokens, draft_probs, target_probs, generator):
-        verdict = generate_module_verify(draft_tokens, draft_probs, target_probs, generator)
+        verdict = rounds_module_verify(draft_tokens, draft_probs, target_probs, generator)
         n = verdict.num_accepted
         if not trusted or n == len(draft_tokens) or last_sources[n] != FORCED:
             return verdict
         # a "forced" draft is taken as it is, and verification resumes after it
-        rest = generate_module_verify(draft_tokens[n + 1 :], None if draft_probs is None else draft_probs[n + 1 :],
+        rest = rounds_module_verify(draft_tokens[n + 1 :], None if draft_probs is None else draft_probs[n + 1 :],
                                       target_probs[n + 1 :], generator)
         return Verdict(draft_tokens[: n + 1].tolist() + rest.tokens, n + 1 + rest.num_accepted)
 
-    generate_module_verify = generate_module.verify
-    monkeypatch.setattr(generate_module, "draft_round", draft_round)
-    monkeypatch.setattr(generate_module, "verify", verify)
+    rounds_module_verify = rounds_module.verify
+    monkeypatch.setattr(rounds_module, "draft_round", draft_round)
+    monkeypatch.setattr(rounds_module, "verify", verify)
 
 
 def test_forced_drafts_are_verified_so_a_wrong_forced_source_stays_exact(monkeypatch):

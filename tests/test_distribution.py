@@ -32,7 +32,7 @@ from toy import (CostedBackend, DrafterWrapper, FakeClock, TrigramBackend, chi_s
 pytestmark = pytest.mark.pure
 
 # The module, not the function of the same name that specsample/__init__ exports.
-generate_module = importlib.import_module("specsample.generate")
+rounds_module = importlib.import_module("specsample.rounds")
 
 VOCAB, LENGTH, N, ALPHA = 6, 4, 20_000, 1e-3
 PROMPT = [1, 2]
@@ -122,7 +122,7 @@ def recover_from_target(draft_tokens, draft_probs, target_probs, generator):
 
 @pytest.mark.parametrize("wrong_verify", [accept_everything, recover_from_target])
 def test_negative_control_wrong_sampler_fails_the_check(monkeypatch, wrong_verify):
-    monkeypatch.setattr(generate_module, "verify", wrong_verify)
+    monkeypatch.setattr(rounds_module, "verify", wrong_verify)
     sampling = SamplingConfig()
     exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, sampling)
     counts = empirical(model_drafter("far"), sampling, 2)
@@ -141,7 +141,7 @@ def bonus_from_the_last_drafts_row(draft_tokens, draft_probs, target_probs, gene
 
 @pytest.mark.parametrize("kind", ["close", "far"])
 def test_negative_control_a_bonus_from_the_wrong_row_fails_the_check(monkeypatch, kind):
-    monkeypatch.setattr(generate_module, "verify", bonus_from_the_last_drafts_row)
+    monkeypatch.setattr(rounds_module, "verify", bonus_from_the_last_drafts_row)
     sampling = SamplingConfig()
     exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, sampling)
     assert chi_square_p_value(empirical(model_drafter(kind), sampling, 2), exact, N) < ALPHA

@@ -8,17 +8,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .backends.base import Backend, check_cache, check_same_vocabulary, claim_cache, finite_logits
-from .constraints import Constraint, constrained_logits
+from .backends.base import Backend, check_cache, check_same_vocabulary, claim_cache
+from .constraints import Constraint
 from .constraints import start as start_grammar
 from .context_fit import new_token_room
 from .control import make_policy
 from .detokenize import TextTracker
-from .drafters import Draft, Drafter, draft_round, tell
+from .drafters import Drafter, tell
 from .logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
-from .plans import Policy, RoundReport
+from .plans import Policy
+from .rounds import Round, play_round
 from .sampling import InvalidSetting, Sampler, SamplingConfig
-from .verify import verify, verify_coupled
 
 VERIFIERS = ("auto", "coupled", "rejection")
 
@@ -245,9 +245,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
     if config.coupled:  # unseeded coupling still needs one seed for its noise
         coupled_seed = config.seed if config.seed is not None else int(torch.randint(1 << 62, ()))
     sampler = Sampler(len(prompt_ids), generator, coupled_seed)
-    logprobs: list[TokenLogprob] | None = None if config.logprobs is None else []
-    eos = target.eos_token_ids if config.eos_token_ids is None else config.eos_token_ids
-    stats = GenerationStats(calibration_seconds=calibration_seconds)
+    out = Emitter(target, prompt_ids, config, grammar, GenerationStats(calibration_seconds=calibration_seconds))
     # The total counts the calibration stream() made for this call (stats.other_seconds
     # leaves it out again).
     start = clock() - calibration_seconds
@@ -259,101 +257,94 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
     claim = claim_cache(target)
     target.rollback(0)
     carried = target.score(prompt_ids, num_logits=1)  # [1, vocab]
-    stats.prefill_seconds = clock() - start - calibration_seconds
-    context = list(prompt_ids)
+    out.stats.prefill_seconds = clock() - start - calibration_seconds
     if drafter is not None:
-        policy.begin(context, config.max_new_tokens)
-    new: list[int] = []
-    text = TextTracker(target.tokenizer, config.stop_strings)
-    stop_reason = "grammar" if grammar is not None and grammar.done else "length"
-
-    while stop_reason == "length" and len(new) < config.max_new_tokens:
-        # 0. The target must still hold this stream's text (all but the pending
-        #    token): another stream on the same backend may have run in between.
-        check_cache(target, claim, len(context) - (carried is None))
-
-        # 1. Draft: the policy picks the source and how many (0 = a plain target
-        #    step), never more than we could still emit. Tokens a grammar forces
-        #    come first, free (drafters.draft_round).
-        t0 = clock()
-        budget = min(policy.k_max, config.max_new_tokens - len(new) - 1)
-        if drafter is not None and budget > 0:
-            calls_before = drafter.calls
-            draft = draft_round(drafter, context, budget, sampler, policy.plan, grammar)
-            stats.draft_calls += drafter.calls - calls_before
-        else:
-            draft = Draft.empty()
-        t1 = clock()
-        stats.draft_seconds += t1 - t0
-
-        # 2. Score pending token + drafts in one target call: m+1 distributions.
-        base = target.length
-        m = len(draft)
-        pending = [context[-1]] if carried is None else []
-        fed = pending + draft.tokens.tolist()
-        logits = target.score(fed, num_logits=len(fed)) if fed else None  # [len(fed), vocab]
-        if carried is not None:
-            logits = carried if logits is None else torch.cat([carried, logits])
+        policy.begin(out.context, config.max_new_tokens)
+    try:
+        while out.going:
+            # The target must still hold this stream's text (all but the pending token):
+            # another stream on the same backend may have run in between.
+            check_cache(target, claim, len(out.context) - (carried is None))
+            played = play_round(target, drafter, policy, sampler, config.sampling, grammar, out.context, carried,
+                                out.room, clock)
             carried = None
-        t2 = clock()
-        stats.target_calls += bool(fed)
-        stats.target_seconds += t2 - t1
+            chunk = out.emit(played)
+            # Tell the drafter how its drafts fared, and the policy what the round cost.
+            if drafter is not None:
+                tell(drafter, played.draft, played.verdict.num_accepted)
+                policy.observe(played.report(chunk.token_ids, clock() - played.started))
+            out.stats.total_seconds = clock() - start
+            yield chunk
+        yield from out.flush()
+    finally:  # also when the stream is abandoned (closed, or collected) before its end
+        if drafter is not None:
+            policy.end()
+    out.stats.total_seconds = clock() - start
+    return out.result()
 
-        # 3. Accept a prefix of the drafts, then one recovered or bonus token. Each
-        #    row becomes the distribution the sampling controls draw from, over what
-        #    the grammar allows after its own prefix; row j follows the text and
-        #    drafts[:j], which the penalties count.
-        logits = finite_logits(logits, target.name)  # [m + 1, vocab]
-        allowed = None if grammar is None else grammar.rows_allowed(draft.tokens.tolist())
-        target_probs = sampler.probs(constrained_logits(logits, allowed), context + draft.tokens.tolist(),
-                                     config.sampling)  # [m + 1, vocab]
-        if sampler.coupled:
-            verdict = verify_coupled(draft.tokens, target_probs, sampler.noise(len(context), m + 1, logits.shape[-1]))
-        else:
-            verdict = verify(draft.tokens, draft.probs, target_probs, generator)
-        # Keep pending + accepted drafts; the new last token is fed next round.
-        target.rollback(base + len(pending) + verdict.num_accepted)
 
-        # 4. Emit, stopping at EOS, the token budget, a stop string or the end of
-        #    the grammar. The grammar moves on with every emitted token.
+class Emitter:
+    """Places each round's tokens in one sequence's output: stops at EOS, the token
+    budget, a stop string or the end of the grammar (which moves on with every
+    emitted token), and counts log-probabilities and statistics."""
+
+    def __init__(self, target, prompt_ids, config: GenerationConfig, grammar, stats: GenerationStats):
+        self.config, self.grammar, self.stats = config, grammar, stats
+        self.eos = target.eos_token_ids if config.eos_token_ids is None else config.eos_token_ids
+        self.context = list(prompt_ids)
+        self.new: list[int] = []
+        self.text = TextTracker(target.tokenizer, config.stop_strings)
+        self.logprobs: list[TokenLogprob] | None = None if config.logprobs is None else []
+        self.stop_reason = "grammar" if grammar is not None and grammar.done else "length"
+
+    @property
+    def room(self) -> int:  # tokens the budget still allows
+        return self.config.max_new_tokens - len(self.new)
+
+    @property
+    def going(self) -> bool:
+        return self.stop_reason == "length" and self.room > 0
+
+    def emit(self, played: Round) -> Chunk:
+        stats, grammar, verdict = self.stats, self.grammar, played.verdict
+        stats.draft_calls += played.draft_calls
+        stats.draft_seconds += played.draft_seconds
+        stats.target_calls += bool(played.fed)
+        stats.target_seconds += played.target_seconds
         emitted = []
-        for token in verdict.tokens[: config.max_new_tokens - len(new)]:
+        for token in verdict.tokens[: self.room]:
             emitted.append(token)
             if grammar is not None:
                 stats.forced_tokens += grammar.advance(token)  # refuses a token the grammar forbids
-            if token in eos:
-                stop_reason = "eos"
+            if token in self.eos:
+                self.stop_reason = "eos"
                 break
-            if text.add(token):
-                stop_reason = "stop_string"
+            if self.text.add(token):
+                self.stop_reason = "stop_string"
                 break
             if grammar is not None and grammar.done:
-                stop_reason = "grammar"
+                self.stop_reason = "grammar"
                 break
-        new += emitted
-        context += emitted
+        self.new += emitted
+        self.context += emitted
         # Emitted token i was chosen from row i: its log-probability costs no model call.
         scored = None
-        if logprobs is not None:
-            scored = token_logprobs(logits, target_probs, emitted, config.logprobs, config.logprobs_mode)
-            logprobs += scored
-        stats.record_round(draft, verdict.num_accepted, len(emitted), cut=len(emitted) < len(verdict.tokens))
-        stats.new_tokens = len(new)
-
-        # 5. Tell the drafter how its drafts fared, and the policy what the round cost.
-        if drafter is not None:
-            tell(drafter, draft, verdict.num_accepted)
-            policy.observe(RoundReport(draft.sources, draft.confidences, verdict.num_accepted, len(fed), t2 - t1,
-                                       draft.calls, clock() - t0, tuple(emitted), target_probs))
+        if self.logprobs is not None:
+            scored = token_logprobs(played.logits, played.target_probs, emitted, self.config.logprobs,
+                                    self.config.logprobs_mode)
+            self.logprobs += scored
+        stats.record_round(played.draft, verdict.num_accepted, len(emitted), cut=len(emitted) < len(verdict.tokens))
+        stats.new_tokens = len(self.new)
         stats.constraint_seconds = 0.0 if grammar is None else grammar.seconds
-        stats.total_seconds = clock() - start
-        yield Chunk(emitted, text.take(), scored)
+        return Chunk(emitted, self.text.take(), scored)
 
-    tail = text.flush()
-    if tail:
-        yield Chunk([], tail)
-    stats.total_seconds = clock() - start
-    return GenerationResult(new, text.final(), stats, stop_reason, logprobs)
+    def flush(self) -> Iterator[Chunk]:
+        tail = self.text.flush()
+        if tail:
+            yield Chunk([], tail)
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(self.new, self.text.final(), self.stats, self.stop_reason, self.logprobs)
 
 
 def _bump(histogram: list[int], index: int) -> None:

@@ -1,0 +1,88 @@
+"""One round of one sequence: draft, score, verify, roll back (gpt-fast's
+`speculative_decode`). The round decides which tokens come next; the loop in
+generate.py places them (stop strings, EOS, the grammar, the budget, statistics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .backends.base import Backend, CallRecord, finite_logits
+from .constraints import GrammarState, constrained_logits
+from .drafters import Draft, Drafter, draft_round
+from .plans import Policy, RoundReport
+from .sampling import Sampler, SamplingConfig
+from .verify import Verdict, verify, verify_coupled
+
+
+@dataclass
+class Round:
+    """What one round did."""
+
+    draft: Draft
+    verdict: Verdict
+    fed: list[int]  # what the target scored: the pending token (if any), then the drafts
+    logits: torch.Tensor  # [m + 1, vocab]: the target's rows, finite
+    target_probs: torch.Tensor  # [m + 1, vocab]: what verify drew from
+    draft_calls: int  # draft model calls made
+    started: float  # the clock when the round began
+    draft_seconds: float
+    target_seconds: float  # the clock around score(): what this sequence waited for its rows
+    call: CallRecord  # the verify call as the policy prices it: its size and time
+
+    def report(self, emitted: list[int], round_seconds: float) -> RoundReport:
+        return RoundReport(self.draft.sources, self.draft.confidences, self.verdict.num_accepted, self.call.tokens,
+                           self.call.seconds, self.draft.calls, round_seconds, tuple(emitted), self.target_probs)
+
+
+def play_round(target: Backend, drafter: Drafter | None, policy: Policy, sampler: Sampler, sampling: SamplingConfig,
+               grammar: GrammarState | None, context: list[int], carried: torch.Tensor | None, room: int,
+               clock) -> Round:
+    """One round after `context`, of which the target holds all but the last token
+    unless `carried` ([1, vocab], the prefill's last row) already predicts the next;
+    `room`: tokens the sequence may still emit."""
+    # 1. Draft: the policy picks the source and how many (0 = a plain target step),
+    #    never more than we could still emit. Tokens a grammar forces come first,
+    #    free (drafters.draft_round).
+    t0 = clock()
+    budget = min(policy.k_max, room - 1)
+    draft_calls = 0
+    if drafter is not None and budget > 0:
+        calls_before = drafter.calls
+        draft = draft_round(drafter, context, budget, sampler, policy.plan, grammar)
+        draft_calls = drafter.calls - calls_before
+    else:
+        draft = Draft.empty()
+    t1 = clock()
+
+    # 2. Score pending token + drafts in one target call: m+1 distributions.
+    base = target.length
+    m = len(draft)
+    pending = [context[-1]] if carried is None else []
+    fed = pending + draft.tokens.tolist()
+    logits = target.score(fed, num_logits=len(fed)) if fed else None  # [len(fed), vocab]
+    # The backend may know the call behind this score() better than a clock around it:
+    # a batched call scored every sequence's tokens, and the clock also counts the wait
+    # for the others. Read now, and only after a call of this round's (else stale).
+    reported = target.last_call if fed else None
+    if carried is not None:
+        logits = carried if logits is None else torch.cat([carried, logits])
+    t2 = clock()
+
+    # 3. Accept a prefix of the drafts, then one recovered or bonus token. Each row
+    #    becomes the distribution the sampling controls draw from, over what the
+    #    grammar allows after its own prefix; row j follows the text and drafts[:j],
+    #    which the penalties count.
+    logits = finite_logits(logits, target.name)  # [m + 1, vocab]
+    allowed = None if grammar is None else grammar.rows_allowed(draft.tokens.tolist())
+    target_probs = sampler.probs(constrained_logits(logits, allowed), context + draft.tokens.tolist(),
+                                 sampling)  # [m + 1, vocab]
+    if sampler.coupled:
+        verdict = verify_coupled(draft.tokens, target_probs, sampler.noise(len(context), m + 1, logits.shape[-1]))
+    else:
+        verdict = verify(draft.tokens, draft.probs, target_probs, sampler.generator)
+    # 4. Keep pending + accepted drafts; the new last token is fed next round.
+    target.rollback(base + len(pending) + verdict.num_accepted)
+    call = reported if reported is not None else CallRecord(len(fed), t2 - t1)
+    return Round(draft, verdict, fed, logits, target_probs, draft_calls, t0, t1 - t0, t2 - t1, call)
