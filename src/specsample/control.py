@@ -45,7 +45,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .calibrate import cached_or_measured
+from .calibrate import cached_or_measured, wide_costs, wide_sizes
 from .estimates import Acceptance, AnswerLength, Costs, ShadowLookup, SourceModel
 from .plans import MODEL, NO_DRAFTS, Offer, Plan, Policy, RoundReport, Source
 
@@ -175,20 +175,25 @@ class ConfidenceRule:
 
 def make_policy(k: int | str, k_max: int = 8, target=None, draft=None, *, drafts: bool = True,
                 context: list[int] | None = None, cost_cache: Path | None = None,
-                clock=time.perf_counter) -> Policy:
+                clock=time.perf_counter, parallel: int = 1) -> Policy:
     """The one place that decides a generation's draft-length policy: `k` from the
     configuration, an int (fixed K) or "auto". For "auto" with something that drafts
     (`drafts`), an adaptive controller warm-started with the costs of `target` and
     the `draft` model's backend (None: lookup alone), measured now on top of
     `context` or read from `cost_cache` (calibrate.py); without a target to time,
-    it starts from nothing and learns the costs from the rounds."""
+    it starts from nothing and learns the costs from the rounds. `parallel`: the
+    most sequences decoded together (the policy's fork() serves each), whose calls
+    of up to parallel * (k_max + 1) tokens are timed too."""
+    if parallel < 1:
+        raise ValueError(f"parallel must be >= 1, got {parallel}")
     if k != "auto" or not drafts:
         return FixedK(k_max if k == "auto" else int(k))
     controller = AdaptiveController(k_max)
     if target is not None:
-        measured = cached_or_measured(cost_cache, target, draft, context or probe_context(target), k_max + 1, clock)
+        measured = cached_or_measured(cost_cache, target, draft, context or probe_context(target), k_max + 1, clock,
+                                      wide_sizes(k_max + 1, parallel))
         controller.costs.warm_start(measured["target"], measured.get("draft_step"), measured.get("draft_token"),
-                                    measured.get("draft_first"))
+                                    measured.get("draft_first"), wide_costs(measured))
     return controller
 
 

@@ -98,11 +98,13 @@ class Costs:
         return (self.single.value or 0.0) * self.ratio(n)
 
     def warm_start(self, target: list[float], draft_step: float | None = None, draft_token: float | None = None,
-                   draft_first: float | None = None) -> None:
+                   draft_first: float | None = None, wide: dict[int, float] | None = None) -> None:
         """Start from measured costs (calibrate.py): target[n - 1] seconds for a call
-        scoring n tokens, and the draft's per-call costs where there is a draft model."""
+        scoring n tokens, `wide` {n: seconds} for a few larger calls (a batch's), and
+        the draft's per-call costs where there is a draft model."""
         self.single.value = target[0]
-        for n, seconds in enumerate(target[1:], start=2):
+        sizes = dict(enumerate(target[1:], start=2)) | dict(wide or {})
+        for n, seconds in sorted(sizes.items()):
             self._shape(n).value = seconds / target[0]
         for ema, value in ((self.draft_step, draft_step), (self.draft_token, draft_token),
                            (self.draft_first, draft_first)):
