@@ -3,13 +3,14 @@ against the whole call the batch shares (control.py), on fake costs."""
 
 import pytest
 
-from specsample.control import AdaptiveController, FixedK
+from specsample.control import AdaptiveController, FixedK, slots_that_pay
 from specsample.estimates import BatchLoad, Costs
 from specsample.plans import MODEL, DraftCall, Offer, RoundReport, lookup_source
 
 pytestmark = pytest.mark.pure
 
 # Target calls measured on llama.cpp, 2 threads, in ms: {tokens scored: ms}.
+Q4_K_M = {1: 32.7, 2: 58.5, 3: 78.4, 4: 102.7, 8: 175.8}
 BF16 = {1: 92.5, 2: 112.8, 3: 121.9, 4: 141.7, 8: 178.4}
 DRAFT_STEP = 10.0  # ms
 
@@ -235,6 +236,26 @@ def test_a_batch_of_more_tokens_than_calibrated_is_priced_from_the_wide_calls():
     assert costs.target_call(8) == pytest.approx(1.5) and costs.target_call(16) == pytest.approx(2.3)
     assert costs.target_call(12) == pytest.approx(1.9)  # between measured sizes: interpolated
     assert costs.target_call(20) == pytest.approx(2.7)  # past them: extrapolated from the last two
+
+
+def test_slots_that_pay_on_the_measured_curves():
+    # BF16 (memory-bound here): every further sequence adds >= 8% tokens per second.
+    assert slots_that_pay(costs_of(BF16)) == 8 and slots_that_pay(costs_of(BF16), most=4) == 4
+    # Q4_K_M: 2 and 3 pay (+12%), 4 adds 2%, 5 (between 4 and 8, interpolated) 6%, 6 on 4%.
+    q4 = costs_of(Q4_K_M)
+    assert slots_that_pay(q4) == 5 and slots_that_pay(q4, most=4) == 3
+    throughput = [n / q4.target_call(n) for n in range(1, 9)]
+    assert throughput[4] / throughput[3] >= 1.05 > throughput[5] / throughput[4]
+
+
+def test_slots_that_pay_is_1_where_calls_cost_in_proportion_or_nothing_is_measured():
+    proportional = Costs()
+    proportional.warm_start([n * 30.0 for n in range(1, 10)])
+    assert slots_that_pay(proportional) == 1
+    assert slots_that_pay(Costs()) == 1
+    nearly = Costs()  # each further sequence adds 4%: not enough
+    nearly.warm_start([n / (1.04 ** (n - 1)) for n in range(1, 10)])
+    assert slots_that_pay(nearly) == 1
 
 
 def test_a_load_with_one_sequence_has_no_others():

@@ -266,6 +266,24 @@ def make_policy(k: int | str, k_max: int = 8, target=None, draft=None, *, drafts
     return controller
 
 
+SLOT_GAIN = 1.05
+
+
+def slots_that_pay(costs: Costs, most: int = 8) -> int:
+    """How many sequences to decode together by default on this machine: the largest
+    n <= most whose call, one token for each of n sequences, serves at least 5% more
+    tokens per second than n - 1 sequences' call (n / T(n) >= 1.05 (n - 1) / T(n - 1)),
+    1 where no step does. The largest such n, not the first that falls short: one
+    noisy size in the curve must not stop the count early. Where calls cost the same
+    whatever their size (memory-bound) every step pays and it is `most`; where they
+    cost in proportion to their tokens (compute-bound) none does and it is 1."""
+    if costs.single.value is None:
+        return 1  # nothing measured: no ground for more
+    throughput = [n / costs.target_call(n) for n in range(1, most + 1)]
+    paying = [n for n in range(2, most + 1) if throughput[n - 1] >= SLOT_GAIN * throughput[n - 2]]
+    return max(paying, default=1)
+
+
 def probe_context(target) -> list[int]:
     """Tokens to time calls on before any prompt is known: the ids themselves do not
     change what a call costs."""
