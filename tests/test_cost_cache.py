@@ -8,6 +8,7 @@ import math
 import pytest
 
 from specsample.cli import main
+from specsample.calibrate import wide_sizes
 from specsample.control import make_policy
 
 from test_cli import tiny_dirs  # noqa: F401 (a fixture)
@@ -26,6 +27,11 @@ BAD = {
     "nested": dict(GOOD, target=[[1.0], [1.5], [2.0], [2.5]]),
     "target not a list": dict(GOOD, target=1.0),
     "not a dict": [1.0, 1.5, 2.0, 2.5],
+    "larger calls not a dict": dict(GOOD, target_wide=[4.5, 6.5]),
+    "larger calls keyed by words": dict(GOOD, target_wide={"eight": 4.5}),
+    "larger calls keyed by 1": dict(GOOD, target_wide={"1": 4.5}),
+    "larger calls keyed by other digits": dict(GOOD, target_wide={"\u0668": 4.5}),
+    "larger call free": dict(GOOD, target_wide={"8": 0.0}),
 }
 
 
@@ -90,3 +96,44 @@ def test_the_command_line_recalibrates_a_corrupt_cache_in_one_line(capsys, caplo
     [line] = [r.getMessage() for r in caplog.records]
     assert "cost cache" in line and "\n" not in line and "Traceback" not in err
     assert all(seconds > 0 for seconds in json.loads(cache.read_text())["target"])
+
+
+def test_wide_sizes_are_a_few_steps_up_to_the_largest_batch():
+    assert wide_sizes(9, 1) == []  # one sequence: its own calls of 1 .. 9 tokens
+    assert wide_sizes(9, 2) == [12, 16]  # 18: within a quarter of 16, interpolated
+    assert wide_sizes(9, 4) == [12, 16, 24, 32]
+    assert wide_sizes(9, 8) == [12, 16, 24, 32, 48, 64]
+    assert wide_sizes(3, 4) == [8, 12]
+    assert wide_sizes(7, 3) == [8, 12, 16, 21]  # 21: past 16 by more than a quarter
+
+
+def test_a_cache_measured_for_fewer_sequences_is_extended_with_the_larger_calls(tmp_path, caplog):
+    def cost(n):  # flat at first, then dearer by the token: no straight line through 1 .. 4 foretells it
+        return 1.0 + 0.1 * (n - 1) + 0.05 * max(0, n - 4) ** 2
+
+    clock = FakeClock()
+    target = CostedBackend(TrigramBackend(random_table(5, 0)), clock, cost)
+    draft = CostedBackend(TrigramBackend(random_table(5, 1)), clock, lambda n: 0.2 + 0.05 * (n - 1))
+    cache = tmp_path / "costs.json"
+    alone = make_policy("auto", 3, target, draft, context=[1, 2, 3], cost_cache=cache, clock=clock)
+    first = json.loads(cache.read_text())
+    assert "target_wide" not in first
+    assert alone.costs.target_call(16) != pytest.approx(cost(16))  # extrapolated from 3 and 4 tokens
+
+    calls, draft_calls = target.calls, draft.calls
+    with caplog.at_level(logging.WARNING):
+        four = make_policy("auto", 3, target, draft, context=[1, 2, 3], cost_cache=cache, clock=clock, parallel=4)
+    assert target.calls - calls == 1 + 3 and draft.calls == draft_calls  # a warm-up and calls of 8, 12 and 16
+    written = json.loads(cache.read_text())
+    assert written["target_wide"] == pytest.approx({str(n): cost(n) for n in (8, 12, 16)})
+    assert {k: v for k, v in written.items() if k != "target_wide"} == first  # kept, not measured again
+    assert [four.costs.target_call(n) for n in (12, 16)] == pytest.approx([cost(12), cost(16)])
+    assert four.costs.target_call(10) == pytest.approx((cost(8) + cost(12)) / 2)
+    assert not caplog.records
+
+    calls = target.calls
+    for parallel in (4, 2, 1):  # covered: nothing measured
+        make_policy("auto", 3, target, draft, context=[1, 2, 3], cost_cache=cache, clock=clock, parallel=parallel)
+    assert target.calls == calls
+    with pytest.raises(ValueError):
+        make_policy("auto", 3, target, draft, cost_cache=cache, clock=clock, parallel=0)

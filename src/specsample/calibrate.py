@@ -2,11 +2,14 @@
 per machine, engine, model file and thread count.
 
 Target: one call scoring n tokens for n = 1 .. max_tokens, on top of the real context
-(rolled back after each). Draft: a few 1-token steps in a row, a few right after a
-target call (as a round's first draft call runs, with its weights pushed out of the
-CPU caches), and one 16-token call on a short context (the per-token cost of catching
-up on unseen text). One timed call per size: the controller keeps refining every
-estimate from real rounds.
+(rolled back after each), and, where several sequences are decoded together, a few
+of the larger calls their batches make (wide_sizes; the cost of a call is taken to
+follow the tokens it scores, whoever they belong to). A cache measured for fewer
+sequences is extended with the sizes it lacks. Draft: a few 1-token steps in a row,
+a few right after a target call (as a round's first draft call runs, with its weights
+pushed out of the CPU caches), and one 16-token call on a short context (the
+per-token cost of catching up on unseen text). One timed call per size: the
+controller keeps refining every estimate from real rounds.
 """
 
 from __future__ import annotations
@@ -23,11 +26,27 @@ from .machine import fingerprint
 log = logging.getLogger(__name__)
 
 
-def measure(target, draft, context: list[int], max_tokens: int, clock=time.perf_counter) -> dict:
+def wide_sizes(max_tokens: int, parallel: int) -> list[int]:
+    """The call sizes past max_tokens to time for `parallel` sequences in one call, each
+    scoring up to max_tokens: a ladder of steps of 1.33-1.5x (8, 12, 16, 24, 32, 48, ...)
+    up to parallel * max_tokens, that size itself only where the ladder's last step
+    falls short of it by more than a quarter (the rest is interpolated)."""
+    top = parallel * max_tokens
+    ladder = [size for power in range(3, 16) for size in (1 << power, 3 << (power - 1))]
+    sizes = [n for n in ladder if max_tokens < n <= top]
+    if top > max_tokens and (not sizes or top > 1.25 * sizes[-1]):
+        sizes.append(top)
+    return sizes
+
+
+def measure(target, draft, context: list[int], max_tokens: int, clock=time.perf_counter,
+            wide: list[int] = ()) -> dict:
     base = target.length
-    sample = (context * (max_tokens // max(1, len(context)) + 1))[-max_tokens:]
+    sample = repeated(context, max([max_tokens, *wide]))
     timed_call(target, sample[:1], base, clock)  # warm-up: first calls pay one-off costs
     out = {"target": [timed_call(target, sample[:n], base, clock) for n in range(1, max_tokens + 1)]}
+    if wide:
+        out["target_wide"] = measure_wide(target, sample, wide, clock)
     if draft is not None:
         draft.rollback(0)
         draft.score(sample[:1], num_logits=1)
@@ -46,6 +65,18 @@ def measure(target, draft, context: list[int], max_tokens: int, clock=time.perf_
     return out
 
 
+def measure_wide(target, sample: list[int], sizes: list[int], clock=time.perf_counter) -> dict[str, float]:
+    """{str(n): seconds of a call scoring n tokens} (string keys: as JSON stores them)."""
+    base = target.length
+    sample = repeated(sample, max(sizes))
+    timed_call(target, sample[:1], base, clock)  # warm-up, as measure's: a cache is extended on a cold engine
+    return {str(n): timed_call(target, sample[:n], base, clock) for n in sizes}
+
+
+def repeated(tokens: list[int], n: int) -> list[int]:
+    return (tokens * (n // max(1, len(tokens)) + 1))[-n:]
+
+
 def timed_call(backend, tokens: list[int], base: int, clock=time.perf_counter, num_logits: int | None = None) -> float:
     """Seconds of one call scoring `tokens` on top of `base` cached tokens, rolled back after."""
     t0 = clock()
@@ -56,21 +87,33 @@ def timed_call(backend, tokens: list[int], base: int, clock=time.perf_counter, n
 
 
 def cached_or_measured(cache: Path | None, target, draft, context: list[int], max_tokens: int,
-                       clock=time.perf_counter) -> dict:
+                       clock=time.perf_counter, wide: list[int] = ()) -> dict:
     """The costs cached for this machine and pair when they cover calls of up to
-    max_tokens, else measured now (and cached when `cache` is a path). A cached entry
-    that cannot be a measurement (hand-edited, or written by a broken run) is measured
+    max_tokens, else measured now (and cached when `cache` is a path); the `wide`
+    call sizes the cache lacks are measured and added to it. A cached entry that
+    cannot be a measurement (hand-edited, or written by a broken run) is measured
     again, with one line saying so."""
     cached = read_cached_json(cache)
     if cached is not None:
         problem = cache_problem(cached, max_tokens, draft is not None)
         if problem is None:
+            known = cached.get("target_wide", {})
+            missing = [n for n in wide if str(n) not in known]
+            if not missing:
+                return cached
+            cached["target_wide"] = dict(known, **measure_wide(target, context, missing, clock))
+            write_cached_json(cache, cached)
             return cached
         if problem != STALE:
             log.warning("specsample: the cost cache %s %s; measuring the costs again", cache, problem)
-    measured = measure(target, draft, context, max_tokens, clock=clock)
+    measured = measure(target, draft, context, max_tokens, clock=clock, wide=wide)
     write_cached_json(cache, measured)
     return measured
+
+
+def wide_costs(measured: dict) -> dict[int, float]:
+    """A measurement's larger calls, {tokens: seconds}."""
+    return {int(n): seconds for n, seconds in measured.get("target_wide", {}).items()}
 
 
 DRAFT_COSTS = {"draft_step", "draft_first", "draft_token"}
@@ -87,10 +130,20 @@ def cache_problem(cached, max_tokens: int, with_draft: bool) -> str | None:
         # Catching up can cost nothing beyond a call: only draft_token may be 0.
         if key in cached and not _seconds(cached[key], zero=key == "draft_token"):
             return f"holds a {key} cost that is not a positive number of seconds"
+    wide = cached.get("target_wide", {})
+    if not isinstance(wide, dict) or not all(_tokens(n) for n in wide):
+        return "holds larger call costs that are not keyed by a number of tokens"
+    if not all(_seconds(x) for x in wide.values()):
+        return "holds a larger call cost that is not a positive number of seconds"
     # Files written before the cold first draft call was measured lack "draft_first".
     if len(cached["target"]) < max_tokens or with_draft and not DRAFT_COSTS <= cached.keys():
         return STALE
     return None
+
+
+def _tokens(key) -> bool:
+    """A JSON key naming a call of more than one token (isdigit alone takes "²")."""
+    return isinstance(key, str) and key.isascii() and key.isdigit() and int(key) > 1
 
 
 def _seconds(value, zero: bool = False) -> bool:

@@ -35,6 +35,27 @@ call of a round runs cold, after the target's call); m = 0 is a plain target ste
 Inside a round the sunk cost of drafts already made is irrelevant, so the choice is
 re-made with E - R* T, R* being the best rate found at the start of the round.
 
+Many sequences in one call
+--------------------------
+Sequences decoded together share each target call, and each has its own policy
+(AdaptiveController.fork). The policies post their plans to a shared BatchLoad: tokens
+added to the call (m + 1), tokens expected (E) and draft-model steps. A sequence then
+maximises the batch's rate, (E(m) + E_others) / T, where T prices the whole call,
+target_call(N_others + m + 1), and the round's draft time, that of max(m, the others'
+longest model run) steps (SmartSpec's goodput). Each plan is one step of coordinate
+ascent on that objective: the others' plans held fixed, this sequence's source and
+length chosen best. As the call fills, a draft's marginal cost is paid at the whole
+batch's rate, so K falls, first for the sequences whose drafts are seldom accepted,
+to 0. With no others it is the single-sequence objective above, to the bit.
+Coordinate ascent finds a plan no single sequence can better alone, not always the
+best joint one: sequences that already draft long together each see the others'
+draft steps as free, and may stay long where all drafting less would serve a few
+per cent more.
+
+The load holds the others' plans, which follow from their own pasts and draft
+distributions, never from this sequence's current draws or verdicts: the argument
+above holds for each sequence whatever shares its batch.
+
 The estimates it decides from (acceptance rates, the cost model, answer lengths)
 are in estimates.py; calibrate.py measures the costs where the models are put
 together (make_policy) and caches them.
@@ -42,11 +63,12 @@ together (make_policy) and caches them.
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 
-from .calibrate import cached_or_measured
-from .estimates import Acceptance, AnswerLength, Costs, ShadowLookup, SourceModel
+from .calibrate import cached_or_measured, wide_costs, wide_sizes
+from .estimates import NOTHING_POSTED, Acceptance, AnswerLength, BatchLoad, Costs, Posted, ShadowLookup, SourceModel
 from .plans import MODEL, NO_DRAFTS, Offer, Plan, Policy, RoundReport, Source
 
 
@@ -75,22 +97,26 @@ class FixedK:
     def end(self) -> None:
         pass
 
-    def fork(self) -> "FixedK":
-        return self  # nothing per sequence
+    def fork(self) -> FixedK:
+        return FixedK(self.k_max)
 
 
 class AdaptiveController:
     """Plans each round's source and draft length (0 ... k_max) to maximise expected
-    tokens per second. One instance may serve many sequences: its cost and acceptance
-    estimates carry over (the per-sequence state is reset by `begin`)."""
+    tokens per second, of the whole batch where several sequences share each target
+    call (`load`; fork() makes the policy of another sequence). One instance may serve
+    many sequences in turn: its cost and acceptance estimates carry over (the
+    per-sequence state is reset by `begin`)."""
 
     def __init__(self, k_max: int = 8, *, decay: float = 0.9, idle_decay: float = 0.998,
-                 priors: dict[Source, tuple[float, float]] | None = None, costs: Costs | None = None):
+                 priors: dict[Source, tuple[float, float]] | None = None, costs: Costs | None = None,
+                 load: BatchLoad | None = None):
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max = k_max
         self.acceptance = Acceptance(priors, decay, idle_decay)
         self.costs = costs or Costs()
+        self.load = load if load is not None else BatchLoad()
         self.length = AnswerLength()
         self.shadow = ShadowLookup()
 
@@ -98,40 +124,70 @@ class AdaptiveController:
     def sources(self) -> dict[Source, SourceModel]:
         return self.acceptance.sources
 
+    def fork(self) -> AdaptiveController:
+        """The policy of another sequence decoded in the same batch.
+
+        Shared: the cost model (one machine, and the calls the sequences share: every
+        sequence's rounds refine it) and the load. Its own: the answer-length and shadow
+        lookup state (they follow one sequence's text; the typical answer length learnt
+        so far is copied in), and a copy of the acceptance estimates. Acceptance is a
+        property of the text a sequence decodes, so shared rates would let one request's
+        repeating code make another's chat draft long lookups; the copy starts the new
+        sequence from what was learnt so far instead of from the priors."""
+        twin = AdaptiveController(self.k_max, costs=self.costs, load=self.load)
+        twin.acceptance = copy.deepcopy(self.acceptance)
+        twin.length.typical.value = self.length.typical.value
+        return twin
+
     def begin(self, context, max_new_tokens) -> None:
         self.length.begin(max_new_tokens)
         self.shadow.reset()
+        self.load.post(self, 1, 1.0)  # the least a sequence adds: its pending token
 
     def plan(self, offer: Offer) -> Plan:
         self.shadow.offered = offer.lookup
-        best = (None, 0, 1.0 / self._seconds(0, None, 0))  # a plain target step
+        others = self.load.others(self)
+        plain = (1.0 + others.expected) / self._seconds(0, None, 0, others=others)
+        best = (None, 0, plain, 1.0)  # a plain target step
         for source, available in offer.available.items():
-            m, rate = self._best_length(self.acceptance[source], source, min(available, self.k_max), offer.lag)
+            m, rate, expected = self._best_length(self.acceptance[source], source, min(available, self.k_max),
+                                                  offer.lag, others)
             if m > 0 and rate > best[2]:
-                best = (source, m, rate)
-        source, m, rate = best
+                best = (source, m, rate, expected)
+        source, m, rate, expected = best
         self.acceptance.sat_out(source)
+        self.load.post(self, m + 1, expected, m if source == MODEL else 0)
         if source is None:
             return NO_DRAFTS
         limit = min(offer.available[source], self.k_max)
-        return Plan(source, m, limit, ConfidenceRule(self.acceptance[source], self.costs, rate, limit))
+        rule = ConfidenceRule(self.acceptance[source], self.costs, rate, limit, self.load, self)
+        return Plan(source, m, limit, rule)
 
-    def _best_length(self, model: SourceModel, source: Source, available: int, lag: int) -> tuple[int, float]:
-        best_m, best_rate, expected, reach = 0, 0.0, 1.0, 1.0
+    def _best_length(self, model: SourceModel, source: Source, available: int, lag: int,
+                     others: Posted) -> tuple[int, float, float]:
+        """(length, batch rate, this sequence's expected tokens) of the best round drafting
+        from source."""
+        best_m, best_rate, best_expected, expected, reach = 0, 0.0, 1.0, 1.0, 1.0
         for m in range(1, available + 1):
             reach *= model.at(m - 1).value
             expected += reach
-            rate = expected / self._seconds(m, source, lag, expected)
+            rate = (expected + others.expected) / self._seconds(m, source, lag, expected, others)
             if rate > best_rate:
-                best_m, best_rate = m, rate
-        return best_m, best_rate
+                best_m, best_rate, best_expected = m, rate, expected
+        return best_m, best_rate, best_expected
 
-    def _seconds(self, m: int, source: Source | None, lag: int, expected: float = 1.0) -> float:
-        """Predicted wall time of a round drafting m tokens from source."""
+    def _seconds(self, m: int, source: Source | None, lag: int, expected: float = 1.0,
+                 others: Posted = NOTHING_POSTED) -> float:
+        """Predicted wall time of a round drafting m tokens from source, with the others'
+        plans in the same call."""
         c = self.costs
-        seconds = c.target_call(m + 1) + (c.overhead[m > 0].value or 0.0)
-        if m and source == MODEL:
-            seconds += c.drafting(m)
+        seconds = c.target_call(others.tokens + m + 1) + (c.overhead[m > 0].value or 0.0)
+        # The draft's steps are batched across sequences: the round drafts for its
+        # longest run. A batched step is priced as a single-sequence step for now (the
+        # draft's cost by batch size is not measured yet).
+        steps = m if source == MODEL else 0
+        seconds += c.drafting(max(steps, others.draft_steps))
+        if steps:
             # Feeding tokens the draft has not seen (its prompt prefill, or text made
             # during plain steps) is paid once and serves the rest of the sequence:
             # charge this round its share of the expected remaining tokens.
@@ -140,59 +196,92 @@ class AdaptiveController:
         return max(seconds, 1e-9)
 
     def observe(self, report: RoundReport) -> None:
-        self.costs.observe_round(report)
+        # Each sequence of a batch reports the calls they shared: together, once.
+        self.costs.observe_round(report, 1.0 / max(1, len(self.load)))
         self.acceptance.observe(report)
         self.shadow.observe(report, self.acceptance)
         self.length.generated += len(report.emitted_tokens)
 
     def end(self) -> None:
-        pass
+        self.load.leave(self)
 
 
 class ConfidenceRule:
     """A round's `extent`: re-made at each drafted position from the draft's confidence
     there, with E - R* T (R* the best rate found when the round was planned), the
-    sunk cost of drafts already made left out."""
+    sunk cost of drafts already made left out, priced against what the rest of the
+    batch has posted by then; the revised plan is posted in turn."""
 
-    def __init__(self, model: SourceModel, costs: Costs, rate: float, limit: int):
+    def __init__(self, model: SourceModel, costs: Costs, rate: float, limit: int, load: BatchLoad | None = None,
+                 key: object = None):
         self.model, self.costs, self.rate, self.limit = model, costs, rate, limit
+        self.load, self.key = load if load is not None else BatchLoad(), key if key is not None else self
         self.reach = 1.0  # chance that every draft so far is accepted
+        self.banked = 1.0  # tokens expected from the drafts kept so far, the bonus or recovered one included
 
     def __call__(self, i: int, confidence: float) -> int:
         here = self.model.given_confidence(confidence).value
         draft_step = self.costs.draft_step.value or 0.0
-        # Value of ending the round with m drafts (m >= i), costs already paid left out.
-        best_m, best_value = i, -self.rate * self.costs.target_call(i + 1)
+        others = self.load.others(self.key)
+        # Value of ending the round with m drafts (m >= i), costs already paid left out:
+        # the batch drafts max(others' run, i + 1) steps whatever this sequence does.
+        best_m, best_value, best_gain = i, -self.rate * self.costs.target_call(others.tokens + i + 1), 0.0
         gain, chain = 0.0, self.reach
         for m in range(i + 1, self.limit + 1):
             chain *= here if m == i + 1 else self.model.at(m - 1).value
             gain += chain
-            cost = (m - 1 - i) * draft_step + self.costs.target_call(m + 1)
+            steps = max(0, m - max(others.draft_steps, i + 1))
+            cost = steps * draft_step + self.costs.target_call(others.tokens + m + 1)
             value = gain - self.rate * cost
             if value > best_value:
-                best_m, best_value = m, value
+                best_m, best_value, best_gain = m, value, gain
+        self.load.post(self.key, best_m + 1, self.banked + best_gain, best_m)
         if best_m > i:
             self.reach *= here
+            self.banked += self.reach
         return best_m
 
 
 def make_policy(k: int | str, k_max: int = 8, target=None, draft=None, *, drafts: bool = True,
                 context: list[int] | None = None, cost_cache: Path | None = None,
-                clock=time.perf_counter) -> Policy:
+                clock=time.perf_counter, parallel: int = 1) -> Policy:
     """The one place that decides a generation's draft-length policy: `k` from the
     configuration, an int (fixed K) or "auto". For "auto" with something that drafts
     (`drafts`), an adaptive controller warm-started with the costs of `target` and
     the `draft` model's backend (None: lookup alone), measured now on top of
     `context` or read from `cost_cache` (calibrate.py); without a target to time,
-    it starts from nothing and learns the costs from the rounds."""
+    it starts from nothing and learns the costs from the rounds. `parallel`: the
+    most sequences decoded together (the policy's fork() serves each), whose calls
+    of up to parallel * (k_max + 1) tokens are timed too."""
+    if parallel < 1:
+        raise ValueError(f"parallel must be >= 1, got {parallel}")
     if k != "auto" or not drafts:
         return FixedK(k_max if k == "auto" else int(k))
     controller = AdaptiveController(k_max)
     if target is not None:
-        measured = cached_or_measured(cost_cache, target, draft, context or probe_context(target), k_max + 1, clock)
+        measured = cached_or_measured(cost_cache, target, draft, context or probe_context(target), k_max + 1, clock,
+                                      wide_sizes(k_max + 1, parallel))
         controller.costs.warm_start(measured["target"], measured.get("draft_step"), measured.get("draft_token"),
-                                    measured.get("draft_first"))
+                                    measured.get("draft_first"), wide_costs(measured))
     return controller
+
+
+SLOT_GAIN = 1.05
+
+
+def slots_that_pay(costs: Costs, most: int = 8) -> int:
+    """How many sequences to decode together by default on this machine: the largest
+    n <= most whose call, one token for each of n sequences, serves at least 5% more
+    tokens per second than n - 1 sequences' call (n / T(n) >= 1.05 (n - 1) / T(n - 1)),
+    1 where no step does. The largest such n, not the first that falls short: one
+    noisy size in the curve must not stop the count early. Where calls cost the same
+    whatever their size (memory-bound) every step pays and it is `most`; where they
+    cost in proportion to their tokens (compute-bound) none does and it is 1."""
+    if costs.single.value is None:
+        return 1  # nothing measured: no ground for more
+    throughput = [n / costs.target_call(n) for n in range(1, most + 1)]
+    paying = [n for n in range(2, most + 1) if throughput[n - 1] >= SLOT_GAIN * throughput[n - 2]]
+    return max(paying, default=1)
 
 
 def probe_context(target) -> list[int]:

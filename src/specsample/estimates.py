@@ -1,8 +1,9 @@
 """Online estimates the adaptive draft-length policy (control.py) decides from:
 acceptance rates per draft source, position and confidence (Acceptance, with
 ShadowLookup scoring a lookup nobody proposed), the cost model of target and draft
-calls (Costs), and how long answers run (AnswerLength), all refreshed by every round.
-Reading an estimate never changes it."""
+calls (Costs), how long answers run (AnswerLength), all refreshed by every round,
+and what the other sequences decoded in the same batch plan for the call they share
+(BatchLoad). Reading an estimate never changes it."""
 
 from __future__ import annotations
 
@@ -39,8 +40,10 @@ class Ema:
     def __init__(self, value: float | None = None, weight: float = 0.2):
         self.value, self.weight = value, weight
 
-    def update(self, x: float) -> None:
-        self.value = x if self.value is None else self.value + self.weight * (x - self.value)
+    def update(self, x: float, share: float = 1.0) -> None:
+        """`share` < 1: one of several reports of the same measurement (a batched call
+        that each of its sequences reports), which together move the average as one."""
+        self.value = x if self.value is None else self.value + self.weight * share * (x - self.value)
 
 
 CONFIDENCE_BINS = 10
@@ -98,11 +101,13 @@ class Costs:
         return (self.single.value or 0.0) * self.ratio(n)
 
     def warm_start(self, target: list[float], draft_step: float | None = None, draft_token: float | None = None,
-                   draft_first: float | None = None) -> None:
+                   draft_first: float | None = None, wide: dict[int, float] | None = None) -> None:
         """Start from measured costs (calibrate.py): target[n - 1] seconds for a call
-        scoring n tokens, and the draft's per-call costs where there is a draft model."""
+        scoring n tokens, `wide` {n: seconds} for a few larger calls (a batch's), and
+        the draft's per-call costs where there is a draft model."""
         self.single.value = target[0]
-        for n, seconds in enumerate(target[1:], start=2):
+        sizes = dict(enumerate(target[1:], start=2)) | dict(wide or {})
+        for n, seconds in sorted(sizes.items()):
             self._shape(n).value = seconds / target[0]
         for ema, value in ((self.draft_step, draft_step), (self.draft_token, draft_token),
                            (self.draft_first, draft_first)):
@@ -135,28 +140,30 @@ class Costs:
             return c1 + max(0.0, (c1 - c0) / (n1 - n0)) * (n - n1)
         return 1.0
 
-    def observe_target(self, n: int, seconds: float) -> None:
+    def observe_target(self, n: int, seconds: float, share: float = 1.0) -> None:
         if n == 1 or self.single.value is None:
-            self.single.update(seconds / self.ratio(n))
+            self.single.update(seconds / self.ratio(n), share)
         else:
-            self._shape(n).update(seconds / self.single.value)
+            self._shape(n).update(seconds / self.single.value, share)
 
-    def observe_round(self, report: RoundReport) -> None:
+    def observe_round(self, report: RoundReport, share: float = 1.0) -> None:
         """Refresh every cost a round measured: its target call, its draft calls (a
-        round's first apart, a catching-up call per extra token) and what else it took."""
+        round's first apart, a catching-up call per extra token) and what else it took.
+        In a batch every sequence reports the calls they shared, with `share` 1 / the
+        number of sequences, so that a call counts once however many took part."""
         m = sum(source != FORCED for source in report.sources)  # forced tokens add no drafting work
         if report.target_tokens:  # 0: the first token came from the prompt's prefill
-            self.observe_target(report.target_tokens, report.target_seconds)
+            self.observe_target(report.target_tokens, report.target_seconds, share)
         draft_seconds = 0.0
         for i, call in enumerate(report.draft_calls):
             draft_seconds += call.seconds
             if call.tokens_fed > 2:  # catching up: what the extra tokens cost beyond a first call
                 first = self.drafting(1)
                 if first:
-                    self.draft_token.update(max(0.0, call.seconds - first) / (call.tokens_fed - 1))
+                    self.draft_token.update(max(0.0, call.seconds - first) / (call.tokens_fed - 1), share)
             else:
-                (self.draft_step if i else self.draft_first).update(call.seconds)
-        self.overhead[m > 0].update(max(0.0, report.round_seconds - report.target_seconds - draft_seconds))
+                (self.draft_step if i else self.draft_first).update(call.seconds, share)
+        self.overhead[m > 0].update(max(0.0, report.round_seconds - report.target_seconds - draft_seconds), share)
 
     def drafting(self, m: int) -> float:
         """Draft time of a round that drafts m tokens (its first call cold)."""
@@ -169,6 +176,46 @@ class Costs:
     def catch_up(self, lag: int) -> float:
         """Extra draft time to feed `lag` tokens it has not seen (beyond the usual 1-2)."""
         return max(0, lag - 2) * (self.draft_token.value or 0.0)
+
+
+@dataclass(frozen=True)
+class Posted:
+    """What a sequence plans for the coming target call (or several, summed)."""
+
+    tokens: int = 0  # tokens it adds to the call: its drafts and its pending token
+    expected: float = 0.0  # tokens it expects to emit
+    draft_steps: int = 0  # draft-model steps it needs (0: a lookup, forced tokens, a plain step)
+
+
+NOTHING_POSTED = Posted()
+
+
+class BatchLoad:
+    """What the sequences decoded together plan for the call they share, so that each
+    prices its own plan against the whole call. A sequence's policy posts when it
+    begins (the least it adds: its pending token), whenever it plans or revises a
+    round, and leaves at its end. Keys are the policies themselves."""
+
+    def __init__(self):
+        self._posts: dict[object, Posted] = {}
+
+    def post(self, key: object, tokens: int, expected: float, draft_steps: int = 0) -> None:
+        self._posts[key] = Posted(tokens, expected, draft_steps)
+
+    def leave(self, key: object) -> None:
+        self._posts.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._posts)
+
+    def others(self, key: object) -> Posted:
+        """Everyone but `key` as one sequence: tokens and expected tokens summed, and
+        the longest draft-model run (the draft's steps are batched across sequences
+        too, so a round drafts for as long as its longest run)."""
+        rest = [posted for k, posted in self._posts.items() if k is not key]
+        if not rest:
+            return NOTHING_POSTED
+        return Posted(sum(p.tokens for p in rest), sum(p.expected for p in rest), max(p.draft_steps for p in rest))
 
 
 # (first position, later positions): a later draft is only reached when the earlier

@@ -112,7 +112,8 @@ class Policy(Protocol):
         """The sequence begun last is over (finished, stopped or abandoned)."""
         ...
 
-    def fork(self) -> "Policy":
-        """The policy for another sequence decoded beside this one's (batching.py)."""
+    def fork(self) -> Policy:
+        """The policy of another sequence decoded together with this one: one policy
+        per sequence of a batch (control.py says what they share)."""
         ...
 

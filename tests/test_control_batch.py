@@ -1,0 +1,271 @@
+"""-k auto for sequences decoded together: each sequence's policy prices its round
+against the whole call the batch shares (control.py), on fake costs."""
+
+import pytest
+
+from specsample.control import AdaptiveController, FixedK, slots_that_pay
+from specsample.estimates import BatchLoad, Costs
+from specsample.plans import MODEL, DraftCall, Offer, RoundReport, lookup_source
+
+pytestmark = pytest.mark.pure
+
+# Target calls measured on llama.cpp, 2 threads, in ms: {tokens scored: ms}.
+Q4_K_M = {1: 32.7, 2: 58.5, 3: 78.4, 4: 102.7, 8: 175.8}
+BF16 = {1: 92.5, 2: 112.8, 3: 121.9, 4: 141.7, 8: 178.4}
+DRAFT_STEP = 10.0  # ms
+
+
+def costs_of(curve: dict[int, float]) -> Costs:
+    costs = Costs()
+    costs.warm_start([curve[n] for n in (1, 2, 3, 4)], DRAFT_STEP, DRAFT_STEP / 10, wide={8: curve[8]})
+    return costs
+
+
+def set_acceptance(policy, accept):
+    for i in range(policy.k_max):
+        rate = policy.acceptance[MODEL].at(i)
+        rate.hits, rate.trials = accept * 50, 50
+
+
+def bf16_controller(accept, load=None):
+    c = AdaptiveController(k_max=8, costs=costs_of(BF16), load=load)
+    set_acceptance(c, accept)
+    return c
+
+
+def planned(policy, available=8):
+    return policy.plan(Offer({MODEL: available}, 1)).length
+
+
+def post_others(load, count, tokens=5, expected=3.0, draft_steps=0):
+    keys = [object() for _ in range(count)]
+    for key in keys:
+        load.post(key, tokens, expected, draft_steps)
+    return keys
+
+
+def test_heavy_load_shrinks_k():
+    alone = planned(bf16_controller(0.9))
+    c = bf16_controller(0.9)
+    post_others(c.load, 3)  # three sequences adding 5 tokens each to the call
+    busy = planned(c)
+    post_others(c.load, 4)
+    full = planned(c)
+    assert alone >= 5 and 0 < busy < alone and full == 0
+
+
+def test_alone_it_maximises_one_sequences_tokens_per_second():
+    """With nobody else posting, the plan is the argmax of E(m) / T(m) over m, T(m)
+    today's single-sequence price: the target call of m + 1 tokens and m draft steps."""
+    for accept in (0.95, 0.9, 0.8, 0.6, 0.3):
+        c = bf16_controller(accept)
+        costs = c.costs
+
+        def rate(m):
+            expected = sum(accept ** j for j in range(m + 1))
+            return expected / (costs.target_call(m + 1) + costs.drafting(m))
+
+        assert planned(c) == max(range(9), key=rate)
+
+
+def test_a_sequence_whose_drafts_do_not_pay_gets_0_while_others_draft():
+    parent = bf16_controller(0.9)
+    sequences = [parent] + [parent.fork() for _ in range(3)]
+    poor = sequences[-1]
+    set_acceptance(poor, 0.4)
+    assert planned(bf16_controller(0.4)) > 0  # alone, its drafts pay
+    for s in sequences:
+        s.begin([1, 2], 64)
+    for _ in range(3):  # each plan a step of coordinate ascent, the others' plans held
+        lengths = [planned(s) for s in sequences]
+    assert lengths[-1] == 0 and all(m > 0 for m in lengths[:-1])
+    assert lengths[0] < planned(bf16_controller(0.9))  # the good ones draft less than alone, too
+
+
+def test_end_removes_a_sequence_from_the_load_and_the_rest_plan_as_alone():
+    c = bf16_controller(0.9)
+    forks = [c.fork() for _ in range(3)]
+    for s in [c, *forks]:
+        s.begin([1], 64)
+    for s in [c, *forks]:
+        planned(s)
+    assert len(c.load) == 4 and planned(c) < planned(bf16_controller(0.9))
+    for s in forks:
+        s.end()
+    assert len(c.load) == 1 and c.load.others(c).tokens == 0
+    lone = bf16_controller(0.9)
+    lone.begin([1], 64)
+    for confidence in (0.9, 0.2):  # the same plan, and the same in-round revisions
+        mine, theirs = c.plan(Offer({MODEL: 8}, 1)), lone.plan(Offer({MODEL: 8}, 1))
+        assert (mine.source, mine.length, mine.limit) == (theirs.source, theirs.length, theirs.limit)
+        assert [mine.extent(i, confidence) for i in range(3)] == [theirs.extent(i, confidence) for i in range(3)]
+
+
+def test_a_plan_posts_what_it_adds_to_the_call():
+    c = bf16_controller(0.9)
+    c.begin([1], 64)
+    someone = object()
+    assert c.load.others(someone).tokens == 1  # begun: its pending token
+    plan = c.plan(Offer({MODEL: 8}, 1))
+    posted = c.load.others(someone)
+    assert (posted.tokens, posted.draft_steps) == (plan.length + 1, plan.length)
+    reach = [1.0]
+    for i in range(plan.length):
+        reach.append(reach[-1] * c.acceptance[MODEL].at(i).value)
+    assert posted.expected == pytest.approx(sum(reach))
+    ngram = lookup_source(3)
+    for i in (0, 1):  # a sure lookup: drafted, with no draft-model steps
+        c.acceptance[ngram].at(i).hits, c.acceptance[ngram].at(i).trials = 50, 50
+    plan = c.plan(Offer({ngram: 2}, 1))
+    assert (plan.source, plan.length) == (ngram, 2)
+    assert c.load.others(someone).tokens == 3 and c.load.others(someone).draft_steps == 0
+    c.end()
+    assert len(c.load) == 0
+
+
+def with_confidence_bins(c):
+    for b in range(10):  # acceptance tracks confidence
+        rate = c.acceptance[MODEL].given_confidence((b + 0.5) / 10)
+        rate.hits, rate.trials = (b + 0.5) / 10 * 50, 50
+    c.begin([1], 64)
+    return c
+
+
+def test_the_in_round_extent_is_priced_against_the_batch_and_posts_its_revision():
+    alone = with_confidence_bins(bf16_controller(0.9))
+    busy = with_confidence_bins(bf16_controller(0.9))
+    post_others(busy.load, 3)
+    assert busy.plan(Offer({MODEL: 8}, 1)).length > 0
+    # The same sure first drafts: the batch's tokens per second price each further
+    # draft higher, so the round ends sooner (a rule follows one round: a plan each).
+    for confidence in (0.95, 0.85, 0.75):
+        fresh = [c.plan(Offer({MODEL: 8}, 1)).extent(0, confidence) for c in (alone, busy)]
+        assert fresh[1] < fresh[0], confidence
+    alone_plan = alone.plan(Offer({MODEL: 8}, 1))
+    assert alone_plan.extent(0, 0.95) > 1
+    assert alone_plan.extent(1, 0.05) == 1  # unsure at position 1: end with one draft, and say so
+    revised = alone.load.others(object())
+    assert (revised.tokens, revised.draft_steps) == (2, 1)
+    assert revised.expected == pytest.approx(1 + alone.acceptance[MODEL].given_confidence(0.95).value)
+
+
+def slow_draft_controller():
+    """A draft step costs a third of a 1-token target call: alone, drafting seldom pays."""
+    costs = Costs()
+    costs.warm_start([BF16[n] for n in (1, 2, 3, 4)], 30.0, 3.0, wide={8: BF16[8]})
+    c = AdaptiveController(k_max=8, costs=costs)
+    set_acceptance(c, 0.8)
+    with_confidence_bins(c)
+    return c
+
+
+def test_the_others_draft_steps_come_free_up_to_their_longest_run():
+    """Draft steps are batched: while another sequence drafts 8 with the model, this
+    one's first 8 steps add no draft time, only target tokens; beside a lookup drafting
+    8 (as many tokens in the call, no draft-model steps) they cost as much as alone."""
+    beside_lookup, beside_model = slow_draft_controller(), slow_draft_controller()
+    beside_lookup.load.post("other", 9, 4.0, 0)
+    beside_model.load.post("other", 9, 4.0, 8)
+    assert planned(beside_lookup) == 0 and planned(beside_model) == 8
+    # In the round too: planned alone, revised once the other has posted its run.
+    extents = {}
+    for steps in (0, 8):
+        for confidence in (0.95, 0.75, 0.55):
+            c = slow_draft_controller()
+            plan = c.plan(Offer({MODEL: 8}, 1))
+            c.load.post("other", 9, 4.0, steps)
+            extents[steps, confidence] = plan.extent(0, confidence)
+    assert all(extents[8, q] > extents[0, q] for q in (0.95, 0.75, 0.55))
+
+
+def test_the_in_round_extent_sees_who_joined_the_call_since_the_plan():
+    """Where each further token costs more in a fuller call, others posting after the
+    plan make this round's further drafts dearer, and it ends sooner."""
+    def planned_alone():
+        costs = Costs()
+        costs.warm_start([1.0, 1.05, 1.1, 1.12, 1.2, 1.3, 1.4, 1.5, 1.6], 0.1, 0.01, wide={16: 3.0, 32: 8.0})
+        c = AdaptiveController(k_max=8, costs=costs)
+        set_acceptance(c, 0.9)
+        with_confidence_bins(c)
+        return c, c.plan(Offer({MODEL: 8}, 1))
+
+    for confidence in (0.95, 0.75):
+        _, alone = planned_alone()
+        c, joined = planned_alone()
+        post_others(c.load, 3)
+        assert joined.extent(0, confidence) < alone.extent(0, confidence)
+
+
+def test_forks_share_the_costs_and_the_load_and_keep_their_own_text_state():
+    c = bf16_controller(0.9)
+    c.length.typical.value = 40.0
+    twin = c.fork()
+    assert twin.costs is c.costs and twin.load is c.load and twin.k_max == c.k_max
+    assert twin.length is not c.length and twin.shadow is not c.shadow
+    assert twin.length.typical.value == 40.0  # how long answers run is learnt once
+    assert twin.acceptance[MODEL].at(0).value == pytest.approx(0.9, abs=0.01)  # a copy of what was learnt
+    set_acceptance(twin, 0.2)
+    assert c.acceptance[MODEL].at(0).value == pytest.approx(0.9, abs=0.01)  # not shared
+    assert twin.acceptance.decay == c.acceptance.decay and twin.acceptance.priors == c.acceptance.priors
+    fixed = FixedK(3).fork()
+    assert isinstance(fixed, FixedK) and fixed.k_max == 3
+
+
+def test_a_call_shared_by_the_batch_counts_once_in_the_costs():
+    def after(reporters):
+        c = bf16_controller(0.9)
+        sequences = [c] + [c.fork() for _ in range(reporters - 1)]
+        for s in sequences:
+            s.begin([1], 64)
+        for s in sequences:  # each reports the call they shared: 8 tokens, twice the calibrated time
+            s.observe(RoundReport([MODEL], [0.9], 1, 8, 2 * BF16[8], [DraftCall(1, DRAFT_STEP)], 400.0, (1, 2)))
+        return c.costs.target_call(8)
+
+    one, four = after(1), after(4)
+    assert BF16[8] < one and four == pytest.approx(one, rel=0.02)
+    # Negative control: four full reports of the one call would move it much further.
+    c = bf16_controller(0.9)
+    for _ in range(4):
+        c.observe(RoundReport([MODEL], [0.9], 1, 8, 2 * BF16[8], [DraftCall(1, DRAFT_STEP)], 400.0, (1, 2)))
+    assert c.costs.target_call(8) - BF16[8] > 2 * (one - BF16[8])
+
+
+def test_a_batch_of_more_tokens_than_calibrated_is_priced_from_the_wide_calls():
+    costs = Costs()
+    costs.warm_start([1.0, 1.1, 1.2], wide={8: 1.5, 16: 2.3})
+    assert costs.target_call(8) == pytest.approx(1.5) and costs.target_call(16) == pytest.approx(2.3)
+    assert costs.target_call(12) == pytest.approx(1.9)  # between measured sizes: interpolated
+    assert costs.target_call(20) == pytest.approx(2.7)  # past them: extrapolated from the last two
+
+
+def test_slots_that_pay_on_the_measured_curves():
+    # BF16 (memory-bound here): every further sequence adds >= 8% tokens per second.
+    assert slots_that_pay(costs_of(BF16)) == 8 and slots_that_pay(costs_of(BF16), most=4) == 4
+    # Q4_K_M: 2 and 3 pay (+12%), 4 adds 2%, 5 (between 4 and 8, interpolated) 6%, 6 on 4%.
+    q4 = costs_of(Q4_K_M)
+    assert slots_that_pay(q4) == 5 and slots_that_pay(q4, most=4) == 3
+    throughput = [n / q4.target_call(n) for n in range(1, 9)]
+    assert throughput[4] / throughput[3] >= 1.05 > throughput[5] / throughput[4]
+
+
+def test_slots_that_pay_is_1_where_calls_cost_in_proportion_or_nothing_is_measured():
+    proportional = Costs()
+    proportional.warm_start([n * 30.0 for n in range(1, 10)])
+    assert slots_that_pay(proportional) == 1
+    assert slots_that_pay(Costs()) == 1
+    nearly = Costs()  # each further sequence adds 4%: not enough
+    nearly.warm_start([n / (1.04 ** (n - 1)) for n in range(1, 10)])
+    assert slots_that_pay(nearly) == 1
+
+
+def test_a_load_with_one_sequence_has_no_others():
+    load = BatchLoad()
+    load.post("a", 3, 2.5, 2)
+    assert load.others("a").tokens == 0 and load.others("a").expected == 0.0
+    load.post("b", 4, 3.0, 3)
+    load.post("c", 1, 1.0, 0)
+    others = load.others("a")
+    assert (others.tokens, others.expected, others.draft_steps) == (5, 4.0, 3)
+    load.leave("b")
+    load.leave("b")  # leaving twice is harmless: end() may follow an abandoned sequence
+    assert load.others("a").draft_steps == 0 and len(load) == 2
