@@ -17,8 +17,9 @@ from .backends import BACKENDS, load_backend, pick_backend
 from .backends.base import Backend, SeparateSequences, check_same_vocabulary
 from .backends.hf import DTYPES
 from .backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
-from .calibrate import cost_cache_path
-from .control import make_policy
+from .calibrate import cached_or_measured, cost_cache_path
+from .control import make_policy, probe_context
+from .estimates import Costs
 from .drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_dir
 from .plans import Policy
@@ -115,12 +116,22 @@ class Models:
         drafter = self.drafter(SamplingConfig())
         return drafter.name if drafter is not None else None
 
-    def policy(self, k: int | str, k_max: int = 8) -> Policy:
+    def policy(self, k: int | str, k_max: int = 8, parallel: int = 1) -> Policy:
         """The draft-length policy to keep across generations (control.make_policy):
         for -k auto, an adaptive controller that starts from costs measured here, now,
-        and cached per machine and model pair, so later runs start warm."""
+        and cached per machine and model pair, so later runs start warm; with
+        `parallel` sequences at once, the calls of a whole batch are timed too."""
         cache = cost_cache_path(cache_dir(), self.target, self.draft) if k == "auto" and self.drafts else None
-        return make_policy(k, k_max, self.target, self.draft, drafts=self.drafts, cost_cache=cache)
+        return make_policy(k, k_max, self.target, self.draft, drafts=self.drafts, cost_cache=cache, parallel=parallel)
+
+    def target_costs(self, max_tokens: int) -> Costs:
+        """The target's call costs for 1 .. max_tokens tokens, measured now or read from
+        the cache of the target alone (calibrate.py)."""
+        cache = cost_cache_path(cache_dir(), self.target, None)
+        measured = cached_or_measured(cache, self.target, None, probe_context(self.target), max_tokens)
+        costs = Costs()
+        costs.warm_start(measured["target"])
+        return costs
 
 
 def make_drafter(draft: Backend | None, sampling: SamplingConfig, *, lookup: bool, ngram_max: int = 3) -> Drafter | None:

@@ -248,10 +248,12 @@ def generate_many(target, prompts: list[list[int]], configs, draft=None,
     loaded with `sequences=N`, or SeparateSequences); `configs` is one
     GenerationConfig or one per prompt; `make_drafter(draft_slot)` builds a sequence's
     drafter on its slot of the draft model (the draft is None for lookup alone);
-    `policy` is forked for each sequence (control.py). Returns the GenerationResults
+    `policy` is forked for each sequence (control.py; default: the first config's
+    k, made by control.make_policy for this many sequences). Returns the GenerationResults
     in the prompts' order, and the batch's statistics. A prompt that fails raises
     after the others are done.
     """
+    from .control import make_policy
     from .generate import generate
 
     configs = list(configs) if isinstance(configs, (list, tuple)) else [configs] * len(prompts)
@@ -259,6 +261,9 @@ def generate_many(target, prompts: list[list[int]], configs, draft=None,
         raise ValueError(f"{len(prompts)} prompts but {len(configs)} configurations")
     if draft is not None and draft.sequences < target.sequences:
         raise ValueError(f"the draft model holds {draft.sequences} sequences, the target {target.sequences}")
+    if policy is None:  # one, timed now and alone, rather than one per sequence timed inside the batch
+        policy = make_policy(configs[0].k, configs[0].k_max, target, draft, drafts=make_drafter is not None,
+                             parallel=target.sequences)
     target_slots = slots(target)
     draft_slots = slots(draft) if draft is not None else [None] * len(target_slots)
     free = list(range(len(target_slots)))

@@ -8,6 +8,7 @@ import os
 
 from ..arguments import UsageError, add_draft_length_arguments, add_model_arguments, model_options
 from ..assemble import assemble
+from ..control import slots_that_pay
 from ..generate import VERIFIERS, GenerationConfig
 
 
@@ -23,13 +24,17 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("SPECSAMPLE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $SPECSAMPLE_API_KEY; none if unset)")
+    p.add_argument("--parallel", default="auto", metavar="N",
+                   help="requests generated at once, in one target call per round (continuous batching); the rest "
+                        "wait in the queue (default auto: as many as the target's measured cost curve says pay on "
+                        "this machine, up to 8, said at start-up)")
     p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the model; more get 429")
     p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request may wait (default 120)")
     p.add_argument("--max-tokens", type=int, default=1024, help="cap on a request's max_tokens, and its default")
     p.add_argument("--max-request-tokens", type=int, default=None,
                    help="cap on one request's tokens: every choice's max_tokens (n x prompts) plus the prompt tokens "
-                        "echo scores; more gets 400, as one worker serves requests in turn and a large one holds "
-                        "everyone else (default 8 x --max-tokens: eight full-length choices)")
+                        "echo scores; more gets 400, as a request's choices hold one slot in turn and a large one "
+                        "holds it long (default 8 x --max-tokens: eight full-length choices)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="cap on a request body (default 1 MiB)")
     add_door_arguments(p)
     p.set_defaults(func=cmd_serve)
@@ -72,6 +77,22 @@ def door_settings(args) -> dict:
     return dict(allowed_hosts=allowed, body_timeout=args.body_timeout, send_timeout=args.send_timeout)
 
 
+MOST_SLOTS = 8  # what --parallel auto loads the models for, and chooses among
+
+
+def parse_parallel(value: str) -> int | None:
+    """--parallel: a count of slots, or None for auto."""
+    if value == "auto":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise UsageError(f"--parallel must be 'auto' or a number of requests, got {value!r}") from None
+    if n < 1:
+        raise UsageError(f"--parallel must be at least 1, got {n}")
+    return n
+
+
 def cmd_serve(args) -> int:
     for name in ("max_queue", "max_tokens", "max_body_bytes", "queue_timeout"):
         value = getattr(args, name)
@@ -88,14 +109,22 @@ def cmd_serve(args) -> int:
     from .app import create_app
     from .settings import Settings
 
+    parallel = parse_parallel(args.parallel)
     # Drafters are built per request, with the request's own sampling.
-    models = assemble(model_options(args), drafting=not args.autoregressive)
-    settings = Settings(model_name=models.target.name, k=args.k, k_max=args.k_max,
-                        policy=models.policy(args.k, args.k_max), api_key=args.api_key, max_queue=args.max_queue,
+    models = assemble(model_options(args), drafting=not args.autoregressive, sequences=parallel or MOST_SLOTS)
+    policy = models.policy(args.k, args.k_max, parallel or MOST_SLOTS)
+    if parallel is None:
+        costs = models.target_costs(MOST_SLOTS)
+        parallel = slots_that_pay(costs, MOST_SLOTS)
+        curve = ", ".join(f"{n}: {costs.ratio(n):.2f}x" for n in (2, 4, MOST_SLOTS))
+        print(f"specsample serve: --parallel auto: {parallel} request(s) at once (a target call of n tokens costs, "
+              f"against one: {curve})", flush=True)
+    settings = Settings(model_name=models.target.name, k=args.k, k_max=args.k_max, parallel=parallel,
+                        policy=policy, api_key=args.api_key, max_queue=args.max_queue,
                         queue_timeout=args.queue_timeout, max_body_bytes=args.max_body_bytes,
                         max_tokens=args.max_tokens, max_request_tokens=args.max_request_tokens,
                         verifier=args.verifier, **doors)
-    app = create_app(models.target, models.drafter, models.drafter_name, settings)
+    app = create_app(models.target, models.drafter, models.drafter_name, settings, models.draft)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", limit_concurrency=args.max_connections,
                 timeout_keep_alive=args.keep_alive_timeout)
     return 0
