@@ -270,18 +270,20 @@ SLOT_GAIN = 1.05
 
 
 def slots_that_pay(costs: Costs, most: int = 8) -> int:
-    """How many sequences to decode together by default on this machine: the largest
-    n <= most whose call, one token for each of n sequences, serves at least 5% more
-    tokens per second than n - 1 sequences' call (n / T(n) >= 1.05 (n - 1) / T(n - 1)),
-    1 where no step does. The largest such n, not the first that falls short: one
-    noisy size in the curve must not stop the count early. Where calls cost the same
-    whatever their size (memory-bound) every step pays and it is `most`; where they
-    cost in proportion to their tokens (compute-bound) none does and it is 1."""
+    """How many sequences to decode together by default on this machine: the fewest
+    that serve, with one token each per call, within 5% of the best throughput
+    n / T(n) over n <= most, and 1 unless that best beats one sequence by 5%. The
+    fewest, because every further sequence in a call slows each one down: where calls
+    cost the same whatever their size (memory-bound) it is `most`; where they cost in
+    proportion to their tokens (compute-bound) it is 1; and where the curve bends, as
+    llama.cpp's does at its groups of 4 rows, it is where the gain stops."""
     if costs.single.value is None:
         return 1  # nothing measured: no ground for more
     throughput = [n / costs.target_call(n) for n in range(1, most + 1)]
-    paying = [n for n in range(2, most + 1) if throughput[n - 1] >= SLOT_GAIN * throughput[n - 2]]
-    return max(paying, default=1)
+    best = max(throughput)
+    if best < SLOT_GAIN * throughput[0]:
+        return 1
+    return next(n for n, t in enumerate(throughput, start=1) if t * SLOT_GAIN >= best)
 
 
 def probe_context(target) -> list[int]:

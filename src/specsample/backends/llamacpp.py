@@ -161,18 +161,20 @@ class LlamaCppBackend(Backend):
         self._model, self._vocab = self._loaded.pointer, self._loaded.vocab
         threads = threads or os.cpu_count() or 1
         cparams = lib.llama_context_default_params()
-        # n_ctx is each sequence's context. With several sequences every one gets a KV
-        # stream of its own (kv_unified off): a sequence's cells then sit in the order of
-        # its positions whatever the others do, so its attention sums in the same order
-        # as when it runs alone (what --batch-invariant needs), and one sequence's
-        # rollback never leaves holes that another's tokens fill.
+        # n_ctx is each sequence's context. Several sequences share one KV cache
+        # (kv_unified), so a call of n sequences runs as one micro-batch: 4 sequences of
+        # 1 token cost what 4 tokens of one sequence do. With batch-invariant kernels
+        # each sequence gets a KV stream of its own instead: its cells then sit in the
+        # order of its positions whatever the others do, so its rows are bitwise those
+        # it gets alone; but llama.cpp then splits a call per stream, and 4 sequences
+        # of 1 token cost about 4 calls (docs/results/numerics/batch-composition.md).
         if sequences < 1:
             raise ValueError(f"a llama.cpp backend holds at least one sequence, got {sequences}")
         self.sequences = sequences
         self.context_length = min(n_ctx, lib.llama_model_n_ctx_train(self._model))
         cparams.n_ctx = self.context_length * sequences
         cparams.n_seq_max = sequences
-        cparams.kv_unified = sequences == 1
+        cparams.kv_unified = sequences == 1 or not batch_invariant
         cparams.n_batch = cparams.n_ubatch = n_batch
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.flash_attn = cparams.flash_attn or batch_invariant
