@@ -246,7 +246,7 @@ def test_the_serve_flags_bound_connections_and_reach_uvicorn_and_the_settings(mo
         assert started["app"].state.server.settings.allowed_hosts == allowed, args
 
 
-def fake_assemble(options, drafting):
+def fake_assemble(options, drafting, sequences=1):
     """The toy pair in place of loading models: these tests are about the flags."""
     from specsample.assemble import Models
 
