@@ -41,48 +41,52 @@ class WordTokenizer:
         return ids + [WORDS.index("<assistant>")]
 
 
-class ToyBackend(TrigramBackend):
-    """A trigram model with a tokenizer; `gate` (when cleared) holds every call, and
-    `delay` slows each, so tests can keep the worker busy. `failure` is raised by the
-    call numbered `fail_at` (the prompt's prefill is call 1): an engine failing."""
+class Served:
+    """What a served toy model adds to its trigram table: the word tokenizer, an end
+    token, a context length, and a `gate` (when cleared, holds every call) and `delay`
+    (slows each), so tests can keep the worker busy."""
 
-    def __init__(self, seed: int, eos: bool = True, context_length: int = 256, name: str = "toy"):
-        super().__init__(random_table(VOCAB, seed, scale=2.0), name=name)
+    def serve_as(self, eos: bool, context_length: int) -> None:
         self.tokenizer = WordTokenizer()
         self.eos_token_ids = frozenset({END}) if eos else frozenset()
         self.context_length = context_length
         self.gate = threading.Event()
         self.gate.set()
         self.delay = 0.0
-        self.calls, self.fail_at, self.failure = 0, None, None
 
-    def score(self, token_ids, num_logits):
+    def wait_for_gate(self) -> None:
         assert self.gate.wait(timeout=20), "gate never opened"
         if self.delay:
             time.sleep(self.delay)
+
+
+class ToyBackend(Served, TrigramBackend):
+    """A served trigram model. `failure` is raised by the call numbered `fail_at` (the
+    prompt's prefill is call 1): an engine failing."""
+
+    def __init__(self, seed: int, eos: bool = True, context_length: int = 256, name: str = "toy"):
+        super().__init__(random_table(VOCAB, seed, scale=2.0), name=name)
+        self.serve_as(eos, context_length)
+        self.calls, self.fail_at, self.failure = 0, None, None
+
+    def score(self, token_ids, num_logits):
+        self.wait_for_gate()
         self.calls += 1
         if self.calls == self.fail_at:
             raise self.failure
         return super().score(token_ids, num_logits)
 
 
-class ToySequences(TrigramSequences):
+class ToySequences(Served, TrigramSequences):
     """ToyBackend's model holding several sequences, scored together in one call (as a
-    llama.cpp backend loaded with sequences=N); `gate` and `delay` as ToyBackend's."""
+    llama.cpp backend loaded with sequences=N)."""
 
     def __init__(self, seed: int, sequences: int, eos: bool = True, context_length: int = 256, name: str = "toy"):
         super().__init__(random_table(VOCAB, seed, scale=2.0), sequences, name=name)
-        self.tokenizer = WordTokenizer()
-        self.eos_token_ids = frozenset({END}) if eos else frozenset()
-        self.context_length = context_length
-        self.gate = threading.Event()
-        self.gate.set()
-        self.delay = 0.0
+        self.serve_as(eos, context_length)
 
     def score_many(self, requests):
-        assert self.gate.wait(timeout=20), "gate never opened"
-        if self.delay:
-            time.sleep(self.delay)
+        self.wait_for_gate()
         return super().score_many(requests)
 
 

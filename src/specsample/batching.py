@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import greenlet
 import torch
 
-from .backends.base import Backend, CallRecord
+from .backends.base import Backend, CallRecord, take_model_attributes
 
 PREFILL_CHUNK = 128  # prompt tokens a newcomer adds to one call while others decode
 
@@ -56,9 +56,7 @@ class Slot(Backend):
     def __init__(self, shared, seq: int):
         self.shared, self.seq = shared, seq
         self.name = shared.name if shared.sequences == 1 else f"{shared.name}[{seq}]"
-        for attribute in ("vocab_size", "eos_token_ids", "context_length", "tokenizer", "engine",
-                          "supports_rollback", "cost_key"):
-            setattr(self, attribute, getattr(shared, attribute))
+        take_model_attributes(self, shared)
         self.last_call: CallRecord | None = None
 
     @property

@@ -92,6 +92,17 @@ class Backend(Protocol):
         self.rollback(length)
 
 
+# What describes the model rather than one sequence of it: a view of some of its
+# sequences (batching.Slot, SeparateSequences) takes these from the backend behind it.
+MODEL_ATTRIBUTES = ("vocab_size", "eos_token_ids", "context_length", "tokenizer", "engine", "supports_rollback",
+                    "cost_key")
+
+
+def take_model_attributes(view: Backend, source: Backend) -> None:
+    for attribute in MODEL_ATTRIBUTES:
+        setattr(view, attribute, getattr(source, attribute))
+
+
 class SeparateSequences(Backend):
     """Single-sequence backends (sharing one model's weights) as one backend holding
     several sequences, each request a call of its own: what transformers gets. Its
@@ -106,9 +117,7 @@ class SeparateSequences(Backend):
         self.sequences = len(backends)
         first = backends[0]
         self.name = first.name
-        for attribute in ("vocab_size", "eos_token_ids", "context_length", "tokenizer", "engine",
-                          "supports_rollback", "cost_key"):
-            setattr(self, attribute, getattr(first, attribute))
+        take_model_attributes(self, first)
 
     @property
     def length(self) -> int:
