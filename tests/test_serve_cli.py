@@ -1,6 +1,7 @@
 """`specsample serve` parses into the server's settings and serves a tiny HF model;
 tokenizers render multi-turn chats."""
 
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -37,6 +38,8 @@ def test_draft_length_is_auto_or_an_integer_and_bad_ones_are_refused():
     (["--queue-timeout", "inf"], "--queue-timeout must be positive and finite"),
     (["--port", "70000"], "--port must be in"),
     (["--target", "no-such-model"], "unknown model"),
+    (["--parallel", "0"], "--parallel must be at least 1"),
+    (["--parallel", "many"], "--parallel must be 'auto' or a number"),
     # the door flags (test_serve_security.py)
     (["--max-connections", "0"], "--max-connections must be positive"),
     (["--body-timeout", "nan"], "--body-timeout must be positive and finite"),
@@ -65,6 +68,26 @@ def test_serve_loads_the_models_and_binds_to_loopback(monkeypatch, tiny_target):
         r = httpx.post(url + "/v1/chat/completions", timeout=30,
                        json={"model": settings.model_name, "messages": [{"role": "user", "content": "the cat"}]})
         assert r.status_code == 400 and "no chat template" in r.json()["error"]["message"]
+
+
+def test_serve_parallel_holds_its_slots_behind_the_api_key(monkeypatch, tiny_target):
+    """--parallel 2 on the transformers backend (a cache per sequence): the worker has
+    two slots, two clients with the key are answered at once, one without it is not."""
+    started = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(app=app, **kw))
+    assert main(["serve", "--target", tiny_target, "--draft", "ngram", "--parallel", "2",
+                 "--api-key", "a-long-enough-secret-key"]) == 0
+    server = started["app"].state.server
+    assert server.settings.parallel == 2 and len(server.worker.slots) == 2
+    body = {"model": server.settings.model_name, "prompt": "the cat sat on", "max_tokens": 6, "temperature": 0}
+    with running(started["app"]) as url:
+        assert httpx.post(url + "/v1/completions", json=body, timeout=30).status_code == 401
+        key = {"Authorization": "Bearer a-long-enough-secret-key"}
+        with ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(lambda _: httpx.post(url + "/v1/completions", json=body, headers=key,
+                                                         timeout=60), range(2)))
+    assert [r.status_code for r in replies] == [200, 200]
+    assert replies[0].json()["choices"][0]["text"] == replies[1].json()["choices"][0]["text"]
 
 
 def test_hf_chat_messages_renders_every_turn(tiny_target):

@@ -1,9 +1,10 @@
 """Slots: several requests generated at once (serve --parallel), through the official
 `openai` client. A seeded answer is the text the library gives for the request alone,
 whatever shares its calls; overload is answered, never lost; a client that leaves
-frees its slot while the others go on."""
+frees its slot while the others go on; stopping the worker ends every request."""
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -13,8 +14,10 @@ from openai import APIStatusError, OpenAI
 from specsample.drafters import ModelDrafter
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig
+from specsample.serve.events import End, Ended
+from specsample.serve.worker import Job, Task, Worker
 
-from serve_helpers import WordTokenizer, running, toy_app, toy_pair, wait_until
+from serve_helpers import ToySequences, WordTokenizer, running, toy_app, toy_pair, wait_until
 
 pytestmark = pytest.mark.system
 
@@ -102,3 +105,36 @@ def test_a_client_leaving_frees_its_slot_and_the_others_finish_unchanged():
         wait_until(lambda: "specsample_cancelled_generations_total 1.0" in httpx.get(url + "/metrics").text,
                    what="the cancellation to be counted")
         wait_until(lambda: app.state.server.worker.active == 0, what="every slot to be free")
+
+
+class Inline:
+    """Stands in for a request's event loop: events are queued at once."""
+
+    def call_soon_threadsafe(self, callback, *args):
+        callback(*args)
+
+
+def test_stopping_the_worker_ends_every_request_generating_or_waiting():
+    """Two generations share the batch and a third waits; stop() cancels them all: each
+    hears one Ended(CANCELLED), and the worker's thread ends (no request is left asleep
+    in a sequence of the scheduler)."""
+    target = ToySequences(0, sequences=2, eos=False, context_length=4096)
+    target.delay = 0.01
+    worker = Worker(target, max_queue=4, parallel=2)
+    worker.start()
+    config = GenerationConfig(max_new_tokens=2000, k=1)
+    jobs = [Job([Task(0, [5, 6, 7], config)], lambda draft: None, Inline()) for _ in range(3)]
+    for job in jobs:
+        worker.submit(job)
+    deadline = time.monotonic() + 20
+    while worker.active < 2 or worker.scheduler.stats.target_calls < 4:
+        assert time.monotonic() < deadline, "the generations never started"
+        time.sleep(0.01)
+    worker.stop()
+    assert not worker._thread.is_alive()
+    for job in jobs:
+        events = []
+        while not job.events.empty():
+            events.append(job.events.get_nowait())
+        assert [e for e in events if isinstance(e, Ended)] == [Ended(End.CANCELLED)]
+    assert worker.active == 0 and worker.scheduler.live == 0

@@ -99,7 +99,8 @@ class Worker:
         self.scheduler = Scheduler(target, on_call=on_call)
         self._free = list(range(parallel))  # slots without a request; only the worker thread changes it
         self._waiting: collections.deque[Job] = collections.deque()
-        self._changed = threading.Condition()  # guards _waiting and _stopping
+        self._running: dict[int, Job] = {}  # slot -> the job being generated on it
+        self._changed = threading.Condition()  # guards _waiting, _running and _stopping
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="specsample-worker", daemon=True)
 
@@ -122,10 +123,15 @@ class Worker:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Cancel every request, waiting or being generated, and end the thread once
+        each generation has stopped at its next call: every request hears its Ended."""
         with self._changed:
             for job in self._waiting:
                 job.cancel()
+                job.emit(Ended(End.CANCELLED))
             self._waiting.clear()
+            for job in self._running.values():
+                job.cancel()
             self._stopping = True
             self._changed.notify()
         self._thread.join(timeout)
@@ -147,12 +153,12 @@ class Worker:
 
     def _admit(self) -> list[Job] | None:
         """The jobs to start now, one per free slot, waiting for one while nothing is
-        being generated; None once stopped."""
+        being generated; None once stopped and every generation has ended."""
         with self._changed:
             while not self._waiting and not self.scheduler.live and not self._stopping:
                 self._changed.wait()
-            if self._stopping:
-                return None
+            if self._stopping:  # the cancelled generations still run to their next call
+                return [] if self.scheduler.live else None
             admitted = []
             while self._waiting and len(admitted) < len(self._free):
                 job = self._waiting.popleft()
@@ -170,9 +176,15 @@ class Worker:
             self.scheduler.step()  # one round of calls; then newcomers are admitted
 
     def _serve(self, job: Job, seq: int) -> None:
+        with self._changed:
+            self._running[seq] = job
+            if self._stopping:  # admitted as stop() began
+                job.cancel()
         try:
             self._generate(job, seq)
         finally:
+            with self._changed:
+                del self._running[seq]
             self._free.append(seq)
 
     def _generate(self, job: Job, seq: int) -> None:
