@@ -16,7 +16,7 @@ from toy import CostedBackend, FakeClock, TrigramBackend, random_table
 
 pytestmark = pytest.mark.pure
 
-GOOD = {"target": [1.0, 1.5, 2.0, 2.5], "draft_step": 0.2, "draft_first": 0.2, "draft_token": 0.05}
+GOOD = {"target": [1.0, 1.5, 2.0, 2.5], "reps": 3, "draft_step": 0.2, "draft_first": 0.2, "draft_token": 0.05}
 BAD = {
     "zeros": dict(GOOD, target=[0.0, 0.0, 0.0, 0.0]),
     "negative": dict(GOOD, draft_step=-0.2),
@@ -77,6 +77,16 @@ def test_an_entry_too_short_for_k_max_is_measured_again_without_a_word(tmp_path,
     assert target.calls > 0 and not caplog.records
 
 
+def test_an_entry_of_one_timed_call_per_size_is_measured_again_without_a_word(tmp_path, caplog):
+    target, draft, clock = pair()
+    cache = tmp_path / "costs.json"
+    cache.write_text(json.dumps({k: v for k, v in GOOD.items() if k != "reps"}))  # as written before medians
+    with caplog.at_level(logging.WARNING):
+        make_policy("auto", 3, target, draft, context=[1, 2, 3], cost_cache=cache, clock=clock)
+    assert target.calls > 0 and not caplog.records
+    assert json.loads(cache.read_text())["reps"] == 3
+
+
 def test_the_command_line_recalibrates_a_corrupt_cache_in_one_line(capsys, caplog, tiny_dirs, tmp_path,  # noqa: F811
                                                                    monkeypatch):
     """Before, a zero made every -k auto run end in a ZeroDivisionError traceback. The
@@ -84,7 +94,8 @@ def test_the_command_line_recalibrates_a_corrupt_cache_in_one_line(capsys, caplo
     command line), to the server's log under uvicorn; pytest's own handler takes it here."""
     monkeypatch.setenv("SPECSAMPLE_CACHE", str(tmp_path))
     argv = ["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompt", "the cat sat on",
-            "--max-new-tokens", "6", "-k", "auto", "--json"]
+            "--max-new-tokens", "6", "-k", "auto", "--json",
+            "--threads", "1"]  # the cache is keyed by the thread count, which otherwise follows the free cores
     assert main(argv) == 0
     first = json.loads(capsys.readouterr().out)
     [cache] = (tmp_path / "costs").glob("*.json")
@@ -123,7 +134,7 @@ def test_a_cache_measured_for_fewer_sequences_is_extended_with_the_larger_calls(
     calls, draft_calls = target.calls, draft.calls
     with caplog.at_level(logging.WARNING):
         four = make_policy("auto", 3, target, draft, context=[1, 2, 3], cost_cache=cache, clock=clock, parallel=4)
-    assert target.calls - calls == 1 + 3 and draft.calls == draft_calls  # a warm-up and calls of 8, 12 and 16
+    assert target.calls - calls == 2 + 3 * 3 and draft.calls == draft_calls  # 2 warm-ups, 3 x 8, 12, 16
     written = json.loads(cache.read_text())
     assert written["target_wide"] == pytest.approx({str(n): cost(n) for n in (8, 12, 16)})
     assert {k: v for k, v in written.items() if k != "target_wide"} == first  # kept, not measured again
