@@ -192,3 +192,23 @@ def test_each_sequence_rolls_back_alone():
     assert [target.sequence_length(s) for s in range(3)] == [3, 1, 1]
     again = target.score_many([(1, [5], 1)])[0]
     assert torch.equal(again[0], rows[1][1])
+
+
+def test_a_slot_counts_the_time_its_sequence_slept_in_the_batch():
+    """waited_seconds: 0 for a call made alone; inside a scheduler, it grows with every
+    call the sequence waited for (the loop takes it out of its round's time)."""
+    target, _ = pair(2)
+    [first, second] = slots(target)
+    first.score([1, 2], 1)
+    assert first.waited_seconds == 0.0
+    seen = []
+
+    def run(slot):
+        def go():
+            before = slot.waited_seconds
+            slot.score([1, 2], 1)
+            seen.append(slot.waited_seconds - before)
+        return go
+
+    Scheduler(target).run([run(first), run(second)])
+    assert len(seen) == 2 and all(w > 0 for w in seen)

@@ -277,3 +277,35 @@ def test_a_load_with_one_sequence_has_no_others():
     load.leave("b")
     load.leave("b")  # leaving twice is harmless: end() may follow an abandoned sequence
     assert load.others("a").draft_steps == 0 and len(load) == 2
+
+
+def test_a_batched_round_prices_its_own_work_without_the_time_it_slept():
+    """In a batch a round's clock also runs while the others draft and do their own work;
+    the time it slept (RoundReport.waited_seconds) is taken out, so a plain round is not
+    priced with the others' draft calls in it."""
+    def overhead_after(waited):
+        c = bf16_controller(0.9)
+        for _ in range(40):  # a plain round: 1 token scored, no drafts, 300 ms on its clock
+            c.observe(RoundReport([], [], 0, 1, BF16[1], [], 300.0, (1,), waited_seconds=waited))
+        return c.costs.overhead[False].value
+
+    assert overhead_after(290.0) == pytest.approx(10.0, rel=0.05)  # its own 10 ms
+    # Negative control: without the time it slept, the others' work counts as its own.
+    assert overhead_after(0.0) == pytest.approx(300.0 - BF16[1], rel=0.05)
+
+
+def test_the_others_own_work_is_in_the_price_of_a_round():
+    """Every sequence's work between calls runs on one thread: beside 3 others, a
+    round waits for their plain rounds' overhead too."""
+    c = bf16_controller(0.9)
+    c.costs.overhead[False].update(20.0)
+    own = c.costs.overhead[False].value
+    c.begin([1], 64)
+    alone = c._seconds(0, None, 0)
+    keys = post_others(c.load, 3, tokens=1, expected=1.0)
+    busy = c._seconds(0, None, 0, others=c.load.others(c))
+    assert busy - c.costs.target_call(4) == pytest.approx(alone - c.costs.target_call(1) + 3 * own)
+    assert own > 0
+    for key in keys:
+        c.load.leave(key)
+    assert c._seconds(0, None, 0) == pytest.approx(alone)

@@ -80,8 +80,15 @@ class Slot(Backend):
         for start in range(0, len(token_ids), chunk):
             piece = token_ids[start : start + chunk]
             wanted = max(0, start + len(piece) - max(first_wanted, start))
+            asleep = time.perf_counter()
             rows.append(current.parent.switch(_Request(self, piece, wanted)))
+            current.asleep += time.perf_counter() - asleep
         return torch.cat(rows) if len(rows) > 1 else rows[0]
+
+    @property
+    def waited_seconds(self) -> float:
+        current = greenlet.getcurrent()
+        return current.asleep if isinstance(current, _Sequence) else 0.0
 
     def rollback(self, length: int) -> None:
         self.shared.rollback_sequence(self.seq, length)
@@ -105,6 +112,7 @@ class _Sequence(greenlet.greenlet):
     def __init__(self, run: Callable[[], object], scheduler: "Scheduler"):
         super().__init__(run)
         self.scheduler = scheduler
+        self.asleep = 0.0  # seconds spent waiting for calls (its own and others') and others' work
 
 
 @dataclass

@@ -41,8 +41,11 @@ Sequences decoded together share each target call, and each has its own policy
 (AdaptiveController.fork). The policies post their plans to a shared BatchLoad: tokens
 added to the call (m + 1), tokens expected (E) and draft-model steps. A sequence then
 maximises the batch's rate, (E(m) + E_others) / T, where T prices the whole call,
-target_call(N_others + m + 1), and the round's draft time, that of max(m, the others'
-longest model run) steps (SmartSpec's goodput). Each plan is one step of coordinate
+target_call(N_others + m + 1), the round's draft time, that of max(m, the others'
+longest model run) steps, and every sequence's own work between calls (which runs on
+one thread: the others' at the plain rounds' overhead) (SmartSpec's goodput). A round's
+own work is its time less what it slept in the batch (RoundReport.waited_seconds):
+priced with the others' draft calls in it, a plain round looked dearer than it was. Each plan is one step of coordinate
 ascent on that objective: the others' plans held fixed, this sequence's source and
 length chosen best. As the call fills, a draft's marginal cost is paid at the whole
 batch's rate, so K falls, first for the sequences whose drafts are seldom accepted,
@@ -182,6 +185,8 @@ class AdaptiveController:
         plans in the same call."""
         c = self.costs
         seconds = c.target_call(others.tokens + m + 1) + (c.overhead[m > 0].value or 0.0)
+        # The others' own work runs on the same thread, one sequence after another.
+        seconds += (len(self.load) - 1) * (c.overhead[False].value or 0.0)
         # The draft's steps are batched across sequences: the round drafts for its
         # longest run. A batched step is priced as a single-sequence step for now (the
         # draft's cost by batch size is not measured yet).

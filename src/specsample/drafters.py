@@ -197,7 +197,10 @@ class ModelDrafter:
         while i < min(planned, limit) and (grammar is None or grammar.room > 0 and not grammar.done):
             t0 = self.clock()
             logits = finite_logits(self.backend.score(feed, num_logits=1), self.name)  # [1, vocab]
-            calls.append(DraftCall(len(feed), self.clock() - t0))
+            # A batched call (batching.Slot) is timed by the call itself: a clock here
+            # would also count the other sequences' work before this one resumes.
+            call = self.backend.last_call
+            calls.append(DraftCall(len(feed), call.seconds if call is not None else self.clock() - t0))
             self.calls += 1
             self._cached += feed
             if grammar is not None:

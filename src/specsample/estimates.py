@@ -163,7 +163,13 @@ class Costs:
                     self.draft_token.update(max(0.0, call.seconds - first) / (call.tokens_fed - 1), share)
             else:
                 (self.draft_step if i else self.draft_first).update(call.seconds, share)
-        self.overhead[m > 0].update(max(0.0, report.round_seconds - report.target_seconds - draft_seconds), share)
+        # What else the round took: in a batch, its own work alone (the time it slept
+        # covers the calls and the others' work, which their own reports count).
+        if report.waited_seconds:
+            own = report.round_seconds - report.waited_seconds
+        else:
+            own = report.round_seconds - report.target_seconds - draft_seconds
+        self.overhead[m > 0].update(max(0.0, own), share)
 
     def drafting(self, m: int) -> float:
         """Draft time of a round that drafts m tokens (its first call cold)."""

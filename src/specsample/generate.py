@@ -265,6 +265,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
             # The target must still hold this stream's text (all but the pending token):
             # another stream on the same backend may have run in between.
             check_cache(target, claim, len(out.context) - (carried is None))
+            waited = target.waited_seconds
             played = play_round(target, drafter, policy, sampler, config.sampling, grammar, out.context, carried,
                                 out.room, clock)
             carried = None
@@ -272,7 +273,8 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
             # Tell the drafter how its drafts fared, and the policy what the round cost.
             if drafter is not None:
                 tell(drafter, played.draft, played.verdict.num_accepted)
-                policy.observe(played.report(chunk.token_ids, clock() - played.started))
+                policy.observe(played.report(chunk.token_ids, clock() - played.started,
+                                             target.waited_seconds - waited))
             out.stats.total_seconds = clock() - start
             yield chunk
         yield from out.flush()

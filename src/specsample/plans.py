@@ -95,6 +95,9 @@ class RoundReport:
     # [emitted, vocab] or more rows: the target's distributions at the round's positions;
     # row j follows the text emitted before it (so it exists for every emitted token).
     target_probs: object = None
+    # Of round_seconds, the time the sequence slept while a batch's calls (its own
+    # among them) and the other sequences' work ran; 0 alone (Backend.waited_seconds).
+    waited_seconds: float = 0.0
 
 
 class Policy(Protocol):

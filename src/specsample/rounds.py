@@ -31,9 +31,10 @@ class Round:
     target_seconds: float  # the clock around score(): what this sequence waited for its rows
     call: CallRecord  # the verify call as the policy prices it: its size and time
 
-    def report(self, emitted: list[int], round_seconds: float) -> RoundReport:
+    def report(self, emitted: list[int], round_seconds: float, waited_seconds: float = 0.0) -> RoundReport:
         return RoundReport(self.draft.sources, self.draft.confidences, self.verdict.num_accepted, self.call.tokens,
-                           self.call.seconds, self.draft.calls, round_seconds, tuple(emitted), self.target_probs)
+                           self.call.seconds, self.draft.calls, round_seconds, tuple(emitted), self.target_probs,
+                           waited_seconds)
 
 
 def play_round(target: Backend, drafter: Drafter | None, policy: Policy, sampler: Sampler, sampling: SamplingConfig,

@@ -57,6 +57,14 @@ class Backend(Protocol):
     last_call: CallRecord | None = None
 
     @property
+    def waited_seconds(self) -> float:
+        """Seconds the sequence calling this backend has spent asleep while a batch's
+        calls (its own among them) and the other sequences' work ran (batching.py);
+        0 for a backend that makes its own calls. The loop takes it out of a round's
+        time to price its own work."""
+        return 0.0
+
+    @property
     def length(self) -> int:
         """Tokens currently held in the cache."""
         ...
