@@ -27,6 +27,14 @@ class FakeServer:
     def request(self, route, body=None):
         return {"data": [{"id": "m"}]}
 
+    def text(self, route):
+        """/metrics: every read finds one more 4-request target call and a second more busy."""
+        self.reads = getattr(self, "reads", 0) + 1
+        return (f'specsample_model_calls_total{{model="target",sequences="4"}} {self.reads}.0\n'
+                f'specsample_model_call_tokens_total{{model="target",sequences="4"}} {8 * self.reads}.0\n'
+                f'specsample_model_call_seconds_total{{model="target",sequences="4"}} {0.25 * self.reads}\n'
+                f"specsample_worker_busy_seconds {self.reads}.0\n")
+
     def reset(self, prompts):
         self.events.append(f"reset {self.name}")
 
@@ -64,8 +72,8 @@ def test_each_server_runs_alone_once_per_slot_count_under_every_client_count(fak
     modes = served_modes(["ar", "llamacpp-server", "llamacpp-spec"], [3], [3, 4])
     load = Load({"humaneval": _prompts("humaneval", 3), "explain": _prompts("explain", 2)}, ("greedy", "sample"),
                 (1, 4), lambda task: TASKS[task].max_new_tokens)
-    records, notes = run_serving(modes, load, (1, 2), model_argv=["--threads", "2"],
-                                 llama_server=lambda n: FakeServer(f"llama-np{n}", events), log=lambda msg: None)
+    records, notes, splits = run_serving(modes, load, (1, 2), model_argv=["--threads", "2"],
+                                         llama_server=lambda n: FakeServer(f"llama-np{n}", events), log=lambda msg: None)
     ar1, ar2 = (f"specsample serve --autoregressive --parallel {n}" for n in (1, 2))
     starts = [e for e in events if e.startswith(("start", "close"))]
     assert starts == [f"start {ar1}", f"close {ar1}",
@@ -85,6 +93,8 @@ def test_each_server_runs_alone_once_per_slot_count_under_every_client_count(fak
     assert list(dict.fromkeys(r.mode for r in records)) == ["ar", "llamacpp-server", "llamacpp-spec-k3",
                                                             "llamacpp-spec-k4"]
     assert all(r.wall_seconds == 2.0 and r.target is None for r in records)
+    # A split per load of our server (ar: 2 slot counts x 2 client counts x 2 tasks x 2 settings), none of llama-server's.
+    assert len(splits) == 2 * 2 * 2 * 2 and {s.mode for s in splits} == {"ar"}
 
 
 def test_a_server_that_cannot_start_is_a_note_and_the_others_still_run(fake_run):
@@ -94,8 +104,8 @@ def test_a_server_that_cannot_start_is_a_note_and_the_others_still_run(fake_run)
         raise ServerUnavailable("cmake not found")
 
     load = Load({"humaneval": _prompts("humaneval", 1)}, ("greedy",), (2,), lambda task: 16)
-    records, notes = run_serving(served_modes(["ar", "llamacpp-spec"], [3], [3]), load, (4,), model_argv=[],
-                                 llama_server=no_llama, log=lambda msg: None)
+    records, notes, _ = run_serving(served_modes(["ar", "llamacpp-spec"], [3], [3]), load, (4,), model_argv=[],
+                                    llama_server=no_llama, log=lambda msg: None)
     assert notes == ["not run: llamacpp-spec-k3, 4 slots: cmake not found"]
     assert [(r.mode, r.slots, r.clients) for r in records] == [("ar", 4, 2)]
 
@@ -108,9 +118,13 @@ def test_requests_not_answered_are_noted_with_their_statuses(fake_run, monkeypat
 
     monkeypatch.setattr(serving, "run_load", refusing_load)
     load = Load({"humaneval": _prompts("humaneval", 3)}, ("greedy",), (8,), lambda task: 16)
-    records, notes = run_serving(served_modes(["spec-auto"], [3], [3]), load, (4,), model_argv=[],
-                                 llama_server=None, log=lambda msg: None)
+    records, notes, splits = run_serving(served_modes(["spec-auto"], [3], [3]), load, (4,), model_argv=[],
+                                         llama_server=None, log=lambda msg: None)
     assert [r.timing.outcome for r in records] == ["answered", "refused", "lost"]
+    # Our server's /metrics around the load: one call of 8 tokens, a second busy, the load's wall time.
+    [split] = splits
+    assert (split.mode, split.task, split.slots, split.clients, split.wall_seconds) == ("spec-auto", "humaneval", 4, 8, 1.0)
+    assert split.calls == {"target": {4: [1.0, 8.0, 0.25]}} and split.busy_seconds == 1.0
     assert notes == ["spec-auto, 4 slots, 8 clients, humaneval greedy: 2 of 3 requests not answered "
                      "(statuses: 429); first: 429 busy"]
 

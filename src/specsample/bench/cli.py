@@ -262,21 +262,22 @@ def cmd_serve_load(args) -> int:
     del target  # the servers load their own copies; this process only sends requests
 
     load = Load(prompts, config.settings, clients, config.new_tokens)
-    records, notes = [], []
+    records, notes, splits = [], [], []
     for (_, quant), label, gguf in zip(types, labels, files):
         if len(types) > 1:
             print(f"specsample: target {label}", file=sys.stderr, flush=True)
         llama_server = partial(_start_server, args, ["llamacpp-spec"], n_ctx, max(peer_ks), gguf)
-        got, run_notes = run_serving(served_modes(families, ks, peer_ks), load, slots,
-                                     model_argv=serve_argv(args, quant), llama_server=llama_server)
+        got, run_notes, got_splits = run_serving(served_modes(families, ks, peer_ks), load, slots,
+                                                 model_argv=serve_argv(args, quant), llama_server=llama_server)
         records += [replace(r, target=label) for r in got]
+        splits += [replace(s, target=label) for s in got_splits]
         notes += [f"{label}: {n}" if len(types) > 1 else n for n in run_notes]
     machine = machine_description("gguf" if files[0] else args.dtype, _threads(args))
     machine += f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
-    sections, printed = serve_sections(records)
-    write_serve_report(args.out, records, sections, command=_command(), machine=machine, notes=notes)
+    sections, printed = serve_sections(records, splits)
+    write_serve_report(args.out, records, sections, command=_command(), machine=machine, notes=notes, splits=splits)
     print(printed)
-    print(f"specsample: wrote {args.out}/serve.jsonl and {args.out}/serve.md", file=sys.stderr)
+    print(f"specsample: wrote {args.out}/serve.jsonl, calls.jsonl and serve.md", file=sys.stderr)
     return 0
 
 

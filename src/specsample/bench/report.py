@@ -16,7 +16,7 @@ from .summary import TargetRun, run_sections
 from .targets import by_target_section
 
 RECORDS, CURVES, SUMMARY = "records.jsonl", "cost_curve.json", "summary.md"
-SERVE_RECORDS, SERVE_SUMMARY = "serve.jsonl", "serve.md"
+SERVE_RECORDS, SERVE_SUMMARY, CALL_SPLITS = "serve.jsonl", "serve.md", "calls.jsonl"
 CONTENTION_SUMMARY = "contention.md"
 
 
@@ -51,10 +51,13 @@ def write_report(out: Path, runs: list[TargetRun], *, command: str, machine: str
 
 
 def write_serve_report(out: Path, records: list, sections: list[str], *, command: str, machine: str,
-                       notes: list[str]) -> None:
-    """serve.jsonl (records.ServedRecord, one a line) and serve.md in `out`."""
+                       notes: list[str], splits: list = ()) -> None:
+    """serve.jsonl (records.ServedRecord, one a line), calls.jsonl (calls.CallSplit, a
+    line per load of our servers) and serve.md in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     write_records(out / SERVE_RECORDS, records)
+    if splits:
+        write_records(out / CALL_SPLITS, splits)
     _write_markdown(out / SERVE_SUMMARY, "specsample bench --serve", command, machine, sections, notes)
 
 

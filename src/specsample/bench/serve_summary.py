@@ -4,14 +4,15 @@ target type the table of every load and greedy exactness through the servers."""
 
 from __future__ import annotations
 
+from .calls import SPLIT_NOTE, CallSplit, split_table
 from .load import LoadSummary, summarise_load
 from .records import ServedRecord
 from .tables import cell, greedy_identity, markdown_table
 
 
-def serve_sections(records: list[ServedRecord]) -> tuple[list[str], str]:
+def serve_sections(records: list[ServedRecord], splits: list[CallSplit] = ()) -> tuple[list[str], str]:
     """serve.md's sections, and what the command line prints: the summary and the load
-    table of each target type."""
+    table of each target type; then, with `splits`, where our servers' time went."""
     targets = list(dict.fromkeys(r.target for r in records))
     parts, printed = [], []
     peers = peer_table(records)
@@ -27,6 +28,8 @@ def serve_sections(records: list[ServedRecord]) -> tuple[list[str], str]:
         if len(identity) > 1:  # some server's greedy answers to compare with ar's
             parts += [f"## Greedy exactness through the server{title}", markdown_table(identity)]
         printed.append(table if len(targets) == 1 else f"Target {target}:\n{table}")
+    if splits:
+        parts += ["## Where our servers' time went", SPLIT_NOTE, split_table(list(splits))]
     return parts, "\n\n".join(printed)
 
 

@@ -62,6 +62,11 @@ class ServerProcess:
         with urllib.request.urlopen(request, timeout=3600) as r:
             return json.loads(r.read())
 
+    def text(self, route: str) -> str:
+        """GET route, as text (/metrics)."""
+        with urllib.request.urlopen(f"{self.url}{route}", timeout=60) as r:
+            return r.read().decode()
+
     def reset(self, prompts: list[list[int]]) -> None:
         """Before a load of these prompts, forget whatever earlier requests left that
         could serve them for free; `specsample serve` keeps nothing between requests

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+from .calls import CallSplit
 from .load import run_load
 from .modes import SETTINGS
 from .native import completion_request
@@ -89,23 +90,25 @@ class Load:
 
 
 def run_serving(modes: list[ServedMode], load: Load, slots: tuple[int, ...], *, model_argv: list[str],
-                llama_server: Callable[[int], ServerProcess], log=None) -> tuple[list[ServedRecord], list[str]]:
+                llama_server: Callable[[int], ServerProcess], log=None
+                ) -> tuple[list[ServedRecord], list[str], list[CallSplit]]:
     """Records (one per request) for every slot count, mode, client count, task and
-    setting; and notes on servers not run and requests not answered. Our modes each get
-    a `specsample serve` process per slot count; llama_server(N) starts the native one,
+    setting; notes on servers not run and requests not answered; and for each load of
+    one of our servers, where its time went (calls.py). Our modes each get a
+    `specsample serve` process per slot count; llama_server(N) starts the native one,
     which serves both llamacpp modes."""
     log = log or (lambda msg: print(f"specsample: {msg}", file=sys.stderr, flush=True))
     ours, natives = [m for m in modes if not m.native], [m for m in modes if m.native]
-    records, notes = [], []
+    records, notes, splits = [], [], []
     for n in slots:
         cells = [(partial(_our_server, mode, n, model_argv), [mode]) for mode in ours]
         if natives:
             cells.append((partial(llama_server, n), natives))
         for start, served in cells:
-            got, cell_notes = _serve(start, served, n, load, log)
+            got, cell_notes = _serve(start, served, n, load, log, splits)
             records += got
             notes += cell_notes
-    return records, notes
+    return records, notes, splits
 
 
 def _our_server(mode: ServedMode, slots: int, model_argv: list[str]) -> ServerProcess:
@@ -113,7 +116,8 @@ def _our_server(mode: ServedMode, slots: int, model_argv: list[str]) -> ServerPr
     return specsample_server(model_argv, flags, "specsample serve " + " ".join(flags))
 
 
-def _serve(start, modes: list[ServedMode], slots: int, load: Load, log) -> tuple[list[ServedRecord], list[str]]:
+def _serve(start, modes: list[ServedMode], slots: int, load: Load, log,
+           splits: list[CallSplit]) -> tuple[list[ServedRecord], list[str]]:
     """One server process, started for these modes at this slot count, under every load."""
     try:
         server = start()
@@ -122,7 +126,7 @@ def _serve(start, modes: list[ServedMode], slots: int, load: Load, log) -> tuple
     records, notes = [], []
     try:
         for mode in modes:
-            done = _load_one_server(mode, server, slots, load, log)
+            done = _load_one_server(mode, server, slots, load, log, splits)
             records += done
             notes += unanswered_notes(done)
     finally:
@@ -130,7 +134,8 @@ def _serve(start, modes: list[ServedMode], slots: int, load: Load, log) -> tuple
     return records, notes
 
 
-def _load_one_server(mode: ServedMode, server: ServerProcess, slots: int, load: Load, log) -> list[ServedRecord]:
+def _load_one_server(mode: ServedMode, server: ServerProcess, slots: int, load: Load, log,
+                     splits: list[CallSplit]) -> list[ServedRecord]:
     model = server.request("/v1/models")["data"][0]["id"]
     warm = next(iter(load.prompts.values()))[0]
     run_load(server.url, [mode.request_body(model, warm.ids[:32], 8, SETTINGS["greedy"], 0, ())], 1)
@@ -143,7 +148,11 @@ def _load_one_server(mode: ServedMode, server: ServerProcess, slots: int, load: 
                 server.reset([p.ids for p in group])
                 log(f"serve load: {mode.name}, {slots} slots, {clients} clients, {task} {setting}: "
                     f"{len(bodies)} requests")
+                before = None if mode.native else server.text("/metrics")
                 timings, wall = run_load(server.url, bodies, clients)
+                if before is not None:
+                    splits.append(CallSplit.between(before, server.text("/metrics"), mode=mode.name, task=task,
+                                                    setting=setting, slots=slots, clients=clients, wall_seconds=wall))
                 records += [ServedRecord(mode=mode.name, family=mode.family, k=mode.k, task=task, setting=setting,
                                          prompt_id=p.prompt.id, clients=clients, slots=slots, wall_seconds=wall,
                                          timing=t) for t, p in zip(timings, group)]

@@ -103,6 +103,9 @@ class Worker:
         self._changed = threading.Condition()  # guards _waiting, _running and _stopping
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="specsample-worker", daemon=True)
+        # Seconds the thread spent on generations (model calls and every sequence's own
+        # work between them), not waiting for requests: /metrics, for bench --serve.
+        self.busy_seconds = 0.0
 
     @property
     def active(self) -> int:
@@ -170,10 +173,12 @@ class Worker:
 
     def _run(self) -> None:
         while (admitted := self._admit()) is not None:
+            started = time.perf_counter()
             for job in admitted:
                 seq = self._free.pop(0)
                 self.scheduler.add(lambda job=job, seq=seq: self._serve(job, seq))
             self.scheduler.step()  # one round of calls; then newcomers are admitted
+            self.busy_seconds += time.perf_counter() - started
 
     def _serve(self, job: Job, seq: int) -> None:
         with self._changed:
