@@ -102,8 +102,11 @@ def test_an_hf_model_takes_its_fim_ids_from_its_tokenizer(fim_tokenizer, fim_tar
     ids = [hf.convert_tokens_to_ids(t) for t in QWEN_FIM]
     assert fim_target.fim == FimFormat(prefix=ids[0], suffix=ids[2], middle=ids[1], pad=ids[3], repo=ids[4],
                                        file_sep=ids[5])
+    # Its pad, repository and file-separator tokens end a generation, as on llama.cpp.
+    assert fim_target.eos_token_ids == {hf.eos_token_id, *ids[3:]}
     plain = HFTokenizer(tiny_fim_tokenizer(fim_tokens=()))
-    assert HFBackend(tiny_model(0, vocab=len(plain)), plain).fim is None
+    plain_target = HFBackend(tiny_model(0, vocab=len(plain)), plain)
+    assert plain_target.fim is None and plain_target.eos_token_ids == {plain.hf.eos_token_id}
 
 
 def test_user_text_that_spells_a_fim_token_stays_text(fim_tokenizer, fim_target):

@@ -120,7 +120,7 @@ class HFBackend(Backend):
         if self.vocab_size > config.vocab_size:
             raise ValueError(f"{name}: tokenizer has {self.vocab_size} tokens but the model only {config.vocab_size} logits")
         self.context_length = getattr(config, "max_position_embeddings", None) or 2048
-        self.eos_token_ids = frozenset(_eos_ids(model, tokenizer))
+        self.eos_token_ids = frozenset(_eos_ids(model, tokenizer) | _fim_ends(self.fim))
         self.cache = None
         # False for recurrent models: the loop can refuse a drafter before any output.
         self._new_cache, self.supports_rollback = _cache_factory(model.config)
@@ -234,6 +234,12 @@ def _eos_ids(model, tokenizer: HFTokenizer | None) -> set[int]:
         added = tokenizer.hf.get_added_vocab()  # special tokens only: "</s>" is plain text in Qwen
         ids.update(added[t] for t in END_OF_TURN_TOKENS if t in added)
     return ids
+
+
+def _fim_ends(fim) -> set[int]:
+    """FIM's pad, repository and file-separator tokens end a generation, as llama.cpp
+    counts them among its end-of-generation tokens: a middle that reaches one is done."""
+    return set() if fim is None else {t for t in (fim.pad, fim.repo, fim.file_sep) if t is not None}
 
 
 def load_hf(

@@ -206,7 +206,8 @@ def require_fim(target: Backend, param: str) -> FimFormat:
 
 
 def infill_max_tokens(request: InfillRequest, settings: Settings) -> int | None:
-    """n_predict is llama-server's max_tokens; -1 (its default): as many as fit."""
+    """max_tokens as /infill asks it: n_predict is llama-server's name for it, -1 (its
+    default) as many as fit; and one answer only, as llama-server's shape has room for."""
     if request.n is not None and request.n != 1:
         raise APIError(400, "/infill gives one answer: n must be 1", param="n", code="invalid_value")
     if request.n_predict is None or request.n_predict == -1:
