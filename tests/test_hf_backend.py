@@ -72,6 +72,9 @@ def test_logit_rows_beyond_tokenizer_vocabulary_are_cut():
         def token_text(self, i):
             return f"t{i}" if i < VOCAB - 13 else f"[PAD{i}]"  # and the tokenizer pads too
 
+        def fim_format(self):
+            return None
+
     b = HFBackend(tiny_model(0), FakeTokenizer())
     assert b.vocab_size == VOCAB - 13
     assert b.score(PROMPT, 2).shape == (2, VOCAB - 13)

@@ -62,7 +62,7 @@ CASES = [  # (path, body, status, param, words in the message)
     ("/v1/completions", completion(logprobs=21), 400, "logprobs", "logprobs must be in [0, 20]"),
     ("/v1/completions", completion(logprobs=True), 400, "logprobs", "integer"),
     ("/v1/completions", completion(logprobs_mode="softmax"), 400, "logprobs_mode", "raw"),
-    ("/v1/completions", completion(best_of=3, suffix="x"), 400, "best_of", "best_of, suffix"),
+    ("/v1/completions", completion(best_of=3), 400, "best_of", "best_of"),
     ("/v1/completions", completion(frequency_penalty=3), 400, "frequency_penalty", "[-2, 2]"),
     ("/v1/completions", completion(presence_penalty=-2.5), 400, "presence_penalty", "[-2, 2]"),
     ("/v1/completions", completion(repetition_penalty=0), 400, "repetition_penalty", "(0, 10]"),

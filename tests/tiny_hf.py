@@ -86,3 +86,22 @@ def tiny_chat_tokenizer():
     hf = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>")
     hf.chat_template = CHATML
     return hf
+
+
+QWEN_FIM = ["<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
+
+
+def tiny_fim_tokenizer(fim_tokens=tuple(QWEN_FIM)):
+    """A byte-level BPE tokenizer (as tiny_chat_tokenizer) with these special tokens
+    besides <|endoftext|>: Qwen2.5-Coder's FIM tokens by default, none for a model
+    without FIM."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", *fim_tokens],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator(["def add(a, b):\n    return a + b\n\nx = add(1, 2)\nprint(x)\n"] * 8, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")

@@ -15,6 +15,7 @@ from .arguments import (UsageError, add_draft_length_arguments, add_model_argume
                         add_verifier_argument, model_options, sampling_config)
 from .assemble import assemble
 from .constraints import Constraint
+from .fim import fim_prompt
 from .bench.cli import add_bench_parser
 from .check_cli import add_check_parser
 from .generate import GenerationConfig, check_prompt, stream
@@ -41,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt")
     src.add_argument("--prompt-file", type=Path)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")
+    after = g.add_mutually_exclusive_group()
+    after.add_argument("--suffix", help="fill in the middle: the prompt is the text before it, this the text after "
+                                        "(the model's own FIM tokens; empty: a plain completion)")
+    after.add_argument("--suffix-file", type=Path, help="--suffix read from a file")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--autoregressive", action="store_true", help="run the target alone (the baseline)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
@@ -99,25 +104,41 @@ def read_input(path: Path, what: str) -> str:
         raise UsageError(f"{what} {path} is not UTF-8 text") from None
 
 
-def prompt_text(args) -> str:
+def prompt_text(args, suffix: str = "") -> str:
     text = args.prompt if args.prompt_file is None else read_input(args.prompt_file, "prompt file")
-    check_prompt(text)
+    if not suffix:  # before a suffix an empty prompt is a cursor at the start of a file
+        check_prompt(text)
     return text
 
 
-def prompt_ids(text: str, chat: bool, target) -> list[int]:
+def suffix_text(args) -> str:
+    """--suffix or --suffix-file's text ("" for neither), checked before any model loads."""
+    path = getattr(args, "suffix_file", None)
+    suffix = read_input(path, "suffix file") if path is not None else getattr(args, "suffix", None) or ""
+    if suffix and args.chat:
+        raise UsageError("--suffix fills in the middle of plain text; it does not go with --chat")
+    return suffix
+
+
+def prompt_ids(text: str, chat: bool, target, suffix: str = "") -> list[int]:
     if target.tokenizer is None:
         raise UsageError(f"{target.name} has no tokenizer")
+    if suffix:
+        if target.fim is None:
+            raise UsageError(f"--suffix: {target.name} has no fill-in-the-middle tokens (prefix, suffix and middle) "
+                             f"in its vocabulary")
+        return fim_prompt(target.fim, target.tokenizer.text_ids, text, suffix)
     return target.tokenizer.chat_prompt(text) if chat else target.tokenizer.encode(text)
 
 
 def cmd_generate(args) -> int:
     # Every input is read and checked before the slow model load.
     config = generation_config(args)
-    text = prompt_text(args)
+    suffix = suffix_text(args)
+    text = prompt_text(args, suffix)
     models = assemble(model_options(args), drafting=not args.autoregressive)
     target, drafter = models.target, models.drafter(config.sampling)
-    ids = prompt_ids(text, args.chat, target)
+    ids = prompt_ids(text, args.chat, target, suffix)
     s = stream(target, ids, config, drafter, models.policy(config.k, config.k_max))
     for chunk in s:
         if not args.json:

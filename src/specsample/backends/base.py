@@ -11,6 +11,8 @@ from typing import Protocol
 
 import torch
 
+from ..fim import FimFormat
+
 
 @dataclass(frozen=True)
 class CallRecord:
@@ -25,6 +27,11 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, token_ids: list[int]) -> str: ...
+
+    def text_ids(self, text: str) -> list[int]:
+        """Token ids of text as text: special-token spellings stay characters, and no
+        BOS/EOS is added (the pieces of a prompt the caller assembles, fim.py)."""
+        ...
 
     def chat_prompt(self, text: str) -> list[int]:
         """Token ids of a one-turn user chat, ready for the assistant's reply."""
@@ -55,6 +62,8 @@ class Backend(Protocol):
     # around score() (a batched call: its size is everyone's tokens, and a clock around
     # score() would also count the wait for the others); None: time score() itself.
     last_call: CallRecord | None = None
+    # The model's fill-in-the-middle tokens, read from its vocabulary; None: it has none.
+    fim: FimFormat | None = None
 
     @property
     def waited_seconds(self) -> float:
@@ -103,7 +112,7 @@ class Backend(Protocol):
 # What describes the model rather than one sequence of it: a view of some of its
 # sequences (batching.Slot, SeparateSequences) takes these from the backend behind it.
 MODEL_ATTRIBUTES = ("vocab_size", "eos_token_ids", "context_length", "tokenizer", "engine", "supports_rollback",
-                    "cost_key")
+                    "cost_key", "fim")
 
 
 def take_model_attributes(view: Backend, source: Backend) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ..files import build_once
+from ..fim import FimFormat, fim_from_tokens
 from .base import Backend, ChatTemplateError, trim_padding
 from .chat import chat_token_ids
 from .cpushare import SHARED
@@ -55,6 +56,17 @@ class HFTokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return self.hf.decode(token_ids, skip_special_tokens=True)
+
+    def text_ids(self, text: str) -> list[int]:
+        return self._tokens(text, special=False)
+
+    def fim_format(self) -> FimFormat | None:
+        """The FIM tokens among this tokenizer's own, by their spelling (fim.py), and the
+        BOS its encoding puts first, if any."""
+        bos = self.hf.bos_token_id
+        with self._lock:
+            first = list(self.hf("", add_special_tokens=True).input_ids[:1])
+        return fim_from_tokens(self.hf.get_vocab(), bos if bos is not None and first == [bos] else None)
 
     def chat_prompt(self, text: str) -> list[int]:
         return self.chat_messages([{"role": "user", "content": text}])
@@ -104,10 +116,11 @@ class HFBackend(Backend):
         self.vocab_size = config.vocab_size
         if tokenizer is not None:
             self.vocab_size = trim_padding(len(tokenizer), tokenizer.token_text)
+            self.fim = tokenizer.fim_format()
         if self.vocab_size > config.vocab_size:
             raise ValueError(f"{name}: tokenizer has {self.vocab_size} tokens but the model only {config.vocab_size} logits")
         self.context_length = getattr(config, "max_position_embeddings", None) or 2048
-        self.eos_token_ids = frozenset(_eos_ids(model, tokenizer))
+        self.eos_token_ids = frozenset(_eos_ids(model, tokenizer) | _fim_ends(self.fim))
         self.cache = None
         # False for recurrent models: the loop can refuse a drafter before any output.
         self._new_cache, self.supports_rollback = _cache_factory(model.config)
@@ -221,6 +234,12 @@ def _eos_ids(model, tokenizer: HFTokenizer | None) -> set[int]:
         added = tokenizer.hf.get_added_vocab()  # special tokens only: "</s>" is plain text in Qwen
         ids.update(added[t] for t in END_OF_TURN_TOKENS if t in added)
     return ids
+
+
+def _fim_ends(fim) -> set[int]:
+    """FIM's pad, repository and file-separator tokens end a generation, as llama.cpp
+    counts them among its end-of-generation tokens: a middle that reaches one is done."""
+    return set() if fim is None else {t for t in (fim.pad, fim.repo, fim.file_sep) if t is not None}
 
 
 def load_hf(

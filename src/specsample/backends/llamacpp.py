@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..fim import FimFormat, fim_from_ids
 from .base import Backend, BackendError, ChatTemplateError, trim_padding
 from .chat import chat_token_ids
 from .cpushare import SHARED
@@ -87,6 +88,9 @@ class LlamaCppTokenizer:
             n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, size, False, special)
         return list(buf[:n])
 
+    def text_ids(self, text: str) -> list[int]:
+        return self.encode(text)  # llama_tokenize adds nothing here, and parses no special tokens
+
     def decode(self, token_ids: list[int]) -> str:
         tokens = (self._lib.llama_token * max(1, len(token_ids)))(*token_ids)
         size = 16 * len(token_ids) + 16
@@ -113,6 +117,15 @@ class LlamaCppTokenizer:
             raise ValueError("this GGUF file has no chat template")
         render = lambda chat: render_chat(self._template, chat, **self._special_text)  # noqa: E731
         return with_bos(chat_token_ids(render, messages, self.encode), self._bos, self._add_bos)
+
+
+def vocab_fim(lib, vocab) -> FimFormat | None:
+    """The GGUF's FIM tokens as llama.cpp reads them: its tokenizer.ggml.fim_*_token_id
+    metadata, else the tokens it recognises by their text (-1: none)."""
+    ids = {role: getattr(lib, f"llama_vocab_fim_{short}")(vocab) for role, short in
+           (("prefix", "pre"), ("suffix", "suf"), ("middle", "mid"), ("pad", "pad"), ("repo", "rep"), ("file_sep", "sep"))}
+    bos = lib.llama_vocab_bos(vocab)
+    return fim_from_ids(ids, bos if lib.llama_vocab_get_add_bos(vocab) and bos >= 0 else None)
 
 
 def render_chat(template: str, messages: list[dict], bos_token: str = "", eos_token: str = "") -> str:
@@ -192,6 +205,7 @@ class LlamaCppBackend(Backend):
         template = lib.llama_model_chat_template(self._model, None)
         self.chat_template = template.decode("utf-8") if template else None
         self.tokenizer = LlamaCppTokenizer(self)
+        self.fim = vocab_fim(lib, self._vocab)
         self.vocab_size = trim_padding(self._n_vocab, lambda t: (lib.llama_vocab_get_text(self._vocab, t) or b"").decode("utf-8", "replace"))
         self.eos_token_ids = frozenset(t for t in range(self._n_vocab) if lib.llama_vocab_is_eog(self._vocab, t))
         self._lengths = [0] * sequences

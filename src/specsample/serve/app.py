@@ -59,6 +59,7 @@ def create_app(target: Backend, make_drafter: Callable[[SamplingConfig, Backend 
     paths = [
         Route("/v1/completions", routes.completions, methods=["POST"]),
         Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+        Route("/infill", routes.infill, methods=["POST"]),
         Route("/v1/models", routes.list_models, methods=["GET"]),
         Route("/tokenize", routes.tokenize, methods=["POST"]),
         Route("/detokenize", routes.detokenize, methods=["POST"]),

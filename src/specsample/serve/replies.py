@@ -1,6 +1,6 @@
 """The OpenAI shapes of an answer: chat or text completion, whole or in chunks, with
-n choices, log-probabilities and usage; and the answer so far, built from the
-worker's events."""
+n choices, log-probabilities and usage; llama-server's shape for /infill; and the
+answer so far, built from the worker's events."""
 
 from __future__ import annotations
 
@@ -26,9 +26,12 @@ class Choice:
     index: int
     text: str = ""
     entries: list[tuple[int, TokenLogprob | None]] = field(default_factory=list)  # None: a prompt's first token
+    tokens: list[int] = field(default_factory=list)  # generated token ids (/infill's parts)
 
 
 class Reply:
+    done_marker = True  # a stream ends with data: [DONE]
+
     def __init__(self, chat: bool, model: str, prompt_tokens: int, drafter_name: str | None,
                  tokenizer: Tokenizer | None = None, logprobs: int | None = None):
         self.chat, self.model, self.prompt_tokens, self.drafter_name = chat, model, prompt_tokens, drafter_name
@@ -53,6 +56,9 @@ class Reply:
         delta = {"role": "assistant", "content": ""} if role else {"content": part.text} if part.text else {}
         return self._wrap("chat.completion.chunk", [{"index": part.index, "delta": delta, "logprobs": logprobs,
                                                      "finish_reason": finish_reason}])
+
+    def end_chunk(self, index: int, finish_reason: str, results: dict[int, GenerationResult]) -> dict:
+        return self.chunk(Choice(index), finish_reason=finish_reason)
 
     def usage_chunk(self, results: dict[int, GenerationResult]) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -121,6 +127,45 @@ class Reply:
                             for token, lp in part.entries]}
 
 
+# GenerationResult.stop_reason -> llama-server's stop_type.
+STOP_TYPES = {"length": "limit", "eos": "eos", "stop_string": "word", "grammar": "eos"}
+
+
+class InfillReply:
+    """llama-server's /completion shape, which its /infill answers in: one answer, as one
+    object, or streamed as `{"content", "tokens", "stop": false}` parts and a last object
+    with `"stop": true`, its stop_type and counts (no [DONE], as llama-server sends none
+    outside its OpenAI endpoints)."""
+
+    chat = False
+    done_marker = False
+
+    def __init__(self, model: str, prompt_tokens: int, drafter_name: str | None):
+        self.model, self.prompt_tokens, self.drafter_name = model, prompt_tokens, drafter_name
+
+    def chunk(self, part: Choice, finish_reason: str | None = None, role: bool = False) -> dict:
+        return {"index": part.index, "content": part.text, "tokens": part.tokens, "stop": False}
+
+    def end_chunk(self, index: int, finish_reason: str, results: dict[int, GenerationResult]) -> dict:
+        return self._final(index, "", [], results[index])
+
+    def whole(self, parts: dict[int, Choice], results: dict[int, GenerationResult]) -> dict:
+        (index, result), = results.items()
+        return self._final(index, parts[index].text, result.token_ids, result)
+
+    def _final(self, index: int, content: str, tokens: list[int], result: GenerationResult) -> dict:
+        stats = result.stats
+        predicted_seconds = stats.total_seconds - stats.prefill_seconds
+        return {"index": index, "content": content, "tokens": tokens, "stop": True, "model": self.model,
+                "stop_type": STOP_TYPES[result.stop_reason], "tokens_predicted": len(result.token_ids),
+                "tokens_evaluated": self.prompt_tokens, "truncated": False,
+                "timings": {"prompt_n": self.prompt_tokens, "prompt_ms": stats.prefill_seconds * 1000,
+                            "predicted_n": len(result.token_ids), "predicted_ms": predicted_seconds * 1000,
+                            "predicted_per_second": len(result.token_ids) / predicted_seconds
+                            if predicted_seconds > 0 else 0.0},
+                "speculative": {"drafter": self.drafter_name, **stats.as_dict()}}  # an extension, as in usage
+
+
 class Answer:
     """The answer so far, from the worker's events: each event's part of its choice,
     and the whole of every choice."""
@@ -130,6 +175,7 @@ class Answer:
         self.tokenizer = tokenizer
         self.whole: dict[int, Choice] = {}
         self.results: dict[int, GenerationResult] = {}
+        self._sent_tokens: dict[int, int] = {}  # choice -> its generated tokens already in a part
 
     def part(self, event: ChoiceEvent) -> Choice | None:
         """The new part of a choice an event brings, or None."""
@@ -143,13 +189,20 @@ class Answer:
                 part.entries = list(zip(ids, event.logprobs))
         if isinstance(event, Generated):
             part.text += event.chunk.text
+            whole.tokens += event.chunk.token_ids
             if event.chunk.logprobs is not None:
                 part.entries += list(zip(event.chunk.token_ids, event.chunk.logprobs))
         elif isinstance(event, Finished):
             self.results[index] = event.result
         whole.text += part.text
         whole.entries += part.entries
-        return part if part.text or part.entries else None
+        if not (part.text or part.entries):
+            return None
+        # The tokens since the last part sent (a token whose text waits for the next one's
+        # characters comes with that one).
+        part.tokens = whole.tokens[self._sent_tokens.get(index, 0):]
+        self._sent_tokens[index] = len(whole.tokens)
+        return part
 
 
 def _finite(value: float) -> float:

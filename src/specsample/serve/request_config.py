@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from ..backends.base import Backend, ChatTemplateError
 from ..constraints import Constraint, ConstraintError
 from ..context_fit import new_token_room
+from ..fim import ExtraFile, FimFormat, fim_prompt
 from ..generate import GenerationConfig, check_prompt
 from ..sampling import InvalidSetting, SamplingConfig, bias_entry, check_range
 from .errors import APIError
-from .schemas import ChatRequest, CompletionRequest, GenerationRequest, ResponseFormat, TokenizeRequest
+from .schemas import ChatRequest, CompletionRequest, GenerationRequest, InfillRequest, ResponseFormat, TokenizeRequest
 from .settings import Settings
 from .worker import Task
 
@@ -49,8 +50,10 @@ def plan(request: GenerationRequest, settings: Settings, vocab_size: int) -> Pla
     requested = request.max_tokens
     if chat and request.max_completion_tokens is not None:
         requested = request.max_completion_tokens
-    echo = not chat and request.echo
+    echo = isinstance(request, CompletionRequest) and request.echo
     try:
+        if isinstance(request, InfillRequest):
+            requested = infill_max_tokens(request, settings)
         return _plan(request, requested, echo, settings, vocab_size)
     except InvalidSetting as e:
         param = {"max_new_tokens": "max_tokens", "stop_strings": "stop",
@@ -116,6 +119,8 @@ def requested_logprobs(request: GenerationRequest) -> int | None:
     (GenerationConfig checks the range)."""
     if isinstance(request, CompletionRequest):
         return request.logprobs
+    if not isinstance(request, ChatRequest):  # /infill: none
+        return None
     if request.top_logprobs and not request.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
     return (request.top_logprobs or 0) if request.logprobs else None
@@ -148,6 +153,8 @@ def response_constraint(response_format: ResponseFormat | None) -> Constraint | 
 # ---- prompts ----------------------------------------------------------------------
 
 def completion_prompts(request: CompletionRequest, target: Backend) -> list[Prompt]:
+    """Each prompt's ids; with a non-empty suffix, each text prompt is the prefix of a
+    fill-in-the-middle prompt (an empty one too: the cursor at the start of a file)."""
     prompt = request.prompt
     if isinstance(prompt, str) or prompt and isinstance(prompt[0], int):
         prompts = [prompt]  # one text, or one list of token ids
@@ -157,6 +164,8 @@ def completion_prompts(request: CompletionRequest, target: Backend) -> list[Prom
         raise APIError(400, "the prompt is empty", param="prompt")
     if len(prompts) > MAX_CHOICES:
         raise APIError(400, f"at most {MAX_CHOICES} prompts per request, got {len(prompts)}", param="prompt")
+    if request.suffix:
+        return [(suffix_prompt(request, p, target), None) for p in prompts]
     out = []
     for p in prompts:
         if isinstance(p, list):  # token ids
@@ -171,6 +180,47 @@ def completion_prompts(request: CompletionRequest, target: Backend) -> list[Prom
             raise APIError(400, str(e), param="prompt") from None
         out.append((target.tokenizer.encode(p), p))
     return out
+
+
+def suffix_prompt(request: CompletionRequest, prompt: str | list[int], target: Backend) -> list[int]:
+    if request.echo:  # OpenAI refuses the two together: the echo would not be the text the model read
+        raise APIError(400, "echo and suffix cannot be used together", param="echo", code="invalid_value")
+    if not isinstance(prompt, str):
+        raise APIError(400, "a prompt with a suffix must be text, not token ids", param="prompt")
+    return fim_prompt(require_fim(target, "suffix"), target.tokenizer.text_ids, prompt, request.suffix)
+
+
+def infill_prompts(request: InfillRequest, target: Backend) -> list[Prompt]:
+    """llama-server's /infill prompt: input_extra, then prefix (and prompt), suffix, middle."""
+    fim = require_fim(target, "input_suffix")
+    extra = [ExtraFile(chunk.filename, chunk.text) for chunk in request.input_extra]
+    return [(fim_prompt(fim, target.tokenizer.text_ids, request.input_prefix, request.input_suffix, extra,
+                        request.prompt), None)]
+
+
+def require_fim(target: Backend, param: str) -> FimFormat:
+    if target.fim is None:
+        raise APIError(400, f"{param}: this model has no fill-in-the-middle tokens (prefix, suffix and middle) in its "
+                       f"vocabulary, so it cannot fill in a middle", param=param, code="fim_unsupported")
+    return target.fim
+
+
+def infill_max_tokens(request: InfillRequest, settings: Settings) -> int | None:
+    """max_tokens as /infill asks it: n_predict is llama-server's name for it, -1 (its
+    default) as many as fit; and one answer only, as llama-server's shape has room for."""
+    if request.n is not None and request.n != 1:
+        raise APIError(400, "/infill gives one answer: n must be 1", param="n", code="invalid_value")
+    if request.n_predict is None or request.n_predict == -1:
+        return request.max_tokens
+    if request.max_tokens is not None and request.max_tokens != request.n_predict:
+        raise APIError(400, "n_predict and max_tokens are one setting; give one", param="n_predict",
+                       code="invalid_value")
+    check_range("n_predict", request.n_predict, 1, settings.max_tokens)
+    return request.n_predict
+
+
+def chat_prompts(request: ChatRequest, target: Backend) -> list[Prompt]:
+    return [(chat_prompt(request, target), None)]
 
 
 def chat_prompt(request: ChatRequest | TokenizeRequest, target: Backend) -> list[int]:

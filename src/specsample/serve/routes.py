@@ -19,36 +19,50 @@ from starlette.responses import JSONResponse, Response
 from .doors import log
 from .errors import APIError, ClientGone, ending_error
 from .events import Ended, Finished, Generated
-from .replies import FINISH_REASONS, Answer, Choice, Reply
-from .request_config import chat_prompt, completion_prompts, plan, response_headers, tasks
-from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, read_request
+from .replies import FINISH_REASONS, Answer, Choice, InfillReply, Reply
+from .request_config import (chat_prompt, chat_prompts, completion_prompts, infill_prompts, plan, response_headers,
+                             tasks)
+from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, GenerationRequest, InfillRequest,
+                      TokenizeRequest, read_request)
 from .settings import Server
 from .worker import Job, QueueFull
 
 
 async def completions(request: Request) -> Response:
-    return await _answer(request, chat=False)
+    return await _answer(request, CompletionRequest)
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _answer(request, chat=True)
+    return await _answer(request, ChatRequest)
 
 
-async def _answer(request: Request, chat: bool) -> Response:
+async def infill(request: Request) -> Response:
+    """llama-server's /infill: a fill-in-the-middle prompt, answered in its shape."""
+    return await _answer(request, InfillRequest)
+
+
+# request kind -> its prompts (ids, text for echo), and the parameter a prompt too long for the context is
+KINDS = {CompletionRequest: (completion_prompts, "prompt"), ChatRequest: (chat_prompts, "messages"),
+         InfillRequest: (infill_prompts, "input_prefix")}
+
+
+async def _answer(request: Request, kind: type[GenerationRequest]) -> Response:
     arrived = time.monotonic()
     server: Server = request.app.state.server
     settings = server.settings
-    body = await read_request(request, ChatRequest if chat else CompletionRequest, settings.max_body_bytes,
-                              settings.body_timeout)
-    if body.model != settings.model_name:
+    chat = kind is ChatRequest
+    body = await read_request(request, kind, settings.max_body_bytes, settings.body_timeout)
+    if body.model is not None and body.model != settings.model_name:  # only /infill may leave it out
         raise APIError(404, f"model {body.model!r} not found; this server serves {settings.model_name!r}",
                        param="model", code="model_not_found")
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    if kind is InfillRequest and include_usage:
+        raise APIError(400, "/infill's last streamed object carries the counts: no stream_options",
+                       param="stream_options", code="unsupported_parameter")
     asked = plan(body, settings, server.target.vocab_size)
-    if chat:
-        prompts = [(await off_the_loop(server, chat_prompt, body, server.target), None)]
-    else:
-        prompts = await off_the_loop(server, completion_prompts, body, server.target)
-    choices = tasks(asked, prompts, server.target.context_length, "messages" if chat else "prompt")
+    make_prompts, param = KINDS[kind]
+    prompts = await off_the_loop(server, make_prompts, body, server.target)
+    choices = tasks(asked, prompts, server.target.context_length, param)
     sampling = asked.config.sampling if asked.config is not None else None
     job = Job(choices, lambda draft: server.make_drafter(sampling, draft), asyncio.get_running_loop())
     try:
@@ -56,15 +70,18 @@ async def _answer(request: Request, chat: bool) -> Response:
     except QueueFull:
         raise APIError(429, f"the server is busy: {settings.max_queue} requests are waiting; retry later",
                        type="rate_limit_error", code="queue_full") from None
-    reply = Reply(chat, settings.model_name, sum(len(ids) for ids, _ in prompts), server.drafter_name,
-                  server.target.tokenizer, asked.logprobs)
+    prompt_tokens = sum(len(ids) for ids, _ in prompts)
+    if kind is InfillRequest:
+        reply = InfillReply(settings.model_name, prompt_tokens, server.drafter_name)
+    else:
+        reply = Reply(chat, settings.model_name, prompt_tokens, server.drafter_name, server.target.tokenizer,
+                      asked.logprobs)
     echoes = {task.index: prompts[task.index // asked.n] for task in choices} if asked.echo else {}
     follower = Follower(server, job, Answer(echoes, server.target.tokenizer), arrived)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     try:
         await follower.started()
         if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
             return Stream(_stream(follower, reply, include_usage), sep="\n", ping=15,
                           send_timeout=settings.send_timeout, headers=response_headers(asked))
         async for _ in follower.steps():
@@ -157,9 +174,9 @@ class Follower:
             raise error
 
 
-async def _stream(follower: Follower, reply: Reply, include_usage: bool):
+async def _stream(follower: Follower, reply: Reply | InfillReply, include_usage: bool):
     """Server-sent events: each step as a chunk (a chat choice opens with its role),
-    usage if asked for, an error if the job failed, then [DONE]."""
+    usage if asked for, an error if the job failed, then [DONE] (OpenAI's shapes)."""
     ended, begun = False, set()
     try:
         try:
@@ -170,7 +187,7 @@ async def _stream(follower: Follower, reply: Reply, include_usage: bool):
                 if step.part is not None:
                     yield {"data": json.dumps(reply.chunk(step.part))}
                 if step.finish_reason is not None:
-                    yield {"data": json.dumps(reply.chunk(Choice(step.index), finish_reason=step.finish_reason))}
+                    yield {"data": json.dumps(reply.end_chunk(step.index, step.finish_reason, follower.answer.results))}
             ended = True
             if include_usage:
                 yield {"data": json.dumps(reply.usage_chunk(follower.answer.results))}
@@ -179,7 +196,8 @@ async def _stream(follower: Follower, reply: Reply, include_usage: bool):
         except APIError as e:
             ended = True
             yield {"data": json.dumps(e.body())}
-        yield {"data": "[DONE]"}
+        if reply.done_marker:
+            yield {"data": "[DONE]"}
     finally:
         # On a disconnect sse-starlette cancels this generator: the worker stops at
         # the next round. Once the generation ended this is a no-op.

@@ -77,6 +77,24 @@ class CompletionRequest(GenerationRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None  # alternatives per token, up to 20
     echo: bool = False
+    suffix: str | None = None  # non-empty: a fill-in-the-middle prompt (fim.py)
+
+
+class ExtraChunk(_Strict):
+    filename: str = "tmp"  # llama-server's default name
+    text: str = ""
+
+
+class InfillRequest(GenerationRequest):
+    """llama-server's /infill: the text around the cursor, other files as context, and
+    its name for max_tokens (n_predict, -1: as many as fit)."""
+
+    model: str | None = None  # llama-server's clients send none
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[ExtraChunk] = Field(default_factory=list)
+    prompt: str = ""  # typed after input_prefix (llama-server's place for it)
+    n_predict: int | None = None
 
 
 class ChatRequest(GenerationRequest):
@@ -100,10 +118,11 @@ class DetokenizeRequest(_Strict):
 
 # OpenAI parameters we cannot honour, accepted only at a value that asks for nothing.
 NEUTRAL = {
-    "best_of": (None, 1), "suffix": (None, ""),
+    "best_of": (None, 1),
     "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
     "function_call": (None, "none"), "parallel_tool_calls": (None, True, False),
     "metadata": (None, {}), "store": (None, False), "service_tier": (None, "auto", "default"),
+    "cache_prompt": (None, True, False),  # llama-server's hint to reuse its cache; the answer is the same
 }
 
 Model = TypeVar("Model", bound=_Strict)
@@ -123,7 +142,7 @@ async def read_request(request: Request, model: type[Model], limit: int, timeout
                          if name not in NEUTRAL or not any(_asks_nothing(value, v) for v in NEUTRAL[name]))
     if unsupported:
         raise APIError(400, f"unsupported parameter(s): {', '.join(unsupported)} (specsample serves plain-text "
-                       "completions: no tools, suffix or best_of; see docs/serve.md)",
+                       "completions: no tools or best_of; see docs/serve.md)",
                        param=unsupported[0], code="unsupported_parameter")
     return parsed
 
