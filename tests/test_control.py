@@ -241,6 +241,26 @@ def test_the_first_draft_call_of_a_round_is_priced_apart():
     assert c.costs.drafting(4) == pytest.approx(0.5 + 3 * 0.2, rel=0.01)
 
 
+def test_one_timing_spike_does_not_price_the_draft_out_for_the_rest_of_the_run():
+    """A draft step descheduled by another process took 0.53 s instead of 0.035: taken at
+    a fifth of its size it made the draft look unpayable, and only model rounds time
+    the draft, so nothing brought the estimate back."""
+    c = controller(LINEAR, 0.02, accept=0.9)
+    assert choose(c, {MODEL: 8}, lag=1)[0] == MODEL
+    spike = [DraftCall(1, 0.02), DraftCall(1, 0.02), DraftCall(1, 0.3)]  # 15x the step
+    c.observe(RoundReport([MODEL] * 3, [0.9] * 3, 3, 4, 2.8, spike, 3.14, (1, 2, 3, 4)))
+    assert c.costs.draft_step.value == pytest.approx(0.02 * 1.2)
+    assert choose(c, {MODEL: 8}, lag=1)[0] == MODEL
+
+
+def test_a_real_slowdown_of_the_draft_is_followed():
+    c = controller(FLAT, 0.1)
+    for _ in range(25):  # every draft step now takes 5x as long
+        calls = [DraftCall(1, 0.5)] * 4
+        c.observe(RoundReport([MODEL] * 4, [0.9] * 4, 4, 5, 1.2, calls, 3.2, (1, 2, 3, 4, 5)))
+    assert c.costs.draft_step.value == pytest.approx(0.5, rel=0.01)
+
+
 def memory_bound_pair(clock):
     """A target whose calls cost little more for more tokens, and a 0.1-cost draft
     that agrees with it on most tokens."""

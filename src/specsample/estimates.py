@@ -37,13 +37,33 @@ class Rate:
 
 
 class Ema:
-    def __init__(self, value: float | None = None, weight: float = 0.2):
-        self.value, self.weight = value, weight
+    """An exponential moving average. With `ceiling`, an observation counts for at most
+    `ceiling` times the current value: a timing spike (a call descheduled by another
+    process or the hypervisor: 0.53 s for a 35 ms draft step, seen here) moves the
+    estimate by a fifth of the value, not a fifth of the spike, while a real slowdown
+    still doubles the estimate within a few observations."""
+
+    def __init__(self, value: float | None = None, weight: float = 0.2, ceiling: float | None = None):
+        self.value, self.weight, self.ceiling = value, weight, ceiling
 
     def update(self, x: float, share: float = 1.0) -> None:
         """`share` < 1: one of several reports of the same measurement (a batched call
         that each of its sequences reports), which together move the average as one."""
-        self.value = x if self.value is None else self.value + self.weight * share * (x - self.value)
+        if self.value is None:
+            self.value = x
+            return
+        if self.ceiling is not None and self.value > 0:
+            x = min(x, self.ceiling * self.value)
+        self.value += self.weight * share * (x - self.value)
+
+
+def timing() -> Ema:
+    """The average of a call's seconds (Costs): spikes clipped at twice the estimate.
+    Such an estimate matters most once it is wrong: a draft step inflated by one
+    spike made the draft model look unpayable, and as only model rounds time the
+    draft, the estimate stayed there for the rest of the run (Q4_K_M explain: model
+    drafting stopped after the third answer)."""
+    return Ema(ceiling=2.0)
 
 
 CONFIDENCE_BINS = 10
@@ -87,13 +107,13 @@ class Costs:
     machine, while its scale moves with context length and with other load, and is
     refreshed by every plain step."""
 
-    single: Ema = field(default_factory=Ema)  # a target call scoring 1 token
+    single: Ema = field(default_factory=timing)  # a target call scoring 1 token
     shape: list[Ema] = field(default_factory=list)  # [n - 1]: cost of n tokens / cost of 1
     # A round's first draft call runs just after a target call that pushed the draft's
     # weights out of the CPU caches, so it costs more than the calls that follow it.
-    draft_first: Ema = field(default_factory=Ema)  # a round's first draft call, feeding 1-2 tokens
-    draft_step: Ema = field(default_factory=Ema)  # each later draft call of the round
-    draft_token: Ema = field(default_factory=Ema)  # each extra token fed in one call
+    draft_first: Ema = field(default_factory=timing)  # a round's first draft call, feeding 1-2 tokens
+    draft_step: Ema = field(default_factory=timing)  # each later draft call of the round
+    draft_token: Ema = field(default_factory=timing)  # each extra token fed in one call
     overhead: dict[bool, Ema] = field(default_factory=lambda: {False: Ema(0.0), True: Ema(0.0)})
     warm_started: bool = False  # started from measured costs rather than from nothing
 
@@ -117,7 +137,7 @@ class Costs:
 
     def _shape(self, n: int) -> Ema:
         while len(self.shape) < n:
-            self.shape.append(Ema())
+            self.shape.append(timing())
         return self.shape[n - 1]
 
     def ratio(self, n: int) -> float:
