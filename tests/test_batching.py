@@ -126,7 +126,8 @@ def test_negative_control_state_leaking_between_sequences_is_caught():
 def test_a_long_prompt_joins_in_chunks_while_the_others_keep_decoding():
     target, _ = pair(2)
     first, second = slots(target)
-    scheduler = Scheduler(target, prefill_chunk=4)
+    heard = []
+    scheduler = Scheduler(target, prefill_chunk=4, on_call=lambda *call: heard.append(call))
     long_prompt = [i % VOCAB for i in range(10)]
     out = {}
     scheduler.add(lambda: out.setdefault("a", generate(first, PROMPT, config(GREEDY, length=6))))
@@ -135,6 +136,9 @@ def test_a_long_prompt_joins_in_chunks_while_the_others_keep_decoding():
     scheduler.run()
     # B's 10 prompt tokens came as 4 + 4 + 2, each call also carrying A's next token.
     assert target.calls[1:4] == [[(0, 1), (1, 4)], [(0, 1), (1, 4)], [(0, 1), (1, 2)]]
+    # /metrics counts the calls that carried a chunk apart from the rounds' own.
+    assert [prompt for *_, prompt in heard] == [True] * 4 + [False] * (len(heard) - 4)
+    assert heard[3] == (True, 2, 3, heard[3][3], True)
     alone = generate(TrigramBackend(TARGET), long_prompt, config(GREEDY, length=2))
     assert out["b"].token_ids == alone.token_ids and len(out["a"].token_ids) == 6
 

@@ -30,19 +30,30 @@ def test_a_load_is_the_difference_of_the_pages_around_it():
     metrics.call(True, 2, 3, 0.1)
     metrics.call(False, 4, 4, 0.05)
     metrics.call(False, 4, 4, 0.05)
-    worker.busy_seconds = 2.5
+    metrics.call(True, 2, 130, 0.4, prompt=True)  # a newcomer's prompt chunk beside a round
+    metrics.call(False, 1, 40, 0.1, prompt=True)  # the draft catching up on it
+    worker.busy_seconds = 3.0
     split = CallSplit.between(before, page(metrics), mode="spec-auto", task="humaneval", setting="greedy", slots=4,
                               clients=4, wall_seconds=2.0)
     assert split.calls["target"] == {4: pytest.approx([3, 30, 0.6]), 2: pytest.approx([1, 3, 0.1])}
     assert split.calls["draft"] == {4: pytest.approx([2, 8, 0.1])}
     assert 1 not in split.calls["target"]  # the warm-up was before the load
-    assert split.busy_seconds == pytest.approx(1.5)
+    assert split.prompt_calls == {"target": pytest.approx([1, 130, 0.4]), "draft": pytest.approx([1, 40, 0.1])}
+    assert split.busy_seconds == pytest.approx(2.0)
     assert split.seconds("target") == pytest.approx(0.7) and split.own_work_seconds == pytest.approx(0.7)
     table = split_table([split])
-    assert "2: 1 (3.0, 100); 4: 3 (10.0, 200)" in table
-    assert table.splitlines()[-1].endswith("| 2.0 | 0.7 | 0.1 | 0.7 | 0.5 |")  # wall, target, draft, own, idle
+    assert "2: 1 (3.0, 100); 4: 3 (10.0, 200)" in table  # the prompt chunk is not averaged in
+    assert "| 1 (130.0, 400); 1 (40.0, 100) |" in table
+    # wall, prompt, target, draft, own, idle
+    assert table.splitlines()[-1].endswith("| 2.0 | 0.5 | 0.7 | 0.1 | 0.7 | 0.0 |")
     assert CallSplit.from_json(split.to_json()) == split
 
 
 def test_a_page_without_the_counters_reads_as_nothing():
     assert scrape("# HELP other\nother_total 3.0\n") == ({}, 0.0)
+
+
+def test_a_page_from_before_the_phase_label_reads_as_the_rounds_calls():
+    page = ('specsample_model_calls_total{model="target",sequences="2"} 3.0\n'
+            'specsample_model_call_seconds_total{model="target",sequences="2"} 0.6\n')
+    assert scrape(page) == ({("target", 2, "decode"): [3.0, 0.0, 0.6]}, 0.0)

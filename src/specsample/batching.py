@@ -160,7 +160,9 @@ class Scheduler:
         if prefill_chunk < 1:
             raise ValueError(f"prefill chunk must be >= 1 token, got {prefill_chunk}")
         self.target, self.prefill_chunk, self.clock = target, prefill_chunk, clock
-        self.on_call = on_call  # on_call(target, sequences, tokens, seconds) after every call
+        # on_call(target, sequences, tokens, seconds, prompt) after every call; `prompt`:
+        # it fed some sequence text to take in rather than to score (prompt_work).
+        self.on_call = on_call
         self.stats = BatchStats()
         self._waiting: dict[_Sequence, _Request] = {}  # live sequences, each asleep on its request
         self._jobs: dict[_Sequence, Job] = {}
@@ -217,7 +219,7 @@ class Scheduler:
         seconds = self.clock() - started
         self.stats.record(target, len(requests), tokens, seconds)
         if self.on_call is not None:
-            self.on_call(target, len(requests), tokens, seconds)
+            self.on_call(target, len(requests), tokens, seconds, prompt_work(requests, target))
         for sequence, request, logits in zip(group, requests, rows):
             request.slot.last_call = CallRecord(tokens, seconds)
             self._resume(sequence, logits)
@@ -229,6 +231,17 @@ class Scheduler:
             del self._jobs[sequence]
         else:
             self._waiting[sequence] = request
+
+
+def prompt_work(requests: list[_Request], target: bool) -> bool:
+    """Whether a call feeds some sequence text that it takes in without scoring: a
+    prompt's chunk, or the draft model catching up on text it has not seen. A round
+    scores every token it feeds the target, and all but one of those it feeds the
+    draft (the token before its pending one, after an accepted run). Such calls cost
+    by their size, so an average over both kinds says nothing about either (bench
+    --serve splits them)."""
+    unscored = 0 if target else 1
+    return any(len(r.token_ids) - r.num_logits > unscored for r in requests)
 
 
 def _capture(job: Job) -> None:

@@ -34,15 +34,17 @@ class Metrics:
                                          buckets=(1, 2, 3, 4, 6, 8, 12, 16), registry=r)
         self.batch_tokens = Histogram("specsample_batch_tokens", "Tokens scored by each target call (every request's)",
                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
-        # Where the worker's time goes, by model and by how many requests a call served
-        # (bench --serve reads these around each load). The label is at most --parallel.
-        by_call = ["model", "sequences"]
-        self.calls = Counter("specsample_model_calls", "Model calls, by model and requests each served", by_call,
-                             registry=r)
-        self.call_tokens = Counter("specsample_model_call_tokens", "Tokens scored by model calls, by model and "
-                                   "requests each served", by_call, registry=r)
-        self.call_seconds = Counter("specsample_model_call_seconds", "Seconds in model calls, by model and requests "
-                                    "each served", by_call, registry=r)
+        # Where the worker's time goes, by model, by how many requests a call served (at
+        # most --parallel) and by phase: "prompt" for a call that took in a prompt's
+        # chunk or the draft's catching up, "decode" for the rounds' own calls (bench
+        # --serve reads these around each load).
+        by_call = ["model", "sequences", "phase"]
+        self.calls = Counter("specsample_model_calls", "Model calls, by model, requests each served and phase",
+                             by_call, registry=r)
+        self.call_tokens = Counter("specsample_model_call_tokens", "Tokens fed to model calls, by model, requests "
+                                   "each served and phase", by_call, registry=r)
+        self.call_seconds = Counter("specsample_model_call_seconds", "Seconds in model calls, by model, requests "
+                                    "each served and phase", by_call, registry=r)
         self.depth = Gauge("specsample_queue_depth", "Requests waiting for the model", registry=r)
         self.active = Gauge("specsample_active_slots", "Requests being generated now", registry=r)
         self.busy = Gauge("specsample_worker_busy_seconds", "Seconds the worker spent generating (model calls and "
@@ -55,9 +57,10 @@ class Metrics:
         self.busy.set_function(lambda: worker.busy_seconds)
         self.slots.set(worker.parallel)
 
-    def call(self, target: bool, sequences: int, tokens: int, seconds: float) -> None:
-        """A model call the worker made (called from its thread)."""
-        labels = ("target" if target else "draft", str(sequences))
+    def call(self, target: bool, sequences: int, tokens: int, seconds: float, prompt: bool = False) -> None:
+        """A model call the worker made (called from its thread); `prompt`: it took in
+        text rather than scoring a round (batching.prompt_work)."""
+        labels = ("target" if target else "draft", str(sequences), "prompt" if prompt else "decode")
         self.calls.labels(*labels).inc()
         self.call_tokens.labels(*labels).inc(tokens)
         self.call_seconds.labels(*labels).inc(seconds)

@@ -81,8 +81,8 @@ class Worker:
         """`target` and `draft` (None: no draft model) hold at least `parallel`
         sequences (backends loaded with sequences=N); `policy` is forked for each slot
         (control.py), so each keeps its own state across the requests it serves and
-        all share the machine's costs; `on_call(target, sequences, tokens, seconds)`
-        hears of every model call (metrics)."""
+        all share the machine's costs; `on_call(target, sequences, tokens, seconds,
+        prompt)` hears of every model call (metrics; batching.Scheduler)."""
         if not 1 <= parallel <= target.sequences:
             raise ValueError(f"--parallel {parallel}: the target holds {target.sequences} sequences")
         if draft is not None and draft.sequences < parallel:
