@@ -1,4 +1,5 @@
-"""`bench --serve` runs: every server alone, started once per slot count, under every
+"""`bench --serve` runs: every server of a slot count up at once, each load sent to
+every mode in turn (the order reversed from one load to the next), under every
 client count, task and setting; llama-server's slots and their reset between loads;
 the axes on the command line. Fake servers and a fake load client: nothing starts."""
 
@@ -67,7 +68,7 @@ def fake_run(monkeypatch):
     return events, flags
 
 
-def test_each_server_runs_alone_once_per_slot_count_under_every_client_count(fake_run):
+def test_every_server_of_a_slot_count_is_up_while_each_load_goes_round_them_in_turn(fake_run):
     events, flags = fake_run
     modes = served_modes(["ar", "llamacpp-server", "llamacpp-spec"], [3], [3, 4])
     load = Load({"humaneval": _prompts("humaneval", 3), "explain": _prompts("explain", 2)}, ("greedy", "sample"),
@@ -76,22 +77,28 @@ def test_each_server_runs_alone_once_per_slot_count_under_every_client_count(fak
                                          llama_server=lambda n: FakeServer(f"llama-np{n}", events), log=lambda msg: None)
     ar1, ar2 = (f"specsample serve --autoregressive --parallel {n}" for n in (1, 2))
     starts = [e for e in events if e.startswith(("start", "close"))]
-    assert starts == [f"start {ar1}", f"close {ar1}",
-                      "start llama-np1", "close llama-np1",  # both llamacpp modes share one process per slot count
-                      f"start {ar2}", f"close {ar2}", "start llama-np2", "close llama-np2"]
+    assert starts == [f"start {ar1}", "start llama-np1",  # both llamacpp modes share one process per slot count
+                      f"close {ar1}", "close llama-np1", f"start {ar2}", "start llama-np2", f"close {ar2}",
+                      "close llama-np2"]
     assert flags == [["--autoregressive", "--parallel", "1"], ["--autoregressive", "--parallel", "2"]]
-    # Per server: a one-request warm-up, then (2 client counts x 2 tasks x 2 settings) loads, each after a reset.
-    ar_events = events[1:events.index(f"close {ar1}")]
-    assert ar_events[:3] == [f"load {ar1} 1 1", f"reset {ar1}", f"load {ar1} 1 3"]
-    assert [e.split()[-2:] for e in ar_events[2::2]] == [["1", "3"], ["1", "3"], ["1", "2"], ["1", "2"],
-                                                         ["4", "3"], ["4", "3"], ["4", "2"], ["4", "2"]]
-    assert ar_events[1::2] == [f"reset {ar1}"] * 8
+    one = events[:events.index(f"close {ar1}")]
+    # A one-request warm-up per mode, then every load on each mode, each after its server's reset.
+    assert one[:6] == [f"start {ar1}", f"load {ar1} 1 1", "start llama-np1"] + ["load llama-np1 1 1"] * 3
+    loads = [e for e in one[6:] if e.startswith("load")]
+    assert len(loads) == 2 * 2 * 2 * 4  # (client counts x tasks x settings) loads, each on 4 modes
+    assert all(e.startswith("reset") for e in one[6::2]) and len(one[6:]) == 2 * len(loads)
+    # The order of the modes turns round from one load to the next: ar first, then last.
+    assert [e.split()[1] for e in loads[:8]] == ["specsample", "llama-np1", "llama-np1", "llama-np1",
+                                                 "llama-np1", "llama-np1", "llama-np1", "specsample"]
+    assert [e.split()[-2:] for e in loads[::4]] == [["1", "3"], ["1", "3"], ["1", "2"], ["1", "2"],
+                                                    ["4", "3"], ["4", "3"], ["4", "2"], ["4", "2"]]
+    modes_in_turn = [r.mode for r in records if r.slots == 1 and r.prompt_id.endswith("/0")]
+    assert modes_in_turn[:8] == ["ar", "llamacpp-server", "llamacpp-spec-k3", "llamacpp-spec-k4",
+                                 "llamacpp-spec-k4", "llamacpp-spec-k3", "llamacpp-server", "ar"]
     assert notes == []
     # One record per request: 4 modes x 2 slot counts x 2 client counts x 2 settings x (3 + 2) prompts.
     assert len(records) == 4 * 2 * 2 * 2 * 5
     assert len({(r.mode, r.slots, r.clients, r.task, r.setting) for r in records}) == 4 * 2 * 2 * 2 * 2
-    assert list(dict.fromkeys(r.mode for r in records)) == ["ar", "llamacpp-server", "llamacpp-spec-k3",
-                                                            "llamacpp-spec-k4"]
     assert all(r.wall_seconds == 2.0 and r.target is None for r in records)
     # A split per load of our server (ar: 2 slot counts x 2 client counts x 2 tasks x 2 settings), none of llama-server's.
     assert len(splits) == 2 * 2 * 2 * 2 and {s.mode for s in splits} == {"ar"}

@@ -1,10 +1,15 @@
 """`specsample bench --serve`: the serving load measured against each server in turn.
 
-Each server runs alone (one process with the models at a time, so that no two
-engines share the cores), started once per slot count N of --slots: it gets one
-short warm-up request, then, for every client count C of --clients, every task and
-every decoding setting, a load: C clients sending the task's first R prompts. The
-servers and what they are:
+For each slot count N of --slots every server is started (and gets one short warm-up
+request); then, for every client count C of --clients, every task and every decoding
+setting, a load: C clients sending the task's first R prompts, to each server in
+turn, in the opposite order on the next load. One server works at a time (the others
+wait idle, their engines asleep), so no two share the cores; and as all are up
+together, the loads of two modes that a ratio compares are minutes apart, not the
+length of the run: on a shared machine the same plain server answered the same
+request in 13.7 s and in 23.6 s half an hour apart, more than most differences the
+report is after. The reversed order cancels a steady drift. The cost is memory: every
+server of a slot count holds its models at once. The servers and what they are:
 
   ar               `specsample serve --autoregressive --parallel N`: the target alone
   spec-auto        `specsample serve -k auto --parallel N`: our adaptive speculation
@@ -104,10 +109,9 @@ def run_serving(modes: list[ServedMode], load: Load, slots: tuple[int, ...], *, 
         cells = [(partial(_our_server, mode, n, model_argv), [mode]) for mode in ours]
         if natives:
             cells.append((partial(llama_server, n), natives))
-        for start, served in cells:
-            got, cell_notes = _serve(start, served, n, load, log, splits)
-            records += got
-            notes += cell_notes
+        got, cell_notes = _serve(cells, n, load, log, splits)
+        records += got
+        notes += cell_notes
     return records, notes, splits
 
 
@@ -116,47 +120,51 @@ def _our_server(mode: ServedMode, slots: int, model_argv: list[str]) -> ServerPr
     return specsample_server(model_argv, flags, "specsample serve " + " ".join(flags))
 
 
-def _serve(start, modes: list[ServedMode], slots: int, load: Load, log,
-           splits: list[CallSplit]) -> tuple[list[ServedRecord], list[str]]:
-    """One server process, started for these modes at this slot count, under every load."""
+def _serve(cells, slots: int, load: Load, log, splits: list[CallSplit]) -> tuple[list[ServedRecord], list[str]]:
+    """Every server of one slot count started and warmed up, then each load sent to
+    every mode in turn, in the opposite order from one load to the next."""
+    servers, turns, records, notes = [], [], [], []
     try:
-        server = start()
-    except ServerUnavailable as e:
-        return [], [f"not run: {mode.name}, {slots} slots: {e}" for mode in modes]
-    records, notes = [], []
-    try:
-        for mode in modes:
-            done = _load_one_server(mode, server, slots, load, log, splits)
-            records += done
-            notes += unanswered_notes(done)
+        for start, modes in cells:
+            try:
+                server = start()
+            except ServerUnavailable as e:
+                notes += [f"not run: {mode.name}, {slots} slots: {e}" for mode in modes]
+                continue
+            servers.append(server)
+            model = server.request("/v1/models")["data"][0]["id"]
+            for mode in modes:
+                warm = next(iter(load.prompts.values()))[0]
+                run_load(server.url, [mode.request_body(model, warm.ids[:32], 8, SETTINGS["greedy"], 0, ())], 1)
+                turns.append((mode, server, model))
+        loads = [(clients, task, setting) for clients in load.clients for task in load.prompts
+                 for setting in load.settings]
+        for i, (clients, task, setting) in enumerate(loads):
+            for mode, server, model in turns if i % 2 == 0 else turns[::-1]:
+                done = _one_load(mode, server, model, slots, clients, task, setting, load, log, splits)
+                records += done
+                notes += unanswered_notes(done)
     finally:
-        server.close()
+        for server in servers:
+            server.close()
     return records, notes
 
 
-def _load_one_server(mode: ServedMode, server: ServerProcess, slots: int, load: Load, log,
-                     splits: list[CallSplit]) -> list[ServedRecord]:
-    model = server.request("/v1/models")["data"][0]["id"]
-    warm = next(iter(load.prompts.values()))[0]
-    run_load(server.url, [mode.request_body(model, warm.ids[:32], 8, SETTINGS["greedy"], 0, ())], 1)
-    records = []
-    for clients in load.clients:
-        for task, group in load.prompts.items():
-            for setting in load.settings:
-                bodies = [mode.request_body(model, p.ids, load.new_tokens(task), SETTINGS[setting], i,
-                                            p.task.stop_strings) for i, p in enumerate(group)]
-                server.reset([p.ids for p in group])
-                log(f"serve load: {mode.name}, {slots} slots, {clients} clients, {task} {setting}: "
-                    f"{len(bodies)} requests")
-                before = None if mode.native else server.text("/metrics")
-                timings, wall = run_load(server.url, bodies, clients)
-                if before is not None:
-                    splits.append(CallSplit.between(before, server.text("/metrics"), mode=mode.name, task=task,
-                                                    setting=setting, slots=slots, clients=clients, wall_seconds=wall))
-                records += [ServedRecord(mode=mode.name, family=mode.family, k=mode.k, task=task, setting=setting,
-                                         prompt_id=p.prompt.id, clients=clients, slots=slots, wall_seconds=wall,
-                                         timing=t) for t, p in zip(timings, group)]
-    return records
+def _one_load(mode: ServedMode, server: ServerProcess, model: str, slots: int, clients: int, task: str, setting: str,
+              load: Load, log, splits: list[CallSplit]) -> list[ServedRecord]:
+    group = load.prompts[task]
+    bodies = [mode.request_body(model, p.ids, load.new_tokens(task), SETTINGS[setting], i, p.task.stop_strings)
+              for i, p in enumerate(group)]
+    server.reset([p.ids for p in group])
+    log(f"serve load: {mode.name}, {slots} slots, {clients} clients, {task} {setting}: {len(bodies)} requests")
+    before = None if mode.native else server.text("/metrics")
+    timings, wall = run_load(server.url, bodies, clients)
+    if before is not None:
+        splits.append(CallSplit.between(before, server.text("/metrics"), mode=mode.name, task=task, setting=setting,
+                                        slots=slots, clients=clients, wall_seconds=wall))
+    return [ServedRecord(mode=mode.name, family=mode.family, k=mode.k, task=task, setting=setting,
+                         prompt_id=p.prompt.id, clients=clients, slots=slots, wall_seconds=wall, timing=t)
+            for t, p in zip(timings, group)]
 
 
 def unanswered_notes(records: list[ServedRecord]) -> list[str]:
