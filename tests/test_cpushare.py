@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from specsample.backends.cpushare import TICKS, CpuShare, read_proc
+from specsample.backends.cpushare import TICKS, CpuShare, busy_ticks, read_proc
 
 pytestmark = pytest.mark.system
 
@@ -95,3 +95,13 @@ def test_this_process_busy_time_shows_in_its_own_and_the_machines_share():
     own, busy = after[1] - before[1], after[0] - before[0]
     assert own >= 0.2 * TICKS  # 0.3 s, less the clock's tick granularity
     assert busy >= own - 2  # the cores' busy time includes ours
+
+
+def test_time_the_hypervisor_took_is_not_another_process():
+    # user nice system idle iowait irq softirq steal guest guest_nice, per core
+    stat = ("cpu  300 0 30 900 9 0 3 500 0 0\n"
+            "cpu0 100 0 10 400 4 0 1 250 0 0\n"
+            "cpu1 200 0 20 500 5 0 2 250 0 0\n"
+            "intr 12345 0 0\n")
+    assert busy_ticks(stat, {0, 1}) == 111 + 222  # steal (250 a core) left out
+    assert busy_ticks(stat, {1}) == 222  # only the cores this process may run on
