@@ -7,7 +7,7 @@ import pytest
 from specsample import assemble as assemble_module
 from specsample.assemble import ModelOptions, OptionError, assemble
 from specsample.backends import model_context
-from specsample.backends.gguf_header import gguf_metadata
+from specsample.backends.gguf_header import GGUFHeaderError, gguf_metadata
 from specsample.context_size import ModelContext, choose_context, config_context, gguf_context
 
 from test_assemble import tiny_target  # noqa: F401 (a fixture: a tiny hf model directory)
@@ -72,6 +72,10 @@ def test_a_gguf_header_gives_the_sizes_llama_cpp_reads(tmp_path):
     per_layer = {**metadata, "llama.block_count": 3, "llama.attention.head_count_kv": [2, 0, 1],
                  "llama.attention.key_length": 16}
     assert gguf_context("swa", per_layer).bytes_per_token == (2 + 0 + 1) * (16 + 8) * 2
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(GGUFHeaderError, match="cut short"):  # a one-line error, not a struct.error
+        gguf_metadata(cut)
 
 
 def test_a_transformers_config_gives_its_sizes():

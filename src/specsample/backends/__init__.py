@@ -36,6 +36,8 @@ def model_context(name: str, backend: str = "auto", *, device: str = "cpu", dtyp
     from ..context_size import config_context, gguf_context
 
     backend = pick_backend(name, backend, device)
+    if backend in ENGINE_PACKAGES:
+        require_engine(backend)  # as load_backend: a missing package before a file is read
     model = resolve(name)
     if backend == "llamacpp" and model.gguf_path is None:
         raise ModelError(f"the llamacpp backend needs a .gguf file, and {name} is not one")
@@ -50,7 +52,6 @@ def model_context(name: str, backend: str = "auto", *, device: str = "cpu", dtyp
         from .gguf_header import gguf_metadata
 
         return gguf_context(model.name, gguf_metadata(model.gguf_path), value_bytes, pool)
-    require_engine("hf")
     from transformers import AutoConfig
 
     if model.hub:

@@ -25,19 +25,27 @@ class GGUFHeaderError(ValueError):
 
 def gguf_metadata(path: Path) -> dict[str, object]:
     """key -> value for every scalar and short numeric array in the header."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        if data[:4] != b"GGUF":
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
             raise GGUFHeaderError(f"{path} is not a GGUF file")
-        version, _tensors, count = struct.unpack_from("<IQQ", data, 4)
-        if not 2 <= version <= 3:
-            raise GGUFHeaderError(f"{path}: GGUF version {version} (a big-endian file?) is not read here")
-        reader, metadata = _Reader(data, 24), {}
-        for _ in range(count):
-            key = reader.string()
-            value = reader.value(reader.unpack("<I"))
-            if value is not None:
-                metadata[key] = value
-        return metadata
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            try:
+                return _read(data, path)
+            except struct.error:
+                raise GGUFHeaderError(f"{path}: its GGUF header is cut short (a truncated or damaged file)") from None
+
+
+def _read(data, path: Path) -> dict[str, object]:
+    version, _tensors, count = struct.unpack_from("<IQQ", data, 4)
+    if not 2 <= version <= 3:
+        raise GGUFHeaderError(f"{path}: GGUF version {version} (a big-endian file?) is not read here")
+    reader, metadata = _Reader(data, 24), {}
+    for _ in range(count):
+        key = reader.string()
+        value = reader.value(reader.unpack("<I"))
+        if value is not None:
+            metadata[key] = value
+    return metadata
 
 
 class _Reader:
