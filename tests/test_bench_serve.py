@@ -7,7 +7,8 @@ import threading
 import pytest
 from openai import OpenAI
 
-from specsample.bench.cli import resolve_options, serve_argv
+from specsample.arguments import model_options
+from specsample.bench.cli import BENCH_CONTEXT, resolve_options, serve_argv
 from specsample.bench.load import run_load, summarise_load
 from specsample.bench.modes import SETTINGS
 from specsample.bench.servers import ServerProcess, ServerUnavailable, free_port
@@ -106,3 +107,6 @@ def test_serve_option_defaults_and_the_child_server_command_line():
     assert served.threads == 2 and served.draft_quant == "none" and served.lookup is False
     assert served.max_queue == 20  # every client fits in the queue: no 429 in a measurement
     assert served.target == args.target and served.draft == args.draft
+    # The bench's models get a short context, not the trained 32k; a server gets what its slots need.
+    assert served.ctx_size == BENCH_CONTEXT and model_options(args).ctx_size == BENCH_CONTEXT
+    assert build_parser().parse_args(["serve", *serve_argv(args, n_ctx=700)]).ctx_size == 700

@@ -92,6 +92,7 @@ def test_raw_stream_ends_with_done(url):
 
 def test_models_and_health(client, url):
     assert [m.id for m in client.models.list().data] == ["toy"]
+    assert client.models.list().data[0].max_model_len == 256  # the toy's context, as vLLM reports it
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}
 
 

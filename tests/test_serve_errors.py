@@ -194,3 +194,29 @@ def test_a_request_the_engine_refuses_before_generating_is_still_a_400():
             events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
         assert r.status_code == 200 and json.loads(events[0])["choices"][0]["index"] == 0
         assert json.loads(events[-2])["error"]["type"] == "invalid_request_error" and events[-1] == "[DONE]"
+
+
+def test_ctx_size_is_the_limit_models_reports_and_a_longer_prompt_gets_a_400(tmp_path):
+    """Assembled as `serve --ctx-size 128` assembles (a tiny GGUF trained for 256):
+    /v1/models says max_model_len 128, and a prompt over it gets the 400 with the numbers."""
+    pytest.importorskip("llama_cpp")
+    from specsample.assemble import ModelOptions, assemble
+    from specsample.serve.app import create_app
+    from specsample.serve.settings import Settings
+
+    from tiny_gguf import write_tiny_gguf
+
+    gguf = str(write_tiny_gguf(tmp_path / "tiny.gguf"))
+    models = assemble(ModelOptions(target=gguf, draft="ngram", threads=1, ctx_size=128))
+    app = create_app(models.target, models.drafter, models.drafter_name, Settings(model_name="tiny", k=3))
+    with running(app) as url:
+        assert httpx.get(url + "/v1/models").json()["data"][0]["max_model_len"] == 128
+        r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "a" * 150, "max_tokens": 4},
+                       timeout=10)
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["code"] == "context_length_exceeded"
+        assert "the prompt has 150 tokens, but this model's context of 128 tokens takes prompts of at most" \
+               in error["message"]
+        fits = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "a" * 100, "max_tokens": 4},
+                          timeout=10)
+        assert fits.status_code == 200  # 150 would fit the 256 it was trained for: the limit is --ctx-size

@@ -24,9 +24,10 @@ def byte_tokens() -> list[str]:
 
 
 def write_tiny_gguf(path: Path, specials=("<|endoftext|>", *QWEN_FIM), metadata: dict[str, int] | None = None,
-                    seed: int = 0) -> Path:
+                    seed: int = 0, context_length: int = 256) -> Path:
     """Token ids: bytes 0-255, the merge 256, then `specials` from 257 (the first is EOS);
-    `metadata`: extra integer keys (tokenizer.ggml.fim_pre_token_id ...)."""
+    `metadata`: extra integer keys (tokenizer.ggml.fim_pre_token_id ...); its trained
+    context, `context_length`."""
     import gguf
 
     tokens = byte_tokens() + ["Ġt"] + list(specials)
@@ -35,7 +36,7 @@ def write_tiny_gguf(path: Path, specials=("<|endoftext|>", *QWEN_FIM), metadata:
     weight = lambda *shape: rng.standard_normal(shape).astype(np.float32) * 0.5  # noqa: E731
     writer = gguf.GGUFWriter(path, arch="llama")
     writer.add_name("tiny-fim")
-    writer.add_context_length(256)
+    writer.add_context_length(context_length)
     writer.add_embedding_length(EMBED)
     writer.add_block_count(1)
     writer.add_feed_forward_length(FF)

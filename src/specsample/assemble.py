@@ -11,13 +11,15 @@ one per decoding setting: `Models.drafter(sampling)` is that function, and
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, fields
 
-from .backends import BACKENDS, load_backend, pick_backend
+from .backends import BACKENDS, load_backend, model_context, pick_backend
 from .backends.base import Backend, SeparateSequences, check_same_vocabulary
 from .backends.hf import DTYPES
 from .backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
 from .calibrate import cached_or_measured, cost_cache_path
+from .context_size import available_memory, choose_context
 from .control import make_policy, probe_context
 from .estimates import Costs
 from .drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
@@ -70,6 +72,9 @@ class ModelOptions:
     dtype: str = option("float32", "hf backend weights (default float32)", choices=tuple(DTYPES))
     device: str = option("cpu", "hf backend device: cpu, cuda, cuda:1 ...")
     threads: int | None = option(None, "CPU threads for torch and llama.cpp (default: all cores)", type=int)
+    ctx_size: int = option(0, "tokens of context per sequence, for target and draft alike; 0: the trained context, "
+                              "lowered so the KV caches take at most half the memory available (a note on stderr "
+                              "says what was chosen); over the trained context: refused (default %(default)s)")
     ngram_max: int = option(3, "longest n-gram the lookup matches")
     batch_invariant: bool = option(False, "llamacpp target: kernels whose logits do not depend on how many tokens "
                                           "a call scores, so speculative and plain decoding see the same numbers "
@@ -148,11 +153,12 @@ def assemble(options: ModelOptions, drafting: bool = True, sequences: int = 1) -
     """Load the target and, when drafting, the draft model (none for "ngram"), each
     holding `sequences` sequences at once (the server's slots, batching.py)."""
     target_engine, draft_engine = check_options(options, drafting)
+    n_ctx = context_size(options, target_engine, draft_engine, sequences)
     if options.threads:
         import torch
 
         torch.set_num_threads(options.threads)
-    kw = dict(device=options.device, dtype=options.dtype, threads=options.threads)
+    kw = dict(device=options.device, dtype=options.dtype, threads=options.threads, n_ctx=n_ctx)
     target_quant = None if options.target_quant == "none" else options.target_quant
     kw["sequences"] = sequences if target_engine == "llamacpp" else 1
     target = hold_sequences(load_backend(options.target, target_engine, quant=target_quant,
@@ -170,6 +176,23 @@ def assemble(options: ModelOptions, drafting: bool = True, sequences: int = 1) -
 
         restrict_draft_vocabulary(draft, options.draft_vocab, cache_dir())
     return Models(target, hold_sequences(draft, sequences), lookup=options.lookup, ngram_max=options.ngram_max)
+
+
+def context_size(options: ModelOptions, target_engine: str, draft_engine: str | None, sequences: int) -> int:
+    """The context of every sequence of target and draft (context_size.choose_context),
+    from the models' headers or configs, before either loads; its note on stderr."""
+    where = dict(device=options.device, dtype=options.dtype)
+    models = [model_context(options.target, target_engine, **where)]
+    if draft_engine is not None:
+        models.append(model_context(options.draft, draft_engine, **where))
+    try:
+        n_ctx, note = choose_context(options.ctx_size, models, sequences,
+                                     {pool: available_memory(pool) for pool in {m.pool for m in models}})
+    except ValueError as e:
+        raise OptionError(str(e)) from None
+    if note:
+        print(f"specsample: {note}", file=sys.stderr, flush=True)
+    return n_ctx
 
 
 def hold_sequences(backend: Backend, sequences: int) -> Backend:

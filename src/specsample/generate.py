@@ -220,8 +220,8 @@ def stream(
     for role, backend in (("target", target), ("draft", draft_backend)):
         if backend is None:
             continue
-        # Every model in the round holds the text so far plus drafts; a llama.cpp draft
-        # (n_ctx 4096) behind a long-context target fails first.
+        # Every model in the round holds the text so far plus drafts; a draft loaded
+        # with a shorter context than its target's fails first.
         if config.max_new_tokens > new_token_room(backend.context_length, len(prompt_ids), policy.k_max):
             raise ValueError(
                 f"prompt of {len(prompt_ids)} tokens plus {config.max_new_tokens} new tokens and "

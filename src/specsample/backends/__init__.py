@@ -30,14 +30,46 @@ def pick_backend(name: str, backend: str = "auto", device: str = "cpu") -> str:
     return "hf"
 
 
+def model_context(name: str, backend: str = "auto", *, device: str = "cpu", dtype: str = "float32"):
+    """What the model `name` asks of a context on `backend` (context_size.ModelContext),
+    read before loading it: from its GGUF header, else its transformers config."""
+    from ..context_size import config_context, gguf_context
+
+    backend = pick_backend(name, backend, device)
+    if backend in ENGINE_PACKAGES:
+        require_engine(backend)  # as load_backend: a missing package before a file is read
+    model = resolve(name)
+    if backend == "llamacpp" and model.gguf_path is None:
+        raise ModelError(f"the llamacpp backend needs a .gguf file, and {name} is not one")
+    from .hf import DTYPES  # torch's dtypes; transformers is imported only for a config below
+
+    if backend == "hf" and dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    # llama.cpp keeps its cache in f16 and on the host; transformers in the model's dtype, on its device.
+    value_bytes, pool = (2, "memory") if backend == "llamacpp" else \
+        (DTYPES[dtype].itemsize, "memory" if device == "cpu" else device)
+    if model.gguf_path is not None:
+        from .gguf_header import gguf_metadata
+
+        return gguf_context(model.name, gguf_metadata(model.gguf_path), value_bytes, pool)
+    from transformers import AutoConfig
+
+    if model.hub:
+        check_hub_reachable(model.location)
+    return config_context(model.name, AutoConfig.from_pretrained(model.location), value_bytes, pool)
+
+
 def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype: str = "float32",
                  threads: int | None = None, quant: str | None = None, batch_invariant: bool = False,
-                 sequences: int = 1):
+                 sequences: int = 1, n_ctx: int | None = None):
     """A ready backend for a model name: short name, .gguf path, directory or hub id.
     `quant` (llama.cpp only): re-encode the GGUF file to this type first (cached).
     `batch_invariant` (llama.cpp only): logits that do not depend on the call's size.
     `sequences` (llama.cpp): how many it holds at once, in one context (batching.py);
-    an hf model gets its sequences from assemble.hold_sequences."""
+    an hf model gets its sequences from assemble.hold_sequences.
+    `n_ctx`: each sequence's context, at most the trained one (assemble chooses it,
+    context_size.py); None: 4096 on llama.cpp, which allocates its cache at load, the
+    trained context on hf, whose cache grows with use."""
     backend = pick_backend(name, backend, device)
     if backend in ENGINE_PACKAGES:
         require_engine(backend)
@@ -54,18 +86,17 @@ def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype
             key = model.sha256[:16] if model.sha256 else f"{model.gguf_path.stat().st_size}-{int(model.gguf_path.stat().st_mtime)}"
             converted = cache_dir() / "converted" / f"{model.gguf_path.stem}-{key}-{dtype}"
         return load_hf(model.location, model.gguf_file, device=device, dtype=dtype, name=model.name,
-                       converted_dir=converted)
+                       converted_dir=converted, n_ctx=n_ctx)
     if backend == "llamacpp":
         if model.gguf_path is None:
             raise ModelError(f"the llamacpp backend needs a .gguf file, and {name} is not one")
-        from .llamacpp import load_llamacpp
+        from .llamacpp import LLAMACPP_CONTEXT, load_llamacpp
 
+        kw = dict(threads=threads, batch_invariant=batch_invariant, sequences=sequences, n_ctx=n_ctx or LLAMACPP_CONTEXT)
         if quant:
             from .reencode import load_reencoded
 
             label = f"{model.name}-{quant}"
-            return load_reencoded(model.gguf_path, quant, lambda path: load_llamacpp(
-                path, name=label, threads=threads, batch_invariant=batch_invariant, sequences=sequences))
-        return load_llamacpp(model.gguf_path, name=model.name, threads=threads, batch_invariant=batch_invariant,
-                             sequences=sequences)
+            return load_reencoded(model.gguf_path, quant, lambda path: load_llamacpp(path, name=label, **kw))
+        return load_llamacpp(model.gguf_path, name=model.name, **kw)
     raise ModelError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")

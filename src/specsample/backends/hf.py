@@ -107,7 +107,7 @@ class HFTokenizer:
 class HFBackend(Backend):
     engine = "hf"
 
-    def __init__(self, model, tokenizer: HFTokenizer | None = None, name: str = "hf-model"):
+    def __init__(self, model, tokenizer: HFTokenizer | None = None, name: str = "hf-model", n_ctx: int | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -119,7 +119,9 @@ class HFBackend(Backend):
             self.fim = tokenizer.fim_format()
         if self.vocab_size > config.vocab_size:
             raise ValueError(f"{name}: tokenizer has {self.vocab_size} tokens but the model only {config.vocab_size} logits")
-        self.context_length = getattr(config, "max_position_embeddings", None) or 2048
+        # The cache grows with use; n_ctx (--ctx-size) caps what a generation may fill.
+        trained = getattr(config, "max_position_embeddings", None) or 2048
+        self.context_length = min(n_ctx, trained) if n_ctx else trained
         self.eos_token_ids = frozenset(_eos_ids(model, tokenizer) | _fim_ends(self.fim))
         self.cache = None
         # False for recurrent models: the loop can refuse a drafter before any output.
@@ -133,7 +135,7 @@ class HFBackend(Backend):
 
     def sibling(self) -> "HFBackend":
         """Another sequence on the same weights (and vocabulary cut): a cache of its own."""
-        other = HFBackend(self.model, self.tokenizer, self.name)
+        other = HFBackend(self.model, self.tokenizer, self.name, self.context_length)
         other._kept = self._kept
         return other
 
@@ -250,6 +252,7 @@ def load_hf(
     dtype: str = "float32",
     name: str | None = None,
     converted_dir: Path | None = None,
+    n_ctx: int | None = None,
 ) -> HFBackend:
     """Load a hub id, a local directory, or a GGUF file (dequantised by transformers).
 
@@ -273,7 +276,7 @@ def load_hf(
     if gguf_file is not None and converted_dir is not None:
         _save_dequantised(model, tokenizer, converted_dir)
     model.to(device)
-    backend = HFBackend(model, HFTokenizer(tokenizer), name=name or Path(gguf_file or path_or_id).name)
+    backend = HFBackend(model, HFTokenizer(tokenizer), name=name or Path(gguf_file or path_or_id).name, n_ctx=n_ctx)
     # Identifies this model, dtype, device and thread count in the controller's cost cache.
     where = hashlib.sha256(str(Path(path_or_id).resolve() if Path(path_or_id).exists() else path_or_id).encode())
     backend.cost_key = f"hf-{backend.name}-{where.hexdigest()[:12]}-{dtype}-{device}-t{torch.get_num_threads()}"

@@ -155,11 +155,14 @@ def with_bos(ids: list[int], bos: int, add_bos: bool) -> list[int]:
     return ids
 
 
+LLAMACPP_CONTEXT = 4096  # a library caller's context when it names none (assemble chooses one: context_size.py)
+
+
 class LlamaCppBackend(Backend):
     engine = "llamacpp"
 
-    def __init__(self, path: Path, *, name: str | None = None, threads: int | None = None, n_ctx: int = 4096,
-                 n_batch: int = 512, share_cores: bool = True, batch_invariant: bool = False, sequences: int = 1):
+    def __init__(self, path: Path, *, name: str | None = None, threads: int | None = None,
+                 n_ctx: int = LLAMACPP_CONTEXT, n_batch: int = 512, share_cores: bool = True, batch_invariant: bool = False, sequences: int = 1):
         lib = _llama()
         self._lib = lib
         self.name = name or Path(path).name
@@ -293,5 +296,6 @@ class LlamaCppBackend(Backend):
 
 
 def load_llamacpp(path: Path, *, name: str | None = None, threads: int | None = None,
-                  batch_invariant: bool = False, sequences: int = 1) -> LlamaCppBackend:
-    return LlamaCppBackend(path, name=name, threads=threads, batch_invariant=batch_invariant, sequences=sequences)
+                  batch_invariant: bool = False, sequences: int = 1, n_ctx: int = LLAMACPP_CONTEXT) -> LlamaCppBackend:
+    return LlamaCppBackend(path, name=name, threads=threads, batch_invariant=batch_invariant, sequences=sequences,
+                           n_ctx=n_ctx)

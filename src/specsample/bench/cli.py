@@ -47,6 +47,10 @@ PRESETS = {
 # --serve: short HumanEval completions and long explanations (decoding dominates), both
 # settings, 8 requests from 4 clients per server, on 1 and 4 slots (--clients, --slots).
 SERVE_DEFAULTS = dict(tasks="humaneval,explain", modes="auto", prompts="8")
+# The bench's prompts and answers are short: its models are loaded with this context, not the
+# trained 32k (whose KV caches would cost ~1.3 GB and their clearing time at every load);
+# --serve's servers get what their longest prompt and answer need, as llama-server does.
+BENCH_CONTEXT = 4096
 
 
 def add_bench_parser(subparsers) -> None:
@@ -91,7 +95,7 @@ def add_bench_parser(subparsers) -> None:
     b.add_argument("--contention", action="store_true",
                    help="measure instead how two model processes at once slow each other, with and without "
                         "specsample's core sharing, writing contention.md")
-    b.set_defaults(func=cmd_bench)
+    b.set_defaults(func=cmd_bench, ctx_size=BENCH_CONTEXT)
 
 
 def resolve_options(args) -> argparse.Namespace:
@@ -179,10 +183,13 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bo
     prompts = prepare(target, config.tasks, counts)
     parity_count = config.parity_prompts if parity else 0
     parity_prompts = prepare(target, ("humaneval",), {"humaneval": parity_count})["humaneval"] if parity_count else []
-    curve = _cost_curve(target, draft, prompts, max(ks) + 1 if "spec" in families else 1, args.cost_reps)
     longest = max(len(p.ids) for group in list(prompts.values()) + [parity_prompts] for p in group)
     most_tokens = max(config.new_tokens(t) for t in config.tasks + ("humaneval",))
     n_ctx = longest + most_tokens + max(ks + peer_ks) + 16
+    if n_ctx > target.context_length:  # before the cost curve's minute, not at the first long prompt
+        raise UsageError(f"these prompts and answers need {n_ctx} tokens of context, and the target was loaded with "
+                         f"{target.context_length}: give --ctx-size {n_ctx} (or a smaller --max-new-tokens)")
+    curve = _cost_curve(target, draft, prompts, max(ks) + 1 if "spec" in families else 1, args.cost_reps)
     gguf = getattr(target, "path", None) if _is_llamacpp(target) else None
     try:
         server, no_server = _start_server(args, families, n_ctx, max(ks + peer_ks), gguf, loaded_draft=draft), None
@@ -268,7 +275,8 @@ def cmd_serve_load(args) -> int:
             print(f"specsample: target {label}", file=sys.stderr, flush=True)
         llama_server = partial(_start_server, args, ["llamacpp-spec"], n_ctx, max(peer_ks), gguf)
         got, run_notes, got_splits = run_serving(served_modes(families, ks, peer_ks), load, slots,
-                                                 model_argv=serve_argv(args, quant), llama_server=llama_server)
+                                                 model_argv=serve_argv(args, quant, n_ctx),
+                                                 llama_server=llama_server)
         records += [replace(r, target=label) for r in got]
         splits += [replace(s, target=label) for s in got_splits]
         notes += [f"{label}: {n}" if len(types) > 1 else n for n in run_notes]
@@ -310,11 +318,12 @@ def cmd_contention(args, reps: int = 6, tokens: int = 32) -> int:
     return 0
 
 
-def serve_argv(args, target_quant: str | None = None) -> list[str]:
+def serve_argv(args, target_quant: str | None = None, n_ctx: int | None = None) -> list[str]:
     """This run's model arguments for a `specsample serve` child process (the target
-    re-encoded as target_quant says, when given), with a queue that holds every client
-    and never times out."""
-    options = model_options(args) if target_quant is None else replace(model_options(args), target_quant=target_quant)
+    re-encoded as target_quant says, when given; each slot's context n_ctx, when given),
+    with a queue that holds every client and never times out."""
+    options = replace(model_options(args), target_quant=target_quant or args.target_quant,
+                      ctx_size=n_ctx or args.ctx_size)
     queue = max(16, *_counts(args.clients, "--clients"))
     return options.argv() + ["--max-queue", str(queue), "--queue-timeout", "3600"]
 

@@ -210,7 +210,10 @@ async def _stream(follower: Follower, reply: Reply | InfillReply, include_usage:
 
 async def list_models(request: Request) -> Response:
     server: Server = request.app.state.server
-    model = {"id": server.settings.model_name, "object": "model", "created": 0, "owned_by": "specsample"}
+    # max_model_len, as vLLM reports it: the tokens a prompt and its answer may take together
+    # (--ctx-size), so that a client can trim its prompt before a 400 says so.
+    model = {"id": server.settings.model_name, "object": "model", "created": 0, "owned_by": "specsample",
+             "max_model_len": server.target.context_length}
     return JSONResponse({"object": "list", "data": [model]})
 
 
