@@ -25,8 +25,13 @@ DRAFT = ModelContext("draft", 32768, 12288)
 @pytest.mark.parametrize("requested,models,sequences,available,size,note", [
     # auto: the trained context where its caches take at most half the memory
     (0, [TARGET, DRAFT], 1, 22 * GB, 32768, "trained context (1.34 GB of KV cache for 1 sequence, 22.00 GB"),
-    # auto, lowered: the docstring's worked example, 8 slots in 5.5 GB
-    (0, [TARGET, DRAFT], 8, int(5.5 * GB), 8192, "lowered from the trained 32768"),
+    # auto, lowered: the docstring's worked example, 2 slots sharing 32768 in 2 GB
+    (0, [TARGET, DRAFT], 2, 2 * GB, 12032, "lowered from the trained 32768"),
+    # auto on many slots: the trained context shared among them, never below 4096 each
+    (0, [TARGET, DRAFT], 4, 22 * GB, 8192, "trained 32768 shared among 4 sequences"),
+    (0, [TARGET, DRAFT], 8, 22 * GB, 4096, "shared among 8 sequences"),
+    (0, [TARGET, DRAFT], 16, 22 * GB, 4096, "shared among 16 sequences"),
+    (0, [ModelContext("small", 2048, 100)], 8, 22 * GB, 2048, "small's trained context"),
     # the shortest trained context of the pair rules
     (0, [TARGET, ModelContext("draft", 2048, 12288)], 1, 22 * GB, 2048, "draft's trained context"),
     # a model whose cache size is unknown gets its trained context

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 KV_SHARE = 2  # the KV caches may take 1/KV_SHARE of the memory available at load: the rest for
               # the weights (mapped from the files, counted as available until read), compute
               # buffers and everything else on the machine
+SLOT_FLOOR = 4096  # the least an automatic context gives each of several sequences
 ROUND = 256  # an automatic context is a multiple of this (llama.cpp pads its cache to 256 cells)
 
 
@@ -36,22 +37,28 @@ def choose_context(requested: int, models: list[ModelContext], sequences: int,
                    available: dict[str, int]) -> tuple[int, str | None]:
     """The context of every sequence, and a note for stderr (None: nothing to say).
 
-    requested 0 ("auto"): the shortest trained context among the models, lowered where
-    their KV caches for `sequences` sequences would take more than 1/KV_SHARE of the
-    memory `available` in their pool. An explicit size over a trained context is
+    requested 0 ("auto"): the shortest trained context among the models, shared among
+    `sequences` sequences as llama-server shares its -c among its slots, each getting
+    at least SLOT_FLOOR tokens (or the trained context where that is shorter); then
+    lowered where their KV caches would take more than 1/KV_SHARE of the memory
+    `available` in their pool. Sharing keeps a many-slot server's cache (and its load,
+    which clears it) at one trained context's size: 8 slots of the full 32k took
+    10.7 GB and a 48 s load on this project's machine. One sequence, as an agent's
+    client on a --parallel 1 server, gets the whole trained context. An explicit size over a trained context is
     refused (a ValueError): positions past it were never trained, so a model's output
     there is noise; one over the memory share is kept, with a warning.
 
-    Worked example: the default pair on 8 slots is (28,672 + 12,288) x 8 = 327,680
-    bytes a token; with 5.5 GB available, 2.75 GB / 327,680 = 8,392 tokens, so the
-    context is 8,192 (a multiple of 256), not the trained 32,768."""
+    Worked example: the default pair on 2 slots gets 32,768 / 2 = 16,384 tokens each,
+    (28,672 + 12,288) x 2 = 81,920 bytes a token; with 2 GB available, 1 GB / 81,920 =
+    12,207 tokens, so the context is 12,032 (a multiple of 256). On 8 slots each gets
+    the floor, 4,096."""
     if requested < 0:
         raise ValueError(f"--ctx-size takes 0 (auto) or a number of tokens, got {requested}")
     shortest = min(models, key=lambda m: m.trained)
     if requested > shortest.trained:
         raise ValueError(f"--ctx-size {requested} is over {shortest.name}'s trained context of {shortest.trained} "
                          f"tokens; give at most {shortest.trained} (or 0 for auto)")
-    size = requested or shortest.trained
+    size = requested or shared(shortest.trained, sequences)
     pool, fits = tightest_pool(models, sequences, available)
     if fits is None:
         return size, None if requested else f"context {size} tokens, the trained context (KV cache size unknown)"
@@ -68,8 +75,18 @@ def choose_context(requested: int, models: list[ModelContext], sequences: int,
                                                 f"take: the load may fail or swap"
     if size == shortest.trained:
         return size, f"context {size} tokens, {shortest.name}'s trained context ({where})"
+    if size == shared(shortest.trained, sequences):
+        return size, (f"context {size} tokens a sequence, {shortest.name}'s trained {shortest.trained} shared among "
+                      f"{sequences} sequences ({where}); --ctx-size sets it")
     return size, (f"context {size} tokens, lowered from the trained {shortest.trained} so the KV caches take at "
                   f"most 1/{KV_SHARE} of the memory ({where}); --ctx-size sets it")
+
+
+def shared(trained: int, sequences: int) -> int:
+    """Each sequence's share of a trained context: at least SLOT_FLOOR tokens (or all
+    of a shorter trained context), a multiple of ROUND."""
+    share = max(trained // sequences // ROUND * ROUND, SLOT_FLOOR)
+    return min(trained, share)
 
 
 def tightest_pool(models: list[ModelContext], sequences: int, available: dict[str, int]) -> tuple[str, int | None]:
