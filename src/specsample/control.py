@@ -191,7 +191,7 @@ class AdaptiveController:
 
     def _all_plain(self, others: Posted) -> float:
         """The batch's rate if every sequence in it took a plain step: the way out of a
-        herd (below)."""
+        herd (the module docstring)."""
         n = len(self.load)
         return n / self._seconds(0, None, 0, others=Posted(n - 1, n - 1.0, 0))
 
