@@ -73,8 +73,9 @@ class ModelOptions:
     device: str = option("cpu", "hf backend device: cpu, cuda, cuda:1 ...")
     threads: int | None = option(None, "CPU threads for torch and llama.cpp (default: all cores)", type=int)
     ctx_size: int = option(0, "tokens of context per sequence, for target and draft alike; 0: the trained context, "
-                              "lowered so the KV caches take at most half the memory available (a note on stderr "
-                              "says what was chosen); over the trained context: refused (default %(default)s)")
+                              "shared among the sequences held at once (at least 4096 each) and lowered so the KV "
+                              "caches take at most half the memory available (a note on stderr says what was "
+                              "chosen); over the trained context: refused (default %(default)s)")
     ngram_max: int = option(3, "longest n-gram the lookup matches")
     batch_invariant: bool = option(False, "llamacpp target: kernels whose logits do not depend on how many tokens "
                                           "a call scores, so speculative and plain decoding see the same numbers "

@@ -30,17 +30,25 @@ def pick_backend(name: str, backend: str = "auto", device: str = "cpu") -> str:
     return "hf"
 
 
+def _engine_and_model(name: str, backend: str, device: str):
+    """The engine that serves `name` and the model resolved, with the checks both
+    reading its header and loading it make first: the engine's package, before any
+    file is read, and a .gguf file for llama.cpp."""
+    backend = pick_backend(name, backend, device)
+    if backend in ENGINE_PACKAGES:
+        require_engine(backend)
+    model = resolve(name)
+    if backend == "llamacpp" and model.gguf_path is None:
+        raise ModelError(f"the llamacpp backend needs a .gguf file, and {name} is not one")
+    return backend, model
+
+
 def model_context(name: str, backend: str = "auto", *, device: str = "cpu", dtype: str = "float32"):
     """What the model `name` asks of a context on `backend` (context_size.ModelContext),
     read before loading it: from its GGUF header, else its transformers config."""
     from ..context_size import config_context, gguf_context
 
-    backend = pick_backend(name, backend, device)
-    if backend in ENGINE_PACKAGES:
-        require_engine(backend)  # as load_backend: a missing package before a file is read
-    model = resolve(name)
-    if backend == "llamacpp" and model.gguf_path is None:
-        raise ModelError(f"the llamacpp backend needs a .gguf file, and {name} is not one")
+    backend, model = _engine_and_model(name, backend, device)
     from .hf import DTYPES  # torch's dtypes; transformers is imported only for a config below
 
     if backend == "hf" and dtype not in DTYPES:
@@ -70,10 +78,7 @@ def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype
     `n_ctx`: each sequence's context, at most the trained one (assemble chooses it,
     context_size.py); None: 4096 on llama.cpp, which allocates its cache at load, the
     trained context on hf, whose cache grows with use."""
-    backend = pick_backend(name, backend, device)
-    if backend in ENGINE_PACKAGES:
-        require_engine(backend)
-    model = resolve(name)
+    backend, model = _engine_and_model(name, backend, device)
     if backend == "hf":
         if batch_invariant:
             raise ModelError("--batch-invariant is a llama.cpp setting; the hf backend has none")
@@ -88,8 +93,6 @@ def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype
         return load_hf(model.location, model.gguf_file, device=device, dtype=dtype, name=model.name,
                        converted_dir=converted, n_ctx=n_ctx)
     if backend == "llamacpp":
-        if model.gguf_path is None:
-            raise ModelError(f"the llamacpp backend needs a .gguf file, and {name} is not one")
         from .llamacpp import LLAMACPP_CONTEXT, load_llamacpp
 
         kw = dict(threads=threads, batch_invariant=batch_invariant, sequences=sequences, n_ctx=n_ctx or LLAMACPP_CONTEXT)
