@@ -25,6 +25,8 @@ END = WORDS.index("<end>")
 class WordTokenizer:
     """One token per word; each decodes as " word", so text grows token by token."""
 
+    chat_template = None  # no tool-call format: a request with tools is refused
+
     def encode(self, text: str) -> list[int]:
         return [WORDS.index(w) if w in WORDS else 0 for w in text.split()]
 
@@ -34,7 +36,7 @@ class WordTokenizer:
     def chat_prompt(self, text: str) -> list[int]:
         return self.chat_messages([{"role": "user", "content": text}])
 
-    def chat_messages(self, messages: list[dict]) -> list[int]:
+    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         ids = []
         for m in messages:
             ids += [WORDS.index(f"<{m['role']}>")] + self.encode(m["content"]) + [END]
@@ -106,6 +108,21 @@ def toy_app(drafter: str = "model", eos: bool = True, context_length: int = 256,
               "ngram": Models(target, lookup=True), "none": Models(target)}[drafter]
     settings = Settings(model_name="toy", **{"k": 3, **settings})
     return create_app(target, models.drafter, models.drafter_name, settings, models.draft), target
+
+
+@contextlib.contextmanager
+def served_pair(make_backend):
+    """A server of make_backend(0) drafted by make_backend(1, "draft") (toy.byte_backend
+    and its kin), k = 3, as model "toy": its base URL, and an openai client of it."""
+    from openai import OpenAI
+
+    from specsample.drafters import ModelDrafter
+
+    draft = make_backend(1, "draft")
+    app = create_app(make_backend(0), lambda sampling, slot: ModelDrafter(slot or draft, sampling), draft.name,
+                     Settings(model_name="toy", k=3))
+    with running(app) as base:
+        yield base, OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 @contextlib.contextmanager

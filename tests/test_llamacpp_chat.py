@@ -27,7 +27,7 @@ class StubTokenizer(LlamaCppTokenizer):
     """LlamaCppTokenizer's chat logic over a vocabulary of whitespace-separated words."""
 
     def __init__(self, template: str, add_bos: bool):
-        self._template, self._bos, self._add_bos = template, 0, add_bos
+        self.chat_template, self._bos, self._add_bos = template, 0, add_bos
         self._special_text = {"bos_token": "<s>", "eos_token": "</s>"}
 
     def encode(self, text: str, special: bool = False) -> list[int]:
@@ -72,7 +72,7 @@ class ChatMLStub(LlamaCppTokenizer):
     parse_special); any other character is a token of its own."""
 
     def __init__(self, template: str = CHATML):
-        self._template, self._bos, self._add_bos = template, -1, False
+        self.chat_template, self._bos, self._add_bos = template, -1, False
         self._special_text = {"bos_token": "", "eos_token": "<|im_end|>"}
 
     def encode(self, text: str, special: bool = False) -> list[int]:
@@ -105,3 +105,29 @@ def test_a_template_that_rewrites_content_refuses_special_token_text():
     assert ChatMLStub(upper).chat_messages(chat("hi")).count(IM_START) == 3
     with pytest.raises(ChatTemplateError, match="special-token text"):
         ChatMLStub(upper).chat_messages(chat(INJECTION))
+
+
+# ChatML with tools, as Qwen 2.5 writes them into its system turn.
+CHATML_TOOLS = ("{% if tools %}<|im_start|>system\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}<|im_end|>\n"
+                "{% endif %}" + CHATML)
+TOOL = {"type": "function", "function": {"name": "f", "description": "a < b & 'c'", "parameters": {"z": 1, "a": 2}}}
+
+
+def test_tools_are_written_as_transformers_writes_them():
+    """Keys in their order and no HTML escapes (jinja2's own tojson sorts keys and
+    writes < as \\u003c): the layout the model saw its tools in."""
+    text = render_chat(CHATML_TOOLS, chat("hi"), tools=[TOOL])
+    assert '{"type": "function", "function": {"name": "f", "description": "a < b & \'c\'", ' \
+           '"parameters": {"z": 1, "a": 2}}}' in text
+    assert render_chat(CHATML_TOOLS, chat("hi")) == render_chat(CHATML, chat("hi"))  # no tools: as before
+
+
+def test_tools_and_earlier_calls_cannot_smuggle_special_tokens():
+    stub = ChatMLStub(CHATML_TOOLS)
+    assert stub.chat_messages(chat("hi"), [TOOL]).count(IM_START) == 4
+    smuggled = {**TOOL, "function": {**TOOL["function"], "description": INJECTION}}
+    with pytest.raises(ChatTemplateError, match="tool's definition holds special-token text"):
+        stub.chat_messages(chat("hi"), [smuggled])
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"x": INJECTION}}}
+    with pytest.raises(ChatTemplateError, match="earlier tool call holds special-token text"):
+        stub.chat_messages(chat("hi") + [{"role": "assistant", "content": "", "tool_calls": [call]}], [TOOL])

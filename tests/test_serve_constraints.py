@@ -7,16 +7,13 @@ import json
 import httpx
 import jsonschema
 import pytest
-from openai import OpenAI
 
 from specsample.constraints import Constraint
 from specsample.drafters import ModelDrafter
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig
-from specsample.serve.app import create_app
-from specsample.serve.settings import Settings
 
-from serve_helpers import running
+from serve_helpers import served_pair
 from toy import byte_backend
 
 pytestmark = pytest.mark.system
@@ -33,17 +30,19 @@ PROMPT = "weather today? "
 
 
 @pytest.fixture(scope="module")
-def url():
-    draft = byte_backend(1, "draft")
-    app = create_app(byte_backend(0), lambda sampling, slot: ModelDrafter(slot or draft, sampling), draft.name,
-                     Settings(model_name="toy", k=3))
-    with running(app) as base:
-        yield base
+def served():
+    with served_pair(byte_backend) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
-def client(url):
-    return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+def url(served):
+    return served[0]
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return served[1]
 
 
 def direct(ids, constraint, seed, temperature=1.0, max_tokens=80):

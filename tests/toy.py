@@ -224,8 +224,11 @@ class PieceTokenizer:
     to nothing. Encoding takes the longest piece first. Builds the grammar engine's
     tokenizer from the pieces, as the real backends build it from their vocabularies."""
 
-    def __init__(self, pieces: list[bytes], eos: int):
+    chat_template = None
+
+    def __init__(self, pieces: list[bytes], eos: int, special: frozenset[int] = frozenset()):
         self.pieces, self.eos = pieces, eos
+        self.special = special | {eos}  # tokens the grammar engine holds as special (as llama.cpp's <tool_call>)
 
     def encode(self, text: str) -> list[int]:
         data, out, i = text.encode(), [], 0
@@ -242,7 +245,7 @@ class PieceTokenizer:
     def chat_prompt(self, text: str) -> list[int]:
         return self.encode(text)
 
-    def chat_messages(self, messages: list[dict]) -> list[int]:
+    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         return self.encode("".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: ")
 
     def grammar_tokenizer(self, eos_token_ids):
@@ -251,8 +254,8 @@ class PieceTokenizer:
         tokenizer = self
 
         class Wrapped:
-            tokens = [b"\xff" + p if t == self.eos else p for t, p in enumerate(self.pieces)]
-            eos_token_id, bos_token_id, special_token_ids = self.eos, None, [self.eos]
+            tokens = [b"\xff" + p if t in self.special else p for t, p in enumerate(self.pieces)]
+            eos_token_id, bos_token_id, special_token_ids = self.eos, None, sorted(self.special)
 
             def __call__(self, text):
                 return tokenizer.encode(text.decode() if isinstance(text, bytes) else text)
@@ -357,3 +360,35 @@ class CrossTalk(TrigramSequences):
             other = lasts[(i + 1) % len(lasts)]
             leaked.append(r + 1.5 * torch.nn.functional.one_hot(torch.tensor(other), self.vocab_size))
         return leaked
+
+
+# A chat template that shows its model Hermes-style tool calls (tools.py reads the
+# format from it), rendered by the llama.cpp backend's renderer.
+TOOL_TEMPLATE = """{%- if tools %}tools:{% for tool in tools %} {{ tool | tojson }}{% endfor %}
+Call a tool as <tool_call>
+{"name": <name>, "arguments": <args>}
+</tool_call>
+{% endif %}
+{%- for m in messages %}{{ m.role }}: {% if m.content %}{{ m.content }}{% endif %}
+{%- for c in m.tool_calls or [] %}<tool_call>
+{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}
+</tool_call>{% endfor %}{{ "\\n" }}
+{%- endfor %}assistant: """
+
+
+class ToolTokenizer(PieceTokenizer):
+    chat_template = TOOL_TEMPLATE
+
+    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        from specsample.backends.chat import chat_token_ids
+        from specsample.backends.llamacpp import render_chat
+
+        return chat_token_ids(lambda chat: render_chat(TOOL_TEMPLATE, chat, tools=tools), messages,
+                              lambda text, special: self.encode(text), tools)
+
+
+def tool_backend(seed: int, name: str = "bytes") -> BigramBackend:
+    """byte_backend with a chat template that takes tools."""
+    b = byte_backend(seed, name)
+    b.tokenizer = ToolTokenizer(BYTE_PIECES, BYTE_EOS)
+    return b

@@ -24,6 +24,8 @@ class CallRecord:
 
 
 class Tokenizer(Protocol):
+    chat_template: str | None  # the model's own (jinja), None without one; tools.py reads its tool-call format
+
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, token_ids: list[int]) -> str: ...
@@ -37,8 +39,10 @@ class Tokenizer(Protocol):
         """Token ids of a one-turn user chat, ready for the assistant's reply."""
         ...
 
-    def chat_messages(self, messages: list[dict]) -> list[int]:
-        """Token ids of a chat ({"role", "content"} dicts), ready for the assistant's reply."""
+    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a chat ({"role", "content"} dicts, and an assistant's earlier
+        "tool_calls"), ready for the assistant's reply; `tools` ({"type": "function",
+        "function": {...}} dicts) go to the chat template, which writes them in."""
         ...
 
 

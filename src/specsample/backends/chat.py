@@ -16,10 +16,14 @@ Worked example (ChatML): content `hi<|im_end|>` renders as
 and becomes tokens("<|im_start|>user\\n", special) + tokens("hi<|im_end|>", text)
 + tokens("<|im_end|>\\n<|im_start|>assistant\\n", special): two im_start tokens, as
 the template alone gives, however many the content spells out.
+
+Tools and the calls of earlier turns are written by the template as JSON among its
+markup, where no placeholder can stand: those holding special-token text are refused.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from typing import Callable
@@ -29,9 +33,15 @@ from .base import ChatTemplateError
 Encode = Callable[[str, bool], list[int]]  # (text, parse special tokens) -> token ids
 
 
-def chat_token_ids(render: Callable[[list[dict]], str], messages: list[dict], encode: Encode) -> list[int]:
-    """Token ids of `messages` rendered by `render` (the chat template), in which
-    only the template's own markup produces special tokens."""
+def chat_token_ids(render: Callable[[list[dict]], str], messages: list[dict], encode: Encode,
+                   tools: list[dict] | None = None) -> list[int]:
+    """Token ids of `messages` rendered by `render` (the chat template, given `tools`),
+    in which only the template's own markup produces special tokens."""
+    for what, value in [("a tool's definition", tools)] * bool(tools) + [
+            ("an earlier tool call", m["tool_calls"]) for m in messages if m.get("tool_calls")]:
+        if _spells_special(json.dumps(value, ensure_ascii=False), encode):
+            raise ChatTemplateError(f"{what} holds special-token text, which the chat template would write among "
+                                    "its markup: remove it")
     if not any(_spells_special(m.get("content"), encode) for m in messages):
         return encode(render(messages), True)
     nonce = secrets.token_hex(8)

@@ -71,16 +71,20 @@ class HFTokenizer:
     def chat_prompt(self, text: str) -> list[int]:
         return self.chat_messages([{"role": "user", "content": text}])
 
-    def chat_messages(self, messages: list[dict]) -> list[int]:
+    @property
+    def chat_template(self) -> str | None:
+        return self.hf.chat_template
+
+    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         if not self.hf.chat_template:
             raise ValueError("this model's tokenizer has no chat template")
-        return chat_token_ids(self._render, messages, self._tokens)
+        return chat_token_ids(lambda chat: self._render(chat, tools), messages, self._tokens, tools)
 
-    def _render(self, messages: list[dict]) -> str:
+    def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
         import jinja2
 
         try:
-            return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return self.hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"the chat template failed on these messages: {e}") from None
 

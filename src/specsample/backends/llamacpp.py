@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import json
 import os
 import sys
 from pathlib import Path
@@ -70,7 +71,7 @@ class LlamaCppTokenizer:
         self._lib = backend._lib
         self._owner = backend._loaded  # keeps self._vocab valid
         self._vocab = backend._vocab
-        self._template = backend.chat_template
+        self.chat_template = backend.chat_template
         lib, vocab = self._lib, self._vocab
         self._bos = lib.llama_vocab_bos(vocab)  # -1: none
         self._add_bos = bool(lib.llama_vocab_get_add_bos(vocab))
@@ -112,11 +113,11 @@ class LlamaCppTokenizer:
     def chat_prompt(self, text: str) -> list[int]:
         return self.chat_messages([{"role": "user", "content": text}])
 
-    def chat_messages(self, messages: list[dict]) -> list[int]:
-        if not self._template:
+    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        if not self.chat_template:
             raise ValueError("this GGUF file has no chat template")
-        render = lambda chat: render_chat(self._template, chat, **self._special_text)  # noqa: E731
-        return with_bos(chat_token_ids(render, messages, self.encode), self._bos, self._add_bos)
+        render = lambda chat: render_chat(self.chat_template, chat, tools=tools, **self._special_text)  # noqa: E731
+        return with_bos(chat_token_ids(render, messages, self.encode, tools), self._bos, self._add_bos)
 
 
 def vocab_fim(lib, vocab) -> FimFormat | None:
@@ -128,20 +129,27 @@ def vocab_fim(lib, vocab) -> FimFormat | None:
     return fim_from_ids(ids, bos if lib.llama_vocab_get_add_bos(vocab) and bos >= 0 else None)
 
 
-def render_chat(template: str, messages: list[dict], bos_token: str = "", eos_token: str = "") -> str:
+def render_chat(template: str, messages: list[dict], bos_token: str = "", eos_token: str = "",
+                tools: list[dict] | None = None) -> str:
     """A chat template rendered as transformers renders it: in jinja2's sandbox, with
-    the special tokens and the helpers templates call (raise_exception, strftime_now).
-    A template's own error is the messages being refused: a ChatTemplateError."""
+    the special tokens, the tools, and the helpers templates call (raise_exception,
+    strftime_now, and transformers' tojson: keys in their order, no HTML escapes, as
+    the model saw its tools written in training). A template's own error is the
+    messages being refused: a ChatTemplateError."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
         raise jinja2.TemplateError(message)
 
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
     try:
         return env.from_string(template).render(
-            messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token,
+            messages=messages, tools=tools, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token,
             raise_exception=raise_exception, strftime_now=lambda f: datetime.datetime.now().strftime(f))
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"the chat template failed on these messages: {e}") from None

@@ -251,8 +251,8 @@ def cmd_serve_load(args) -> int:
 
     load_at_start = os.getloadavg()[0]
     config = bench_config(args)
-    if any(TASKS[t].schema for t in config.tasks):
-        raise UsageError("--serve sends plain requests: run tasks with a JSON schema (structured) without --serve")
+    if any(TASKS[t].held for t in config.tasks):
+        raise UsageError("--serve sends plain requests: run tasks held to a grammar (structured, tools) without --serve")
     families = DEFAULT_SERVE_FAMILIES if args.modes == "auto" else _names(args.modes, SERVE_FAMILIES, "--serve mode")
     ks, peer_ks = draft_lengths(args)
     clients, slots = serve_axes(args)

@@ -2,8 +2,8 @@
 
 Every mode takes the same prompt token ids and decoding setting and returns an
 Outcome whose stats use GenerationStats.as_dict() keys (peers fill what they can).
-Modes that can hold an answer to a JSON schema say so (`structured`); the others sit
-out tasks that ask for one.
+Modes that can hold an answer to a JSON schema or a tool call say so (`structured`);
+the others sit out tasks that ask for one.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from ..constraints import Constraint
 from ..control import make_policy
 from ..generate import GenerationConfig, generate
 from ..sampling import SamplingConfig
+from ..tools import special_markers, tool_constraint
 from .native import LlamaServer, completion_request, parse_completion
 from .peer_sampling import peer_sampling
 from .tasks import first_stop
+from .tool_task import call_grammar, library_tools, target_format
 
 SETTINGS = {
     "greedy": SamplingConfig(temperature=0.0),
@@ -57,16 +59,21 @@ class OurMode:
         self.policy = make_policy(k or 1, k_max, target, draft if family in ("spec", "spec-auto") else None,
                                   drafts=family != "ar")
 
-    def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=(), schema=None) -> Outcome:
+    def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=(), schema=None, tools=()) -> Outcome:
         # spec-auto: the hybrid drafter (lookup alone without a draft model); spec: the
         # draft model alone; ngram: lookup alone; ar: none.
         draft = self.draft if self.family in ("spec", "spec-auto") else None
         drafter = make_drafter(draft, sampling, lookup=self.family in ("spec-auto", "ngram"), ngram_max=self.ngram_max)
         config = GenerationConfig(max_new_tokens=max_new_tokens, k=self.k or 1, sampling=sampling, seed=seed,
-                                  stop_strings=tuple(stop_strings),
-                                  constraint=None if schema is None else Constraint.json_schema(schema))
+                                  stop_strings=tuple(stop_strings), constraint=self._constraint(schema, tools))
         result = generate(self.target, prompt_ids, config, drafter, self.policy)
         return Outcome(result.token_ids, result.text, result.stop_reason, result.stats.as_dict())
+
+    def _constraint(self, schema, tools) -> Constraint | None:
+        if tools:
+            fmt = target_format(self.target)
+            return tool_constraint(library_tools(tools), fmt, "required", False, special_markers(self.target, fmt))
+        return None if schema is None else Constraint.json_schema(schema)
 
 
 class HFGenerateMode:
@@ -200,7 +207,8 @@ class LlamaCppMode:
 class LlamaServerMode:
     """llama.cpp's own speculative decoding (llama-server with a draft model), or the
     same server decoding plainly (k None): see native.py for what it measures. A
-    schema goes in its `json_schema` field (llama.cpp turns it into a grammar)."""
+    schema goes in its `json_schema` field (llama.cpp turns it into a grammar), tools
+    in its `grammar` field as GBNF of the same calls."""
 
     structured = True
 
@@ -208,8 +216,9 @@ class LlamaServerMode:
         self.name, self.server, self.k = name, server, k
         self.family = "llamacpp-spec" if k else "llamacpp-server"
 
-    def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=(), schema=None) -> Outcome:
-        body = completion_request(prompt_ids, max_new_tokens, sampling, seed, stop_strings, self.k, schema)
+    def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=(), schema=None, tools=()) -> Outcome:
+        body = completion_request(prompt_ids, max_new_tokens, sampling, seed, stop_strings, self.k, schema,
+                                  call_grammar(tools) if tools else None)
         parsed = parse_completion(self.server.complete(body))
         return Outcome(parsed["token_ids"], parsed["text"], parsed["stop_reason"], parsed["stats"])
 

@@ -108,10 +108,11 @@ def _run(cmd: list[str], timeout: float) -> None:
 
 
 def completion_request(prompt_ids: list[int], max_new_tokens: int, sampling, seed: int, stop_strings, k: int | None,
-                       json_schema: dict | None = None) -> dict:
+                       json_schema: dict | None = None, grammar: str | None = None) -> dict:
     """A /completion body that decodes as our loops do: the same tokens, sampling
     and stop strings, with llama.cpp's extra samplers and penalties off; with a
-    schema, the answer held to it (llama.cpp converts it to a grammar)."""
+    schema or a GBNF grammar, the answer held to it (llama.cpp converts a schema to a
+    grammar)."""
     body = {
         "prompt": list(prompt_ids), "n_predict": max_new_tokens, "stop": list(stop_strings), "seed": seed,
         **peer_sampling("llama_server", sampling),
@@ -121,6 +122,8 @@ def completion_request(prompt_ids: list[int], max_new_tokens: int, sampling, see
     }
     if json_schema is not None:
         body["json_schema"] = json_schema
+    if grammar is not None:
+        body["grammar"] = grammar
     return body
 
 

@@ -3,8 +3,8 @@
 For every prompt all modes run back to back, in an order rotated by one each
 prompt, so machine drift (thermal state, a neighbour's load) hits every mode alike.
 Each mode first runs one short warm-up generation that is not recorded. A task with a
-JSON schema runs only the modes that can hold an answer to one, and every answer is
-checked against it.
+JSON schema or tools runs only the modes that can hold an answer to a grammar, and
+every answer is checked against it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from .modes import SETTINGS
 from .records import Record
 from .structured import is_valid
+from .tool_task import calls_valid
 from .parity import build_program, run_program
 from .tasks import TASKS, Prompt, Task, load_task
 
@@ -64,9 +65,14 @@ def prepare(target, tasks: tuple[str, ...], counts: dict[str, int]) -> dict[str,
     tok = target.tokenizer
     for name in tasks:
         task = TASKS[name]
-        out[name] = [PreparedPrompt(p, task, tok.chat_prompt(p.text) if task.chat else tok.encode(p.text))
-                     for p in load_task(name, counts[name])]
+        out[name] = [PreparedPrompt(p, task, _prompt_ids(tok, task, p)) for p in load_task(name, counts[name])]
     return out
+
+
+def _prompt_ids(tokenizer, task: Task, prompt: Prompt) -> list[int]:
+    if prompt.tools:
+        return tokenizer.chat_messages([{"role": "user", "content": prompt.text}], list(prompt.tools))
+    return tokenizer.chat_prompt(prompt.text) if task.chat else tokenizer.encode(prompt.text)
 
 
 def run_bench(modes, prompts: dict[str, list[PreparedPrompt]], config: BenchConfig, progress=None) -> list[Record]:
@@ -88,8 +94,8 @@ def run_bench(modes, prompts: dict[str, list[PreparedPrompt]], config: BenchConf
 
 
 def runs_task(modes: list, task: Task) -> list:
-    """The modes that can run a task: all, unless it asks for a schema."""
-    return [m for m in modes if task.schema is None or getattr(m, "structured", False)]
+    """The modes that can run a task: all, unless a grammar holds its answers."""
+    return [m for m in modes if not task.held or getattr(m, "structured", False)]
 
 
 def run_parity(modes, prompts: list[PreparedPrompt], config: BenchConfig, progress=None) -> list[Record]:
@@ -109,8 +115,8 @@ def run_parity(modes, prompts: list[PreparedPrompt], config: BenchConfig, progre
 
 def _run_one(mode, prepared: PreparedPrompt, setting: str, index: int, max_new_tokens: int,
              seed: int, phase: str = "main") -> Record:
-    schema = prepared.task.schema
-    held = {} if schema is None else {"schema": schema}
+    schema, tools = prepared.task.schema, prepared.prompt.tools
+    held = {"schema": schema} if schema is not None else {"tools": tools} if tools else {}
     t0 = time.perf_counter()
     outcome = mode.run(prepared.ids, max_new_tokens, SETTINGS[setting], seed, prepared.task.stop_strings, **held)
     latency = time.perf_counter() - t0
@@ -118,7 +124,8 @@ def _run_one(mode, prepared: PreparedPrompt, setting: str, index: int, max_new_t
                   prompt_index=index, prompt_tokens=len(prepared.ids), mode=mode.name, family=mode.family, k=mode.k,
                   seed=seed, max_new_tokens=max_new_tokens, latency_seconds=latency, stop_reason=outcome.stop_reason,
                   stats=outcome.stats, token_ids=outcome.token_ids, text=outcome.text,
-                  valid=None if schema is None else is_valid(outcome.text, schema))
+                  valid=is_valid(outcome.text, schema) if schema is not None else
+                  calls_valid(outcome.text, tools) if tools else None)
 
 
 def _rotated(modes: list, turn: int) -> list:

@@ -161,7 +161,8 @@ def structured_table(records: list[Record]) -> str | None:
 
 
 STRUCTURED_NOTE = (
-    "Every answer is parsed and validated against the task's JSON schema. Forced tokens: the share of new tokens the "
+    "Every answer is parsed and validated against the task's JSON schema (tools: read back as calls, valid when it "
+    "holds one or more and each call's arguments follow its tool's schema). Forced tokens: the share of new tokens the "
     "grammar allowed alone (braces, quotes, keys, separators); with a drafter they are drafted free and accepted "
     "with probability 1, in plain decoding each still costs a target call. Grammar time: masks, forced tokens and "
     "state moves in the grammar engine (llguidance), per new token and as a share of the mode's wall time. Peers "

@@ -12,6 +12,8 @@ explain         explain a HumanEval canonical solution step by step: long answer
                 prefill, takes most of their time (bench --serve runs it beside humaneval)
 structured      fields of standard-library function docs as JSON under a fixed schema
                 (structured.py): constrained output, where much of the text is forced
+tools           requests a coding agent makes, each with the one tool it needs
+                (tool_task.py): the answer is a call held to the tool's schema
 
 How each task is asked (chat or plain), how long answers may run and where they
 stop are properties of the task, not of the run.
@@ -25,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import structured
+from . import structured, tool_task
 
 # Chen et al. (2021), "Evaluating Large Language Models Trained on Code": a completion
 # ends where the model starts a new top-level statement after the function.
@@ -48,6 +50,7 @@ class Prompt:
     id: str
     text: str  # the user turn for chat tasks, the raw continuation prompt otherwise
     problem: dict = field(default_factory=dict, compare=False)  # HumanEval fields, for parity
+    tools: tuple[dict, ...] = field(default=(), compare=False)  # OpenAI-shaped tools the answer must call
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,12 @@ class Task:
     stop_strings: tuple[str, ...]  # besides EOS
     load: Callable[[], list[Prompt]] = field(compare=False, repr=False)
     schema: dict | None = field(default=None, compare=False, repr=False)  # every answer is JSON valid under it
+    calls: bool = False  # every answer is a call of its prompt's tools (tool_task.py)
+
+    @property
+    def held(self) -> bool:
+        """Whether a grammar holds the answers: only modes that take one run the task."""
+        return self.schema is not None or self.calls
 
 
 def humaneval_problems() -> list[dict]:
@@ -92,6 +101,10 @@ def structured_prompts() -> list[Prompt]:
     return [Prompt("structured", name, structured.prompt_text(name, doc)) for name, doc in structured.structured_docs()]
 
 
+def tool_prompts() -> list[Prompt]:
+    return [Prompt("tools", name, text, tools=(tool,)) for name, text, tool in tool_task.tool_requests()]
+
+
 def summarize_prompts() -> list[Prompt]:
     chosen = [(name, doc) for name, doc in stdlib_docstrings() if SUMMARY_MIN_CHARS <= len(doc) <= SUMMARY_MAX_CHARS]
     # Longest first, name as the tie-break: the same order on every run of a Python version.
@@ -111,6 +124,7 @@ TASKS = {
         Task("explain", chat=True, max_new_tokens=256, stop_strings=(), load=explain_prompts),
         Task("structured", chat=True, max_new_tokens=512, stop_strings=(), load=structured_prompts,
              schema=structured.SCHEMA),
+        Task("tools", chat=True, max_new_tokens=192, stop_strings=(), load=tool_prompts, calls=True),
     )
 }
 

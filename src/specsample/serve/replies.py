@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ..backends.base import Tokenizer
 from ..generate import GenerationResult
 from ..logprobs import TokenLogprob
+from ..tools import Arguments, CallStart, Content, Delta, ToolFormat, ToolParser
 from .events import ChoiceEvent, Finished, Generated, PromptScored
 
 FINISH_REASONS = {"length": "length", "eos": "stop", "stop_string": "stop", "grammar": "stop"}
@@ -33,10 +34,15 @@ class Reply:
     done_marker = True  # a stream ends with data: [DONE]
 
     def __init__(self, chat: bool, model: str, prompt_tokens: int, drafter_name: str | None,
-                 tokenizer: Tokenizer | None = None, logprobs: int | None = None):
+                 tokenizer: Tokenizer | None = None, logprobs: int | None = None, tools: ToolFormat | None = None,
+                 tool_names: tuple[str, ...] = ()):
         self.chat, self.model, self.prompt_tokens, self.drafter_name = chat, model, prompt_tokens, drafter_name
         self.tokenizer = tokenizer
         self.logprobs = logprobs  # None: none asked for; N: alternatives per token
+        self.tools = tools if chat else None  # the format the answer's tool calls are read in; None: no calls
+        self.tool_names = tool_names
+        self._parsers: dict[int, ToolParser] = {}  # choice -> its stream's reader
+        self._call_ids: dict[tuple[int, int], str] = {}  # (choice, call) -> the call's id
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self._pieces: dict[int, str] = {}
@@ -57,8 +63,54 @@ class Reply:
         return self._wrap("chat.completion.chunk", [{"index": part.index, "delta": delta, "logprobs": logprobs,
                                                      "finish_reason": finish_reason}])
 
-    def end_chunk(self, index: int, finish_reason: str, results: dict[int, GenerationResult]) -> dict:
-        return self.chunk(Choice(index), finish_reason=finish_reason)
+    def chunks(self, part: Choice) -> list[dict]:
+        """A part as chunks: one, or with tools the content and tool-call deltas it tells."""
+        if self.tools is None:
+            return [self.chunk(part)]
+        return self._delta_chunks(part, self._parser(part.index).feed(part.text))
+
+    def end_chunks(self, index: int, finish_reason: str, results: dict[int, GenerationResult]) -> list[dict]:
+        out = []
+        if self.tools is not None:
+            parser = self._parser(index)
+            out = self._delta_chunks(Choice(index), parser.finish())
+            finish_reason = self._finish(finish_reason, parser.calls)
+        return out + [self.chunk(Choice(index), finish_reason=finish_reason)]
+
+    def _parser(self, index: int) -> ToolParser:
+        if index not in self._parsers:
+            self._parsers[index] = ToolParser(self.tools, self.tool_names)
+        return self._parsers[index]
+
+    def _delta_chunks(self, part: Choice, deltas: list[Delta]) -> list[dict]:
+        """OpenAI's streamed tool calls: a call opens with its index, id, type and name
+        (arguments ""), and its arguments follow in parts; the part's log-probabilities
+        ride on its first chunk."""
+        out = []
+        for d in deltas:
+            if isinstance(d, Content):
+                delta = {"content": d.text}
+            elif isinstance(d, CallStart):
+                delta = {"tool_calls": [{"index": d.index, "id": self._call_id(part.index, d.index),
+                                         "type": "function", "function": {"name": d.name, "arguments": ""}}]}
+            else:
+                delta = {"tool_calls": [{"index": d.index, "function": {"arguments": d.text}}]}
+            out.append(self._wrap("chat.completion.chunk", [{"index": part.index, "delta": delta, "logprobs": None,
+                                                             "finish_reason": None}]))
+        if part.entries:
+            if not out:
+                out.append(self.chunk(Choice(part.index)))
+            out[0]["choices"][0]["logprobs"] = self._logprobs(part)
+        return out
+
+    def _call_id(self, choice: int, call: int) -> str:
+        if (choice, call) not in self._call_ids:
+            self._call_ids[choice, call] = f"call_{uuid.uuid4().hex[:24]}"
+        return self._call_ids[choice, call]
+
+    @staticmethod
+    def _finish(finish_reason: str, calls: list) -> str:
+        return "tool_calls" if calls and finish_reason == "stop" else finish_reason
 
     def usage_chunk(self, results: dict[int, GenerationResult]) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -72,11 +124,22 @@ class Reply:
             part, finish = parts[index], FINISH_REASONS[results[index].stop_reason]
             logprobs = self._logprobs(part) if self.logprobs is not None else None
             if self.chat:
-                choices.append({"index": index, "message": {"role": "assistant", "content": part.text},
-                                "logprobs": logprobs, "finish_reason": finish})
+                choices.append({"index": index, "message": self._message(index, part.text), "logprobs": logprobs,
+                                "finish_reason": self._finish(finish, self._parser(index).calls if self.tools else [])})
             else:
                 choices.append({"index": index, "text": part.text, "logprobs": logprobs, "finish_reason": finish})
         return self._wrap("chat.completion" if self.chat else "text_completion", choices, usage=self.usage(results))
+
+    def _message(self, index: int, text: str) -> dict:
+        if self.tools is None:
+            return {"role": "assistant", "content": text}
+        parser = self._parser(index)
+        content = "".join(d.text for d in parser.feed(text) + parser.finish() if isinstance(d, Content))
+        if not parser.calls:
+            return {"role": "assistant", "content": content}
+        calls = [{"id": self._call_id(index, j), "type": "function",
+                  "function": {"name": call.name, "arguments": call.arguments}} for j, call in enumerate(parser.calls)]
+        return {"role": "assistant", "content": content or None, "tool_calls": calls}
 
     def usage(self, results: dict[int, GenerationResult]) -> dict:
         n = sum(len(r.token_ids) for r in results.values())
@@ -146,8 +209,11 @@ class InfillReply:
     def chunk(self, part: Choice, finish_reason: str | None = None, role: bool = False) -> dict:
         return {"index": part.index, "content": part.text, "tokens": part.tokens, "stop": False}
 
-    def end_chunk(self, index: int, finish_reason: str, results: dict[int, GenerationResult]) -> dict:
-        return self._final(index, "", [], results[index])
+    def chunks(self, part: Choice) -> list[dict]:
+        return [self.chunk(part)]
+
+    def end_chunks(self, index: int, finish_reason: str, results: dict[int, GenerationResult]) -> list[dict]:
+        return [self._final(index, "", [], results[index])]
 
     def whole(self, parts: dict[int, Choice], results: dict[int, GenerationResult]) -> dict:
         (index, result), = results.items()

@@ -21,6 +21,7 @@ from ..sampling import InvalidSetting, SamplingConfig, bias_entry, check_range
 from .errors import APIError
 from .schemas import ChatRequest, CompletionRequest, GenerationRequest, InfillRequest, ResponseFormat, TokenizeRequest
 from .settings import Settings
+from .tool_requests import ToolPlan, template_messages, template_tools
 from .worker import Task
 
 # OpenAI takes 4; the HumanEval completion protocol needs 5, and vLLM and llama-server
@@ -45,7 +46,8 @@ class Plan:
     budget: int  # the most tokens one request may ask for: every choice's max_tokens, and the prompts echo scores
 
 
-def plan(request: GenerationRequest, settings: Settings, vocab_size: int) -> Plan:
+def plan(request: GenerationRequest, settings: Settings, vocab_size: int, tools: ToolPlan | None = None) -> Plan:
+    """`tools`: a chat request's (tool_requests.tool_plan), whose grammar the answer follows."""
     chat = isinstance(request, ChatRequest)
     requested = request.max_tokens
     if chat and request.max_completion_tokens is not None:
@@ -54,7 +56,7 @@ def plan(request: GenerationRequest, settings: Settings, vocab_size: int) -> Pla
     try:
         if isinstance(request, InfillRequest):
             requested = infill_max_tokens(request, settings)
-        return _plan(request, requested, echo, settings, vocab_size)
+        return _plan(request, requested, echo, settings, vocab_size, tools)
     except InvalidSetting as e:
         param = {"max_new_tokens": "max_tokens", "stop_strings": "stop",
                  "logprobs": "top_logprobs" if chat else "logprobs"}.get(e.field, e.field)
@@ -64,7 +66,7 @@ def plan(request: GenerationRequest, settings: Settings, vocab_size: int) -> Pla
 
 
 def _plan(request: GenerationRequest, requested: int | None, echo: bool, settings: Settings,
-          vocab_size: int) -> Plan:
+          vocab_size: int, tools: ToolPlan | None) -> Plan:
     if request.temperature is not None:
         check_range("temperature", request.temperature, 0, MAX_TEMPERATURE)
     if requested is not None:
@@ -89,7 +91,8 @@ def _plan(request: GenerationRequest, requested: int | None, echo: bool, setting
                               sampling=sampling, seed=request.seed, stop_strings=tuple(stop),
                               verifier=settings.verifier, logprobs=logprobs,
                               logprobs_mode=request.logprobs_mode or "raw",
-                              constraint=response_constraint(request.response_format))
+                              constraint=tools.constraint if tools is not None and tools.constraint is not None
+                              else response_constraint(request.response_format))
     return Plan(None if requested == 0 else config, requested, logprobs, request.n or 1, echo,
                 settings.request_budget)
 
@@ -224,11 +227,9 @@ def chat_prompts(request: ChatRequest, target: Backend) -> list[Prompt]:
 
 
 def chat_prompt(request: ChatRequest | TokenizeRequest, target: Backend) -> list[int]:
-    messages = [{"role": "system" if m.role == "developer" else m.role,
-                 "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
-                for m in request.messages]
+    messages = template_messages(request.messages)
     try:
-        return target.tokenizer.chat_messages(messages)
+        return target.tokenizer.chat_messages(messages, template_tools(request.tools))
     except ChatTemplateError as e:  # the template refused these messages (raise_exception)
         raise APIError(400, str(e), param="messages") from None
     except ValueError as e:  # no chat template

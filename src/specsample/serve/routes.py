@@ -25,6 +25,7 @@ from .request_config import (chat_prompt, chat_prompts, completion_prompts, infi
 from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, GenerationRequest, InfillRequest,
                       TokenizeRequest, read_request)
 from .settings import Server
+from .tool_requests import tool_plan
 from .worker import Job, QueueFull
 
 
@@ -59,7 +60,8 @@ async def _answer(request: Request, kind: type[GenerationRequest]) -> Response:
     if kind is InfillRequest and include_usage:
         raise APIError(400, "/infill's last streamed object carries the counts: no stream_options",
                        param="stream_options", code="unsupported_parameter")
-    asked = plan(body, settings, server.target.vocab_size)
+    tools = await off_the_loop(server, tool_plan, body, server.target) if chat else None
+    asked = plan(body, settings, server.target.vocab_size, tools)
     make_prompts, param = KINDS[kind]
     prompts = await off_the_loop(server, make_prompts, body, server.target)
     choices = tasks(asked, prompts, server.target.context_length, param)
@@ -75,7 +77,7 @@ async def _answer(request: Request, kind: type[GenerationRequest]) -> Response:
         reply = InfillReply(settings.model_name, prompt_tokens, server.drafter_name)
     else:
         reply = Reply(chat, settings.model_name, prompt_tokens, server.drafter_name, server.target.tokenizer,
-                      asked.logprobs)
+                      asked.logprobs, *((tools.format, tools.names) if tools is not None else ()))
     echoes = {task.index: prompts[task.index // asked.n] for task in choices} if asked.echo else {}
     follower = Follower(server, job, Answer(echoes, server.target.tokenizer), arrived)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
@@ -185,9 +187,11 @@ async def _stream(follower: Follower, reply: Reply | InfillReply, include_usage:
                     yield {"data": json.dumps(reply.chunk(Choice(step.index), role=True))}
                 begun.add(step.index)
                 if step.part is not None:
-                    yield {"data": json.dumps(reply.chunk(step.part))}
+                    for chunk in reply.chunks(step.part):
+                        yield {"data": json.dumps(chunk)}
                 if step.finish_reason is not None:
-                    yield {"data": json.dumps(reply.end_chunk(step.index, step.finish_reason, follower.answer.results))}
+                    for chunk in reply.end_chunks(step.index, step.finish_reason, follower.answer.results):
+                        yield {"data": json.dumps(chunk)}
             ended = True
             if include_usage:
                 yield {"data": json.dumps(reply.usage_chunk(follower.answer.results))}

@@ -27,10 +27,46 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    """A call an earlier assistant turn made, sent back with the conversation."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # None: only an assistant turn that made tool calls
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's
+    tool_call_id: str | None = None  # a tool turn's: the call it answers
+
+
+class FunctionDef(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema of the arguments object; None: no arguments
+    strict: bool | None = None
+
+
+class ToolDef(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class StreamOptions(_Strict):
@@ -102,12 +138,16 @@ class ChatRequest(GenerationRequest):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: auto with tools
+    parallel_tool_calls: bool | None = None  # None: true, as OpenAI's default
 
 
 class TokenizeRequest(_Strict):
     model: str | None = None
     prompt: str | None = None
     messages: list[Message] | None = None
+    tools: list[ToolDef] | None = None  # with messages: counted as the chat template writes them in
     add_special_tokens: bool = True  # accepted for vLLM's clients; this tokenizer adds none
 
 
@@ -116,7 +156,8 @@ class DetokenizeRequest(_Strict):
     tokens: list[int]
 
 
-# OpenAI parameters we cannot honour, accepted only at a value that asks for nothing.
+# OpenAI parameters we cannot honour, accepted only at a value that asks for nothing
+# (tools and tool_choice are chat's own fields: on completions they ask for nothing).
 NEUTRAL = {
     "best_of": (None, 1),
     "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
@@ -141,8 +182,8 @@ async def read_request(request: Request, model: type[Model], limit: int, timeout
     unsupported = sorted(name for name, value in (parsed.model_extra or {}).items()
                          if name not in NEUTRAL or not any(_asks_nothing(value, v) for v in NEUTRAL[name]))
     if unsupported:
-        raise APIError(400, f"unsupported parameter(s): {', '.join(unsupported)} (specsample serves plain-text "
-                       "completions: no tools or best_of; see docs/serve.md)",
+        raise APIError(400, f"unsupported parameter(s): {', '.join(unsupported)} (see docs/serve.md for what "
+                       "each endpoint takes)",
                        param=unsupported[0], code="unsupported_parameter")
     return parsed
 
