@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specsample.bench.modes import LlamaServerMode, OurMode
-from specsample.bench.runner import BenchConfig, PreparedPrompt, _prompt_ids, run_bench
+from specsample.bench.runner import BenchConfig, PreparedPrompt, prompt_ids, run_bench
 from specsample.bench.tasks import TASKS, load_task
 from specsample.bench.tool_task import call_grammar, calls_valid, library_tools
 from specsample.constraints import Constraint
@@ -51,7 +51,7 @@ def test_tool_runs_hold_every_answer_to_a_call_and_only_grammar_modes_run_them()
     target, draft = tool_backend(0), tool_backend(1, "draft")
     modes = [OurMode("ar", "ar", target), OurMode("spec-auto", "spec-auto", target, "auto", draft),
              LlamaServerMode("llamacpp-server", FakeServer()), PlainOnly()]
-    prompts = {"tools": [PreparedPrompt(p, TASKS["tools"], _prompt_ids(target.tokenizer, TASKS["tools"], p))
+    prompts = {"tools": [PreparedPrompt(p, TASKS["tools"], prompt_ids(target, TASKS["tools"], p))
                          for p in load_task("tools", 2)]}
     records = run_bench(modes, prompts, BenchConfig(tasks=("tools",), settings=("greedy",), max_new_tokens=160))
     assert {r.mode for r in records} == {"ar", "spec-auto", "llamacpp-server"}

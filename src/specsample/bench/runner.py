@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+from ..fim import fim_prompt
 from .modes import SETTINGS
 from .records import Record
 from .structured import is_valid
@@ -62,16 +63,22 @@ class PreparedPrompt:
 def prepare(target, tasks: tuple[str, ...], counts: dict[str, int]) -> dict[str, list[PreparedPrompt]]:
     """Token ids of the first counts[task] prompts of each task, asked as the task asks."""
     out = {}
-    tok = target.tokenizer
     for name in tasks:
         task = TASKS[name]
-        out[name] = [PreparedPrompt(p, task, _prompt_ids(tok, task, p)) for p in load_task(name, counts[name])]
+        out[name] = [PreparedPrompt(p, task, prompt_ids(target, task, p)) for p in load_task(name, counts[name])]
     return out
 
 
-def _prompt_ids(tokenizer, task: Task, prompt: Prompt) -> list[int]:
+def prompt_ids(target, task: Task, prompt: Prompt) -> list[int]:
+    """A prompt's ids as its task asks it: in the chat template (with its tools), as a
+    fill-in-the-middle prompt in the model's FIM tokens, or as plain text."""
+    tokenizer = target.tokenizer
     if prompt.tools:
         return tokenizer.chat_messages([{"role": "user", "content": prompt.text}], list(prompt.tools))
+    if prompt.suffix is not None:
+        if target.fim is None:
+            raise ValueError(f"the {task.name} task needs a model with fill-in-the-middle tokens; {target.name} has none")
+        return fim_prompt(target.fim, tokenizer.text_ids, prompt.text, prompt.suffix)
     return tokenizer.chat_prompt(prompt.text) if task.chat else tokenizer.encode(prompt.text)
 
 

@@ -14,6 +14,8 @@ structured      fields of standard-library function docs as JSON under a fixed s
                 (structured.py): constrained output, where much of the text is forced
 tools           requests a coding agent makes, each with the one tool it needs
                 (tool_task.py): the answer is a call held to the tool's schema
+fim             a function body held out of a standard-library module, asked for
+                between its prefix and suffix in the model's FIM tokens (fim_task.py)
 
 How each task is asked (chat or plain), how long answers may run and where they
 stop are properties of the task, not of the run.
@@ -27,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import structured, tool_task
+from . import fim_task, structured, tool_task
 
 # Chen et al. (2021), "Evaluating Large Language Models Trained on Code": a completion
 # ends where the model starts a new top-level statement after the function.
@@ -51,6 +53,7 @@ class Prompt:
     text: str  # the user turn for chat tasks, the raw continuation prompt otherwise
     problem: dict = field(default_factory=dict, compare=False)  # HumanEval fields, for parity
     tools: tuple[dict, ...] = field(default=(), compare=False)  # OpenAI-shaped tools the answer must call
+    suffix: str | None = field(default=None, compare=False)  # a FIM prompt's: text is then its prefix
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,11 @@ def tool_prompts() -> list[Prompt]:
     return [Prompt("tools", name, text, tools=(tool,)) for name, text, tool in tool_task.tool_requests()]
 
 
+def fim_prompts() -> list[Prompt]:
+    return [Prompt("fim", name, prefix, {"body": body}, suffix=suffix)
+            for name, prefix, suffix, body in fim_task.fim_cases()]
+
+
 def summarize_prompts() -> list[Prompt]:
     chosen = [(name, doc) for name, doc in stdlib_docstrings() if SUMMARY_MIN_CHARS <= len(doc) <= SUMMARY_MAX_CHARS]
     # Longest first, name as the tie-break: the same order on every run of a Python version.
@@ -125,6 +133,8 @@ TASKS = {
         Task("structured", chat=True, max_new_tokens=512, stop_strings=(), load=structured_prompts,
              schema=structured.SCHEMA),
         Task("tools", chat=True, max_new_tokens=192, stop_strings=(), load=tool_prompts, calls=True),
+        # The model ends a middle with its end-of-text token; 256 tokens hold every body.
+        Task("fim", chat=False, max_new_tokens=256, stop_strings=(), load=fim_prompts),
     )
 }
 
