@@ -44,3 +44,21 @@ def test_the_prompt_is_the_models_own_fim_prompt_and_runs_in_our_modes():
 def test_a_model_without_fim_tokens_cannot_run_the_task():
     with pytest.raises(ValueError, match="fill-in-the-middle tokens"):
         prompt_ids(byte_backend(0), TASKS["fim"], load_task("fim", 1)[0])
+
+
+def test_the_report_scores_each_middle_against_the_body_it_stands_in_for():
+    from specsample.bench.records import Record
+    from specsample.bench.tables import fim_table
+
+    def record(mode, prompt_id, text, stop):
+        return Record(phase="main", task="fim", setting="greedy", prompt_id=prompt_id, prompt_index=0, prompt_tokens=9,
+                      mode=mode, family=mode, k=None, seed=0, max_new_tokens=8, latency_seconds=1.0,
+                      stop_reason=stop, stats={}, token_ids=[], text=text)
+
+    bodies = {"m.f": "    return x + 1\n", "m.g": "    y = 2\n    return y\n"}
+    rows = fim_table([record("ar", "m.f", "    return x + 1", "eos"), record("ar", "m.g", "pass", "length"),
+                      record("spec-auto", "m.f", "return x", "eos")], bodies).splitlines()
+    assert rows[2].split("|")[1:-1] == [" greedy ", " ar ", " 2 ", " 1/2 ", " 1/2 ",
+                                        f" {(1 + similarity('pass', bodies['m.g'])) / 2:.2f} "]
+    assert rows[3].split("|")[3:6] == [" 1 ", " 1/1 ", " 0/1 "]
+    assert fim_table([record("ar", "other", "x", "eos")], bodies) is None

@@ -52,6 +52,11 @@ def fim_cases() -> list[tuple[str, str, str, str]]:
     return out
 
 
+def held_out_bodies() -> dict[str, str]:
+    """Each case's id and the body its answer stands in for."""
+    return {name: body for name, _, _, body in fim_cases()}
+
+
 def similarity(answer: str, body: str) -> float:
     """How much of the held-out body the answer repeats, 0 to 1 (difflib's ratio)."""
     return difflib.SequenceMatcher(None, answer.strip(), body.strip(), autojunk=False).ratio()

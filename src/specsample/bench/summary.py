@@ -7,13 +7,15 @@ from dataclasses import dataclass, field
 
 from .bandwidth import read_ceiling
 from .costs import CostCurve
+from .fim_task import held_out_bodies
 from .parity import pass_rates
 from .plots import figures
 from .records import Record
 from .stats import summarise
-from .tables import (CONTROLLER_NOTE, PARITY_NOTE, PREDICTION_NOTE, ROUND_NOTE, STRUCTURED_NOTE, THROUGHPUT_NOTE,
-                     bandwidth_note, controller_table, cost_table, greedy_identity, main_table, markdown_table,
-                     parity_table, prediction_section, predictions_by_group, round_time_table, structured_table)
+from .tables import (CONTROLLER_NOTE, FIM_NOTE, PARITY_NOTE, PREDICTION_NOTE, ROUND_NOTE, STRUCTURED_NOTE,
+                     THROUGHPUT_NOTE, bandwidth_note, controller_table, cost_table, fim_table, greedy_identity,
+                     main_table, markdown_table, parity_table, prediction_section, predictions_by_group,
+                     round_time_table, structured_table)
 
 
 @dataclass
@@ -48,6 +50,9 @@ def run_sections(run: TargetRun, read_bandwidth: float | None, plots: bool) -> R
     structured = structured_table(main)
     if structured:
         parts += ["## Structured output", STRUCTURED_NOTE, structured]
+    middles = fim_table(main, held_out_bodies()) if any(r.task == "fim" for r in main) else None
+    if middles:
+        parts += ["## Fill-in-the-middle", FIM_NOTE, middles]
     rounds = round_time_table(main)
     if rounds:
         parts += ["## Where a round's time goes", ROUND_NOTE, rounds]

@@ -10,6 +10,7 @@ from importlib import metadata
 from .costs import CostCurve, Prediction, predict, recommend
 from .parity import PassRate
 from .bandwidth import effective_bandwidth
+from .fim_task import similarity
 from .records import Record
 from .stats import ModeSummary, two_proportion_z_test
 
@@ -159,6 +160,30 @@ def structured_table(records: list[Record]) -> str | None:
                      cell(grammar / total if ours and total else None, ".1%")])
     return markdown_table(rows)
 
+
+
+def fim_table(records: list[Record], bodies: dict[str, str]) -> str | None:
+    """Per setting and mode of the fim task: middles that ended at the model's end of
+    text, middles equal to the held-out body, and how much of it they repeat."""
+    groups: dict[tuple, list[Record]] = {}
+    for r in records:
+        if r.task == "fim" and r.prompt_id in bodies:
+            groups.setdefault((r.setting, r.mode), []).append(r)
+    if not groups:
+        return None
+    rows = [["setting", "mode", "seqs", "ended by end of text", "equal to the held-out body", "mean similarity"]]
+    for (setting, mode), group in groups.items():
+        scores = [similarity(r.text, bodies[r.prompt_id]) for r in group]
+        rows.append([setting, mode, str(len(group)), f"{sum(r.stop_reason == 'eos' for r in group)}/{len(group)}",
+                     f"{sum(r.text.strip() == bodies[r.prompt_id].strip() for r in group)}/{len(group)}",
+                     f"{sum(scores) / len(scores):.2f}"])
+    return markdown_table(rows)
+
+
+FIM_NOTE = (
+    "Each middle against the function body it stands in for (bench/fim_task.py): equal after surrounding whitespace, "
+    "and difflib's similarity ratio, 0 to 1, averaged over the row's sequences. Speed is what the task measures; this "
+    "says the middles are real code, and llama-server's beside ours says the two read the same FIM prompt.")
 
 STRUCTURED_NOTE = (
     "Every answer is parsed and validated against the task's JSON schema (tools: read back as calls, valid when it "
