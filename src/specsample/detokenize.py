@@ -1,4 +1,5 @@
-"""The text of generated tokens as they come, cut at the first stop string.
+"""The text of generated tokens as they come, cut at the first stop string or where a
+text rule (text_stops.py) ends it.
 
 Decoding the whole output again every round (or every token, to look for stop
 strings) is quadratic in its length. Instead each new token is decoded in a short
@@ -21,22 +22,26 @@ Example, one token per byte of "é€" (c3 a9 e2 82 ac):
 
 from __future__ import annotations
 
+from .text_stops import TextStop
+
 
 class TextTracker:
-    def __init__(self, tokenizer, stop_strings: tuple[str, ...]):
+    def __init__(self, tokenizer, stop_strings: tuple[str, ...], rules: tuple[TextStop, ...] = ()):
         self.tokenizer = tokenizer  # None: no text, only tokens
         self.stop_strings = stop_strings
+        self.rules = rules
         self.ids: list[int] = []
         self.prefix = 0  # first token of the decoding window
         self.read = 0  # first token whose text has not come out of the window
         self.taken: list[str] = []  # text handed out
         self.pending = ""  # text decoded but not handed out yet
-        self.stopped = False  # a stop string was found; pending ends where it starts
+        self.stopped = False  # a stop string was found or a rule fired; pending ends there
+        self.stopped_by: str | None = None  # "stop_string" or "limit" (a rule)
 
     def add(self, token: int) -> bool:
-        """Append one token; True once a stop string has appeared."""
+        """Append one token; True once a stop string has appeared or a rule fired."""
         self.ids.append(token)
-        if self.stop_strings:  # else decoding can wait for take()
+        if self.stop_strings or self.rules:  # else decoding can wait for take()
             self._decode(final=False)
         return self.stopped
 
@@ -70,9 +75,16 @@ class TextTracker:
         self.pending += text
         # A match cannot start in text already handed out (take() holds back any tail
         # that begins one), nor end before the new text.
-        found = [at for stop in self.stop_strings if (at := self.pending.find(stop, max(0, start - len(stop) + 1))) >= 0]
-        if found:
-            self.pending = self.pending[: min(found)]
+        ends = [(at, "stop_string") for stop in self.stop_strings
+                if (at := self.pending.find(stop, max(0, start - len(stop) + 1))) >= 0]
+        if self.rules:
+            handed = sum(map(len, self.taken))
+            whole = "".join(self.taken) + self.pending
+            ends += [(max(at, handed) - handed, "limit") for rule in self.rules
+                     if (at := rule(whole, handed + start)) is not None]
+        if ends:
+            end, self.stopped_by = min(ends)
+            self.pending = self.pending[:end]
             self.stopped = True
 
     def _stop_prefix_length(self) -> int:

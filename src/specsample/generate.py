@@ -14,6 +14,7 @@ from .constraints import start as start_grammar
 from .context_fit import new_token_room
 from .control import make_policy
 from .detokenize import TextTracker
+from .text_stops import TextStop
 from .drafters import Drafter, tell
 from .logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
 from .plans import Policy
@@ -112,6 +113,7 @@ class GenerationConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: int | None = 0
     stop_strings: tuple[str, ...] = ()
+    text_stops: tuple[TextStop, ...] = ()  # rules that end the text (text_stops.py: an editor's n_indent, ...)
     eos_token_ids: frozenset[int] | None = None  # None: the target's own
     # "rejection": modified rejection sampling (verify); "coupled": Gumbel-max coupling
     # keyed by (seed, position) (verify_coupled), whose tokens depend only on the
@@ -162,7 +164,9 @@ class GenerationResult:
     token_ids: list[int]
     text: str
     stats: GenerationStats
-    stop_reason: str  # "length", "eos", "stop_string" or "grammar" (the constrained output is complete)
+    # "length", "eos", "stop_string", "grammar" (the constrained output is complete) or
+    # "limit" (a text rule ended it: config.text_stops)
+    stop_reason: str
     logprobs: list[TokenLogprob] | None = None  # one per token, when the config asks for them
 
 
@@ -295,7 +299,7 @@ class Emitter:
         self.eos = target.eos_token_ids if config.eos_token_ids is None else config.eos_token_ids
         self.context = list(prompt_ids)
         self.new: list[int] = []
-        self.text = TextTracker(target.tokenizer, config.stop_strings)
+        self.text = TextTracker(target.tokenizer, config.stop_strings, config.text_stops)
         self.logprobs: list[TokenLogprob] | None = None if config.logprobs is None else []
         self.stop_reason = "grammar" if grammar is not None and grammar.done else "length"
 
@@ -322,7 +326,7 @@ class Emitter:
                 self.stop_reason = "eos"
                 break
             if self.text.add(token):
-                self.stop_reason = "stop_string"
+                self.stop_reason = self.text.stopped_by
                 break
             if grammar is not None and grammar.done:
                 self.stop_reason = "grammar"
