@@ -47,3 +47,14 @@ def test_a_fim_prompt_on_llama_cpp_keeps_user_text_as_text(tmp_path):
     assert ids.count(fim.middle) == 1 and ids[-1] == fim.middle
     result = generate(backend, ids, GenerationConfig(max_new_tokens=4, sampling=SamplingConfig(temperature=0.0)))
     assert 1 <= len(result.token_ids) <= 4  # the engine takes the prompt and answers
+
+
+def test_the_infill_sampler_reads_llama_cpps_own_token_texts(tmp_path):
+    from specsample.infill_sampler import infill_vocab
+
+    backend = load(write_tiny_gguf(tmp_path / "qwen.gguf"))
+    vocab = infill_vocab(backend)
+    ids = backend.tokenizer.text_ids("ab")
+    assert b"".join(vocab.text(t) for t in ids) == b"ab"
+    assert vocab.text(258) == b"" and vocab.eog == backend.eos_token_ids  # a special token writes nothing
+    assert vocab.eot in backend.eos_token_ids

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .infill_sampler import MAX_CANDIDATES, InfillVocab, infill_filter
+
 
 # Temperatures below this are greedy (vLLM's threshold too). There softmax(logits / T)
 # keeps only e^-(gap / T) of the mass off the argmax: e^-100 for logits 1e-3 apart,
@@ -81,6 +83,10 @@ class SamplingConfig:
     repetition_penalty: float = 1.0  # divides (or, below 0, multiplies) logits of prompt and generated tokens
     # (token id, bias) pairs added to the logits; a dict is accepted and stored sorted
     logit_bias: tuple[tuple[int, float], ...] = field(default=())
+    # None: the order above. Else the steps of STEPS to take, in this order; a control
+    # left out must be at its neutral value (llama.cpp's samplers list turns it off).
+    order: tuple[str, ...] | None = None
+    infill: InfillVocab | None = field(default=None, compare=False)  # the vocabulary, when order names "infill"
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -94,6 +100,27 @@ class SamplingConfig:
         check_range("repetition_penalty", self.repetition_penalty, 0, 10, low_open=True)
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple(sorted(bias_entry(t, b) for t, b in bias)))
+        if self.order is not None:
+            self._check_order()
+
+    def _check_order(self) -> None:
+        order = tuple(self.order)
+        object.__setattr__(self, "order", order)
+        unknown = [s for s in order if s not in STEPS]
+        if unknown or len(set(order)) < len(order):
+            raise InvalidSetting("samplers", f"takes each of {', '.join(STEPS)} at most once", list(order))
+        active = {"temperature": self.temperature != 1.0, "min_p": self.min_p > 0, "top_k": self.top_k > 0,
+                  "top_p": self.top_p < 1.0}
+        off = [s for s, on in active.items() if on and s not in order]
+        if off:
+            raise InvalidSetting("samplers", f"leaves out {', '.join(off)}, which is set", list(order))
+        if ("infill" in order) != (self.infill is not None):
+            raise ValueError("the infill step and its vocabulary (SamplingConfig.infill) come together")
+        if "infill" in order:
+            before = order[: order.index("infill")]
+            if "top_k" not in before or not 1 <= self.top_k <= MAX_CANDIDATES:
+                raise InvalidSetting("samplers", f"puts infill after a top_k of 1 to {MAX_CANDIDATES} (its work grows "
+                                     "with the square of the tokens before it)", list(order))
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """logit_bias ids past the vocabulary are refused, on the CLI as on the server,
@@ -127,22 +154,58 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig, history: Histo
     history: the text before the rows; needed only with penalties.
     """
     logits = process_logits(logits, config, history)
+    if config.order is not None:
+        for step in config.order:
+            logits = _STEP[step](logits, config)
+        return torch.softmax(logits, dim=-1)
     if config.greedy:
         # Ties resolve to the lowest token id, as torch.argmax does in plain greedy.
         probs = torch.zeros_like(logits)
         probs.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
         return probs
-    logits = logits / config.temperature
-    if config.min_p > 0:  # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p)
-        floor = logits.amax(-1, keepdim=True) + math.log(config.min_p)
-        logits = logits.masked_fill(logits < floor, float("-inf"))
-    if 0 < config.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+    logits = _min_p(logits / config.temperature, config)
+    logits = _top_k(logits, config)
     probs = torch.softmax(logits, dim=-1)
     if config.top_p < 1.0:
         probs = _top_p_filter(probs, config.top_p)
     return probs
+
+
+def _temperature(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    if config.greedy:  # the argmax alone (lowest id at ties), as a one-hot row after the softmax
+        keep = logits.argmax(-1, keepdim=True)
+        return torch.full_like(logits, float("-inf")).scatter_(-1, keep, logits.gather(-1, keep))
+    return logits / config.temperature
+
+
+def _min_p(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    if config.min_p <= 0:  # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p)
+        return logits
+    floor = logits.amax(-1, keepdim=True) + math.log(config.min_p)
+    return logits.masked_fill(logits < floor, float("-inf"))
+
+
+def _top_k(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    if not 0 < config.top_k < logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def _top_p(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    if config.top_p >= 1.0:
+        return logits
+    kept = _top_p_filter(torch.softmax(logits, dim=-1), config.top_p)
+    return logits.masked_fill(kept == 0, float("-inf"))
+
+
+def _infill(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    return infill_filter(logits, config.infill)
+
+
+# The steps a config's order may name, by llama.cpp's names for its samplers.
+_STEP = {"temperature": _temperature, "min_p": _min_p, "top_k": _top_k, "top_p": _top_p, "infill": _infill}
+STEPS = tuple(_STEP)
 
 
 def process_logits(logits: torch.Tensor, config: SamplingConfig, history: History | None = None) -> torch.Tensor:

@@ -75,6 +75,8 @@ class LlamaCppTokenizer:
         lib, vocab = self._lib, self._vocab
         self._bos = lib.llama_vocab_bos(vocab)  # -1: none
         self._add_bos = bool(lib.llama_vocab_get_add_bos(vocab))
+        eot = lib.llama_vocab_eot(vocab)
+        self.end_of_text = eot if eot >= 0 else lib.llama_vocab_eos(vocab)  # -1: none (infill_sampler.py)
         self._special_text = {name: (lib.llama_vocab_get_text(vocab, t) or b"").decode("utf-8", "replace") if t >= 0 else ""
                               for name, t in (("bos_token", self._bos), ("eos_token", lib.llama_vocab_eos(vocab)))}
 
@@ -102,6 +104,16 @@ class LlamaCppTokenizer:
             buf = ctypes.create_string_buffer(size)
             n = self._lib.llama_detokenize(self._vocab, tokens, len(token_ids), buf, size, True, False)
         return buf.raw[:n].decode("utf-8", errors="replace")
+
+    def piece(self, token: int) -> bytes:
+        """A token's text as llama.cpp writes it alone, special tokens as nothing
+        (llama.cpp's infill sampler compares these: infill_sampler.py)."""
+        buf = ctypes.create_string_buffer(64)
+        n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
 
     def grammar_tokenizer(self, eos_token_ids: list[int]):
         """llguidance's tokenizer over this GGUF vocabulary (constraints.py): each
