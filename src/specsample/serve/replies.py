@@ -12,9 +12,10 @@ from ..backends.base import Tokenizer
 from ..generate import GenerationResult
 from ..logprobs import TokenLogprob
 from ..tools import Arguments, CallStart, Content, Delta, ToolFormat, ToolParser
+from .editor import pick_fields
 from .events import ChoiceEvent, Finished, Generated, PromptScored
 
-FINISH_REASONS = {"length": "length", "eos": "stop", "stop_string": "stop", "grammar": "stop"}
+FINISH_REASONS = {"length": "length", "eos": "stop", "stop_string": "stop", "grammar": "stop", "limit": "length"}
 # JSON has no -inf: a token the controls removed ("processed" log-probabilities) gets
 # this floor, as several OpenAI-compatible servers do.
 LOGPROB_FLOOR = -9999.0
@@ -191,7 +192,7 @@ class Reply:
 
 
 # GenerationResult.stop_reason -> llama-server's stop_type.
-STOP_TYPES = {"length": "limit", "eos": "eos", "stop_string": "word", "grammar": "eos"}
+STOP_TYPES = {"length": "limit", "eos": "eos", "stop_string": "word", "grammar": "eos", "limit": "limit"}
 
 
 class InfillReply:
@@ -203,8 +204,9 @@ class InfillReply:
     chat = False
     done_marker = False
 
-    def __init__(self, model: str, prompt_tokens: int, drafter_name: str | None):
+    def __init__(self, model: str, prompt_tokens: int, drafter_name: str | None, fields: list[str] | None = None):
         self.model, self.prompt_tokens, self.drafter_name = model, prompt_tokens, drafter_name
+        self.fields = fields  # response_fields: the last object's fields to send (editor.pick_fields)
 
     def chunk(self, part: Choice, finish_reason: str | None = None, role: bool = False) -> dict:
         return {"index": part.index, "content": part.text, "tokens": part.tokens, "stop": False}
@@ -220,16 +222,25 @@ class InfillReply:
         return self._final(index, parts[index].text, result.token_ids, result)
 
     def _final(self, index: int, content: str, tokens: list[int], result: GenerationResult) -> dict:
-        stats = result.stats
-        predicted_seconds = stats.total_seconds - stats.prefill_seconds
-        return {"index": index, "content": content, "tokens": tokens, "stop": True, "model": self.model,
-                "stop_type": STOP_TYPES[result.stop_reason], "tokens_predicted": len(result.token_ids),
+        stats, n = result.stats, len(result.token_ids)
+        prompt_seconds, predicted_seconds = stats.prefill_seconds, stats.total_seconds - stats.prefill_seconds
+        body = {"index": index, "content": content, "tokens": tokens, "stop": True, "model": self.model,
+                "stop_type": STOP_TYPES[result.stop_reason], "tokens_predicted": n,
                 "tokens_evaluated": self.prompt_tokens, "truncated": False,
-                "timings": {"prompt_n": self.prompt_tokens, "prompt_ms": stats.prefill_seconds * 1000,
-                            "predicted_n": len(result.token_ids), "predicted_ms": predicted_seconds * 1000,
-                            "predicted_per_second": len(result.token_ids) / predicted_seconds
-                            if predicted_seconds > 0 else 0.0},
+                # What the slot's cache holds at the end: this server reuses none of it for the next request.
+                "tokens_cached": self.prompt_tokens + n,
+                "timings": {"prompt_n": self.prompt_tokens, "prompt_ms": prompt_seconds * 1000,
+                            "prompt_per_token_ms": _per(prompt_seconds * 1000, self.prompt_tokens),
+                            "prompt_per_second": _per(self.prompt_tokens, prompt_seconds),
+                            "predicted_n": n, "predicted_ms": predicted_seconds * 1000,
+                            "predicted_per_token_ms": _per(predicted_seconds * 1000, n),
+                            "predicted_per_second": _per(n, predicted_seconds)},
                 "speculative": {"drafter": self.drafter_name, **stats.as_dict()}}  # an extension, as in usage
+        return pick_fields(body, self.fields)
+
+
+def _per(amount: float, per: float) -> float:
+    return amount / per if per > 0 else 0.0
 
 
 class Answer:

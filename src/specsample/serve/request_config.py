@@ -69,8 +69,9 @@ def _plan(request: GenerationRequest, requested: int | None, echo: bool, setting
           vocab_size: int, tools: ToolPlan | None) -> Plan:
     if request.temperature is not None:
         check_range("temperature", request.temperature, 0, MAX_TEMPERATURE)
-    if requested is not None:
-        check_range("max_tokens", requested, 0 if echo else 1, settings.max_tokens)
+    if requested is not None:  # 0: nothing generated (echo's prompt scores; /infill's n_predict 0)
+        check_range("max_tokens", requested, 0 if echo or isinstance(request, InfillRequest) else 1,
+                    settings.max_tokens)
     if request.n is not None:
         check_range("n", request.n, 1, MAX_CHOICES)
     stop = [request.stop] if isinstance(request.stop, str) else request.stop or []
@@ -218,7 +219,7 @@ def infill_max_tokens(request: InfillRequest, settings: Settings) -> int | None:
     if request.max_tokens is not None and request.max_tokens != request.n_predict:
         raise APIError(400, "n_predict and max_tokens are one setting; give one", param="n_predict",
                        code="invalid_value")
-    check_range("n_predict", request.n_predict, 1, settings.max_tokens)
+    check_range("n_predict", request.n_predict, 0, settings.max_tokens)  # 0: the prompt alone
     return request.n_predict
 
 

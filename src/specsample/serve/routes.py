@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .doors import log
+from .editor import editor_config
 from .errors import APIError, ClientGone, ending_error
 from .events import Ended, Finished, Generated
 from .replies import FINISH_REASONS, Answer, Choice, InfillReply, Reply
@@ -62,6 +63,8 @@ async def _answer(request: Request, kind: type[GenerationRequest]) -> Response:
                        param="stream_options", code="unsupported_parameter")
     tools = await off_the_loop(server, tool_plan, body, server.target) if chat else None
     asked = plan(body, settings, server.target.vocab_size, tools)
+    if kind is InfillRequest:
+        asked.config = editor_config(body, asked.config, server.target)
     make_prompts, param = KINDS[kind]
     prompts = await off_the_loop(server, make_prompts, body, server.target)
     choices = tasks(asked, prompts, server.target.context_length, param)
@@ -74,7 +77,7 @@ async def _answer(request: Request, kind: type[GenerationRequest]) -> Response:
                        type="rate_limit_error", code="queue_full") from None
     prompt_tokens = sum(len(ids) for ids, _ in prompts)
     if kind is InfillRequest:
-        reply = InfillReply(settings.model_name, prompt_tokens, server.drafter_name)
+        reply = InfillReply(settings.model_name, prompt_tokens, server.drafter_name, body.response_fields)
     else:
         reply = Reply(chat, settings.model_name, prompt_tokens, server.drafter_name, server.target.tokenizer,
                       asked.logprobs, *((tools.format, tools.names) if tools is not None else ()))

@@ -119,6 +119,7 @@ class CompletionRequest(GenerationRequest):
 class ExtraChunk(_Strict):
     filename: str = "tmp"  # llama-server's default name
     text: str = ""
+    time: list[float] | float | None = None  # llama.vim's: when it took the chunk (read by nobody, as in llama-server)
 
 
 class InfillRequest(GenerationRequest):
@@ -130,7 +131,14 @@ class InfillRequest(GenerationRequest):
     input_suffix: str = ""
     input_extra: list[ExtraChunk] = Field(default_factory=list)
     prompt: str = ""  # typed after input_prefix (llama-server's place for it)
-    n_predict: int | None = None
+    n_predict: int | None = None  # 0: the prompt only (llama.vim warms the cache so)
+    # What llama.vim sends besides (serve/editor.py).
+    id_slot: int | None = None  # the slot to run on: a hint; the worker takes a free one
+    n_indent: int | None = None  # lines after the first indented at least this much, or the text ends
+    t_max_prompt_ms: int | None = None  # accepted, as llama-server accepts it: it sets no limit either
+    t_max_predict_ms: int | None = None  # after this long, end at the next newline
+    samplers: list[str] | None = None  # llama.cpp's sampler names, in the order to apply them
+    response_fields: list[str] | None = None  # the answer's fields to send ("timings/prompt_n": nested)
 
 
 class ChatRequest(GenerationRequest):

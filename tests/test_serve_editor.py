@@ -1,0 +1,84 @@
+"""llama.vim's requests to /infill, as its code sends them (autoload/llama.vim: the
+completion, and the warm-up that loads extra context with n_predict 0), are answered
+with the fields it asks for; its samplers list is applied as llama-server applies it
+(the named samplers in that order, the others off, llama.cpp's infill sampler among
+them), with the same seeded answer as the library gives for that config; n_indent
+cuts the answer where the rule says."""
+
+import httpx
+import pytest
+
+from specsample.drafters import ModelDrafter
+from specsample.fim import ExtraFile, fim_prompt
+from specsample.generate import GenerationConfig, generate
+from specsample.infill_sampler import infill_vocab
+from specsample.sampling import SamplingConfig
+from specsample.text_stops import IndentStop
+
+from test_serve_fim import PREFIX, SUFFIX, fim_pair, served  # noqa: F401 (served: the fixture)
+
+pytestmark = pytest.mark.system
+
+TIMINGS = ["timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms", "timings/prompt_per_second",
+           "timings/predicted_n", "timings/predicted_ms", "timings/predicted_per_token_ms",
+           "timings/predicted_per_second"]
+# llama.vim's completion request, field for field (its ring of extra chunks carries a time).
+LLAMA_VIM = {"id_slot": 0, "input_prefix": PREFIX, "input_suffix": SUFFIX,
+             "input_extra": [{"text": "def sub(a, b):\n    return a - b\n", "time": [1733, 52000], "filename": "m.py"}],
+             "prompt": "", "n_predict": 12, "stop": [], "n_indent": 0, "top_k": 40, "top_p": 0.90,
+             "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
+             "t_max_prompt_ms": 500, "t_max_predict_ms": 1000,
+             "response_fields": ["content", *TIMINGS, "truncated", "tokens_cached"]}
+WARM_UP = {"id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": LLAMA_VIM["input_extra"],
+           "prompt": "", "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": False, "cache_prompt": True,
+           "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""]}
+
+
+def infill(url, body):
+    r = httpx.post(url + "/infill", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_llama_vims_completion_gets_the_fields_it_asks_for(served):
+    url, _ = served
+    answer = infill(url, LLAMA_VIM)
+    assert set(answer) == set(LLAMA_VIM["response_fields"])
+    assert isinstance(answer["content"], str) and answer["timings/predicted_n"] <= 12
+    assert answer["truncated"] is False and answer["tokens_cached"] >= answer["timings/prompt_n"]
+
+
+def test_llama_vims_warm_up_generates_nothing_and_gets_an_empty_object(served):
+    url, _ = served
+    assert infill(url, WARM_UP) == {}
+    whole = infill(url, {**WARM_UP, "response_fields": None})
+    assert whole["tokens_predicted"] == 0 and whole["content"] == "" and whole["stop_type"] == "limit"
+
+
+def test_the_infill_sampler_gives_the_librarys_seeded_answer(served):
+    url, target = served
+    body = {**LLAMA_VIM, "seed": 7, "t_max_predict_ms": 0, "response_fields": None}
+    answer = infill(url, body)
+    lib_target, draft = fim_pair()
+    sampling = SamplingConfig(top_k=40, top_p=0.9, order=("top_k", "top_p", "infill"), infill=infill_vocab(lib_target))
+    config = GenerationConfig(max_new_tokens=12, k=3, sampling=sampling, seed=7)
+    extra = [(c["filename"], c["text"]) for c in LLAMA_VIM["input_extra"]]
+    ids = fim_prompt(lib_target.fim, lib_target.tokenizer.text_ids, PREFIX, SUFFIX, [ExtraFile(*e) for e in extra])
+    expected = generate(lib_target, ids, config, ModelDrafter(draft, sampling))
+    assert answer["tokens"] == expected.token_ids
+    # Named or not, a sampler left out of the list is off: temperature 0.3 here is not applied.
+    plain = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 12, "seed": 3, "top_k": 5}
+    assert infill(url, {**plain, "temperature": 0.3, "samplers": ["top_k"]})["tokens"] == \
+        infill(url, {**plain, "temperature": 1.0})["tokens"]
+
+
+def test_n_indent_ends_the_answer_at_the_first_line_indented_less(served):
+    url, target = served
+    newline = target.tokenizer.text_ids("\n")[-1]
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 30, "seed": 1, "temperature": 1.0,
+            "logit_bias": {str(newline): 12.0}}  # the tiny model's logits are large
+    whole = infill(url, body)["content"]
+    at = IndentStop(4)(whole, 0)
+    assert at is not None  # the biased newlines make lines the rule can cut
+    cut = infill(url, {**body, "n_indent": 4})
+    assert cut["content"] == whole[:at] and cut["stop_type"] == "limit"
