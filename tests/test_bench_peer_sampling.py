@@ -9,7 +9,7 @@ import torch
 
 from specsample.bench.modes import SETTINGS, HFGenerateMode
 from specsample.bench.native import completion_request
-from specsample.bench.peer_sampling import FIELDS, PEERS, peer_sampling
+from specsample.bench.peer_sampling import FIELDS, INFILL_ONLY, PEERS, peer_sampling
 from specsample.bench.serving import ServedMode
 from specsample.sampling import SamplingConfig
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.pure
 def test_every_sampling_field_has_a_row_for_every_peer():
     assert set(FIELDS) == {f.name for f in dataclasses.fields(SamplingConfig)}
     assert all(len(names) == len(PEERS) for names in FIELDS.values())
-    assert all(FIELDS[f].openai for f in FIELDS)  # our own server takes every control
+    assert all(FIELDS[f].openai for f in FIELDS if f not in INFILL_ONLY)  # our own server takes every control
 
 
 LLAMA_SERVER_OFF = {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
@@ -92,3 +92,13 @@ def test_a_peer_without_our_control_refuses_it_on(peer, control):
     value = {"logit_bias": {3: 1.0}, "repetition_penalty": 1.3}.get(control, 0.5)
     with pytest.raises(ValueError, match="only run with it off"):
         peer_sampling(peer, SamplingConfig(**{control: value}))
+
+
+def test_a_named_order_reaches_llama_server_as_its_samplers_list_and_no_other_peer():
+    from specsample.infill_sampler import InfillVocab
+
+    infill = SamplingConfig(top_k=40, top_p=0.9, order=("top_k", "top_p", "infill"),
+                            infill=InfillVocab(lambda t: b"", frozenset(), None))
+    assert peer_sampling("llama_server", infill)["samplers"] == ["penalties", "top_k", "top_p", "infill"]
+    with pytest.raises(ValueError, match="no order"):
+        peer_sampling("hf_generate", infill)

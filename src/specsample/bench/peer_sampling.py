@@ -44,7 +44,12 @@ FIELDS = {
     "frequency_penalty": Names(None, None, None, "frequency_penalty"),
     "repetition_penalty": Names("repeat_penalty", None, "repetition_penalty", "repetition_penalty"),
     "logit_bias": Names("logit_bias", None, "sequence_bias", "logit_bias"),
+    # A named order of steps is llama.cpp's samplers list; our server takes it on /infill only.
+    "order": Names("samplers", None, None, None),
+    "infill": Names(None, None, None, None),  # the vocabulary of the order's infill step: it goes with the order
 }
+CARRIED = {"infill": "order"}  # fields told to a peer through another field's value
+INFILL_ONLY = ("order", "infill")  # what our server takes on /infill, not on /v1/completions
 
 # How a field's value is written where the peer wants another shape.
 VALUES = {
@@ -52,6 +57,7 @@ VALUES = {
     ("logit_bias", "hf_generate"): lambda bias: {(token,): value for token, value in bias} or None,
     ("min_p", "hf_generate"): lambda min_p: min_p or None,  # transformers warns of a 0.0 it would not use
     ("logit_bias", "openai"): lambda bias: {str(token): value for token, value in bias},
+    ("order", "llama_server"): lambda order: None if order is None else ["penalties", *order],
 }
 
 # Greedy (a temperature below MIN_TEMPERATURE) is the argmax in our loop; how each
@@ -87,6 +93,8 @@ def peer_sampling(peer: str, sampling: SamplingConfig) -> dict:
         raise ValueError(f"unknown peer {peer!r}; choose from {', '.join(PEERS)}")
     fields = {}
     for field, names in FIELDS.items():
+        if field in CARRIED:
+            continue
         value, name = getattr(sampling, field), getattr(names, peer)
         if name is None:
             if value != getattr(DEFAULT, field):
