@@ -109,9 +109,7 @@ class SamplingConfig:
         unknown = [s for s in order if s not in STEPS]
         if unknown or len(set(order)) < len(order):
             raise InvalidSetting("samplers", f"takes each of {', '.join(STEPS)} at most once", list(order))
-        active = {"temperature": self.temperature != 1.0, "min_p": self.min_p > 0, "top_k": self.top_k > 0,
-                  "top_p": self.top_p < 1.0}
-        off = [s for s, on in active.items() if on and s not in order]
+        off = [s for s, (name, neutral) in STEP_OFF.items() if getattr(self, name) != neutral and s not in order]
         if off:
             raise InvalidSetting("samplers", f"leaves out {', '.join(off)}, which is set", list(order))
         if ("infill" in order) != (self.infill is not None):
@@ -203,6 +201,8 @@ def _infill(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     return infill_filter(logits, config.infill)
 
 
+# Each step's field and the value that turns it off: a step an order leaves out must be off.
+STEP_OFF = {"temperature": ("temperature", 1.0), "min_p": ("min_p", 0.0), "top_k": ("top_k", 0), "top_p": ("top_p", 1.0)}
 # The steps a config's order may name, by llama.cpp's names for its samplers.
 _STEP = {"temperature": _temperature, "min_p": _min_p, "top_k": _top_k, "top_p": _top_p, "infill": _infill}
 STEPS = tuple(_STEP)

@@ -13,7 +13,7 @@ import functools
 
 from ..generate import GenerationConfig
 from ..infill_sampler import InfillVocab, infill_vocab
-from ..sampling import InvalidSetting, SamplingConfig
+from ..sampling import STEP_OFF, InvalidSetting, SamplingConfig
 from ..text_stops import IndentStop, TimeStop
 from .errors import APIError
 from .schemas import InfillRequest
@@ -58,9 +58,7 @@ def ordered_sampling(names: list[str], sampling: SamplingConfig, target) -> Samp
         raise APIError(400, "samplers: the penalties come first on this server (before any other sampler)",
                        param="samplers", code="invalid_value")
     named = set(steps)
-    neutral = {"temperature": ("temperature", 1.0), "min_p": ("min_p", 0.0), "top_k": ("top_k", 0),
-               "top_p": ("top_p", 1.0)}
-    changes = {field: value for step, (field, value) in neutral.items() if step not in named}
+    changes = {field: off for step, (field, off) in STEP_OFF.items() if step not in named}
     if "penalties" not in named:
         changes.update(presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0)
     order = tuple(s for s in steps if s != "penalties")
