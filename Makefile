@@ -6,9 +6,20 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench fetch clean
 
-$(STAMP): pyproject.toml
+# llama-cpp-python is built here with llama.cpp's RPC backend (--target-rpc, rpc-worker),
+# once per CPU: the build is native (-march=native), so its wheel is kept under a key of
+# this CPU's flags, and a fresh checkout on the same machine reuses it (pip's own wheel
+# cache would hand back a build without RPC, made with other flags).
+LLAMA_CPP_PYTHON := llama-cpp-python==0.3.16
+CPU_KEY := $(shell (grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m) | cksum | cut -d' ' -f1)
+WHEELS := $(HOME)/.cache/specsample/wheels/llama-rpc-$(CPU_KEY)
+
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	ls $(WHEELS)/llama_cpp_python-0.3.16-*.whl >/dev/null 2>&1 || CMAKE_ARGS="-DGGML_RPC=ON" \
+		$(BIN)/python -m pip wheel --quiet --no-deps --no-cache-dir --no-binary llama-cpp-python -w $(WHEELS) $(LLAMA_CPP_PYTHON)
+	$(BIN)/python -m pip install --quiet --force-reinstall --no-deps $(WHEELS)/llama_cpp_python-0.3.16-*.whl
 	$(BIN)/python -m pip install --quiet -e '.[all]'
 	touch $(STAMP)
 

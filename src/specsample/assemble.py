@@ -77,6 +77,10 @@ class ModelOptions:
                               "caches take at most half the memory available (a note on stderr says what was "
                               "chosen); over the trained context: refused (default %(default)s)")
     ngram_max: int = option(3, "longest n-gram the lookup matches")
+    target_rpc: str | None = option(None, "llamacpp target: put its layers on these llama.cpp RPC workers, "
+                                          "host:port[,host:port...] (specsample rpc-worker; the draft stays here)")
+    tensor_split: str | None = option(None, "with --target-rpc: each worker's share of the layers, e.g. 1,1 "
+                                            "(default: by each worker's free memory)")
     batch_invariant: bool = option(False, "llamacpp target: kernels whose logits do not depend on how many tokens "
                                           "a call scores, so speculative and plain decoding see the same numbers "
                                           "to the bit (calls run slower: docs/benchmarks.md says by how much)")
@@ -163,7 +167,8 @@ def assemble(options: ModelOptions, drafting: bool = True, sequences: int = 1) -
     target_quant = None if options.target_quant == "none" else options.target_quant
     kw["sequences"] = sequences if target_engine == "llamacpp" else 1
     target = hold_sequences(load_backend(options.target, target_engine, quant=target_quant,
-                                         batch_invariant=options.batch_invariant, **kw), sequences)
+                                         batch_invariant=options.batch_invariant,
+                                         workers=target_workers(options, target_engine), **kw), sequences)
     if not drafting:
         return Models(target)
     if draft_engine is None:
@@ -213,12 +218,29 @@ def check_options(options: ModelOptions, drafting: bool = True) -> tuple[str, st
     if options.target_quant != "none" and target_engine != "llamacpp":
         raise OptionError(f"--target-quant re-encodes a GGUF file for llama.cpp; the target runs on {target_engine} "
                           f"(use --dtype there)")
+    target_workers(options, target_engine)
     if not drafting or options.draft == "ngram":
         return target_engine, None
     draft_engine = pick_backend(options.draft, options.draft_backend or options.backend, options.device)
     if options.draft_vocab and draft_engine != "hf":
         raise OptionError("--draft-vocab needs the hf backend for the draft (--draft-backend hf)")
     return target_engine, draft_engine
+
+
+def target_workers(options: ModelOptions, target_engine: str):
+    """The RPC workers --target-rpc names (rpc.Workers), checked; None: the target is local."""
+    if options.target_rpc is None:
+        if options.tensor_split is not None:
+            raise OptionError("--tensor-split splits a target over --target-rpc workers; none is named")
+        return None
+    if target_engine != "llamacpp":
+        raise OptionError(f"--target-rpc places a llama.cpp target on RPC workers; the target runs on {target_engine}")
+    from .rpc import parse_workers
+
+    try:
+        return parse_workers(options.target_rpc, options.tensor_split)
+    except ValueError as e:
+        raise OptionError(str(e)) from None
 
 
 def check_machine_options(options: ModelOptions) -> None:

@@ -65,6 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("names", nargs="*", help=f"default: all of {', '.join(DEFAULT_MODELS)}")
     f.set_defaults(func=cmd_fetch)
 
+    w = sub.add_parser("rpc-worker", help="serve this machine's CPU to a target split over llama.cpp RPC workers")
+    w.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only; "
+                                                       "the protocol has no authentication)")
+    w.add_argument("--port", type=int, default=50052, help="default %(default)s, as llama.cpp's rpc-server")
+    w.add_argument("--threads", type=int, default=None, help="CPU threads for the layers it holds (default: all cores)")
+    w.add_argument("--mem", type=int, default=None, metavar="MB",
+                   help="memory it offers, which llama.cpp's default split follows (default: what is available)")
+    w.add_argument("--cache", action="store_true",
+                   help="keep the tensors it receives on disk, by hash, so a model loads faster the next time")
+    w.set_defaults(func=cmd_rpc_worker)
+
     add_bench_parser(sub)
     add_serve_parser(sub)
     add_check_parser(sub)
@@ -182,6 +193,39 @@ def cmd_fetch(args) -> int:
         if name not in DEFAULT_MODELS:
             raise UsageError(f"unknown default model {name!r}; choose from {', '.join(DEFAULT_MODELS)}")
         print(fetch_default(DEFAULT_MODELS[name]))
+    return 0
+
+
+def cmd_rpc_worker(args) -> int:
+    """A llama.cpp RPC worker on --host:--port until stopped. The worker runs in a thread
+    so that Ctrl-C and SIGTERM, which Python handles in the main thread, still end it."""
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be 1..65535, got {args.port}")
+    # Its threads sleep between graphs instead of spinning: the other workers on this
+    # machine (and the client) run while it waits. Read when llama.cpp loads, below.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from .models import cache_dir
+    from .rpc import TRUST_WARNING, serve_worker
+
+    threads = args.threads or os.cpu_count() or 1
+    failed: list[BaseException] = []
+
+    def run():
+        try:
+            serve_worker(args.host, args.port, threads, args.mem, cache_dir() / "rpc" if args.cache else None)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            failed.append(e)
+
+    worker = threading.Thread(target=run, daemon=True, name="rpc-worker")
+    worker.start()
+    print(f"specsample: RPC worker on {args.host}:{args.port}, {threads} threads; warning: {TRUST_WARNING}",
+          file=sys.stderr, flush=True)
+    while worker.is_alive():
+        worker.join(0.5)
+    if failed:
+        raise failed[0]
     return 0
 
 

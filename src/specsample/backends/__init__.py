@@ -69,12 +69,13 @@ def model_context(name: str, backend: str = "auto", *, device: str = "cpu", dtyp
 
 def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype: str = "float32",
                  threads: int | None = None, quant: str | None = None, batch_invariant: bool = False,
-                 sequences: int = 1, n_ctx: int | None = None):
+                 sequences: int = 1, n_ctx: int | None = None, workers=None):
     """A ready backend for a model name: short name, .gguf path, directory or hub id.
     `quant` (llama.cpp only): re-encode the GGUF file to this type first (cached).
     `batch_invariant` (llama.cpp only): logits that do not depend on the call's size.
     `sequences` (llama.cpp): how many it holds at once, in one context (batching.py);
     an hf model gets its sequences from assemble.hold_sequences.
+    `workers` (llama.cpp only, rpc.Workers): the layers live on these RPC workers.
     `n_ctx`: each sequence's context, at most the trained one (assemble chooses it,
     context_size.py); None: 4096 on llama.cpp, which allocates its cache at load, the
     trained context on hf, whose cache grows with use."""
@@ -82,6 +83,8 @@ def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype
     if backend == "hf":
         if batch_invariant:
             raise ModelError("--batch-invariant is a llama.cpp setting; the hf backend has none")
+        if workers is not None:
+            raise ModelError("--target-rpc places a llama.cpp model on RPC workers; the hf backend has none")
         from .hf import load_hf
 
         if model.hub:
@@ -95,7 +98,8 @@ def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype
     if backend == "llamacpp":
         from .llamacpp import LLAMACPP_CONTEXT, load_llamacpp
 
-        kw = dict(threads=threads, batch_invariant=batch_invariant, sequences=sequences, n_ctx=n_ctx or LLAMACPP_CONTEXT)
+        kw = dict(threads=threads, batch_invariant=batch_invariant, sequences=sequences, n_ctx=n_ctx or LLAMACPP_CONTEXT,
+                  workers=workers)
         if quant:
             from .reencode import load_reencoded
 

@@ -49,11 +49,16 @@ class LoadedModel:
     """A llama_model, freed when its last holder is gone. The tokenizer holds one too:
     its vocab pointer lives inside the model, and a tokenizer may outlive its backend."""
 
-    def __init__(self, lib, path: Path, repack: bool = True):
+    def __init__(self, lib, path: Path, repack: bool = True, workers=None):
         self.lib = lib
         params = lib.llama_model_default_params()
         if not repack:  # llama.cpp repacks weights for faster kernels by default
             params.use_extra_bufts = False
+        keep = []  # what params point into, alive through the load
+        if workers is not None:  # the layers live on llama.cpp RPC workers (rpc.py)
+            from ..rpc import place_on
+
+            place_on(params, lib, workers, keep)
         self.pointer = lib.llama_model_load_from_file(str(path).encode(), params)
         if not self.pointer:
             raise LoadError(f"llama.cpp could not load {path}")
@@ -182,7 +187,8 @@ class LlamaCppBackend(Backend):
     engine = "llamacpp"
 
     def __init__(self, path: Path, *, name: str | None = None, threads: int | None = None,
-                 n_ctx: int = LLAMACPP_CONTEXT, n_batch: int = 512, share_cores: bool = True, batch_invariant: bool = False, sequences: int = 1):
+                 n_ctx: int = LLAMACPP_CONTEXT, n_batch: int = 512, share_cores: bool = True, batch_invariant: bool = False, sequences: int = 1,
+                 workers=None):
         lib = _llama()
         self._lib = lib
         self.name = name or Path(path).name
@@ -193,7 +199,8 @@ class LlamaCppBackend(Backend):
         # repacking and with flash attention, 1-, 2-, 4- and 8-token calls agree to the
         # bit on the default pair (docs/results/numerics).
         self.batch_invariant = batch_invariant
-        self._loaded = LoadedModel(lib, path, repack=not batch_invariant)  # freed after the context (see __del__)
+        self.workers = workers
+        self._loaded = LoadedModel(lib, path, repack=not batch_invariant, workers=workers)  # freed after the context (see __del__)
         self._model, self._vocab = self._loaded.pointer, self._loaded.vocab
         threads = threads or os.cpu_count() or 1
         cparams = lib.llama_context_default_params()
@@ -234,7 +241,7 @@ class LlamaCppBackend(Backend):
         self._lengths = [0] * sequences
         # Identifies this engine, file and thread count in the controller's cost cache.
         self.cost_key = (f"llamacpp-{Path(path).name}-{Path(path).stat().st_size}-t{threads}" + ("-bi" if batch_invariant else "")
-                         + (f"-s{sequences}" if sequences > 1 else ""))
+                         + (f"-s{sequences}" if sequences > 1 else "") + (f"-{workers.key}" if workers else ""))
 
     @property
     def length(self) -> int:
@@ -316,6 +323,7 @@ class LlamaCppBackend(Backend):
 
 
 def load_llamacpp(path: Path, *, name: str | None = None, threads: int | None = None,
-                  batch_invariant: bool = False, sequences: int = 1, n_ctx: int = LLAMACPP_CONTEXT) -> LlamaCppBackend:
+                  batch_invariant: bool = False, sequences: int = 1, n_ctx: int = LLAMACPP_CONTEXT,
+                  workers=None) -> LlamaCppBackend:
     return LlamaCppBackend(path, name=name, threads=threads, batch_invariant=batch_invariant, sequences=sequences,
-                           n_ctx=n_ctx)
+                           n_ctx=n_ctx, workers=workers)

@@ -7,6 +7,7 @@ a module per run would import those back from here, in a cycle."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -95,6 +96,9 @@ def add_bench_parser(subparsers) -> None:
     b.add_argument("--contention", action="store_true",
                    help="measure instead how two model processes at once slow each other, with and without "
                         "specsample's core sharing, writing contention.md")
+    b.add_argument("--rpc-delay-ms", type=float, default=None, metavar="MS",
+                   help="with --target-rpc: reach each worker through a local relay that delays every message by "
+                        "MS one way (a network's latency on one machine; docs/distributed.md)")
     b.set_defaults(func=cmd_bench, ctx_size=BENCH_CONTEXT)
 
 
@@ -133,10 +137,60 @@ def parse_prompts(text: str, tasks: tuple[str, ...]) -> tuple[int, dict[str, int
     return max(counts.values()), counts
 
 
+# The modes that run the target through our loading (assemble), so on --target-rpc workers.
+REMOTE_MODES = ("ar", "spec-auto", "spec", "ngram")
+
+
+def check_remote_modes(args, families) -> None:
+    """With --target-rpc, only our own modes: a peer (transformers, llama-server) would run
+    the target on this machine, and its row would compare a local target with ours."""
+    local = [f for f in families if f not in REMOTE_MODES]
+    if getattr(args, "target_rpc", None) and local:
+        raise UsageError(f"--target-rpc runs the target on its workers in {', '.join(REMOTE_MODES)} only; "
+                         f"{', '.join(local)} would run it here (pass --modes)")
+
+
 def cmd_bench(args) -> int:
+    args = resolve_options(args)
+    with delayed_workers(args):
+        return bench_command(args)
+
+
+@contextlib.contextmanager
+def delayed_workers(args):
+    """--rpc-delay-ms: a relay in front of each --target-rpc worker for the whole run, its
+    round trip measured and printed; the models then reach the workers through them."""
+    delay = args.rpc_delay_ms
+    if delay is None:
+        yield
+        return
+    if not getattr(args, "target_rpc", None):
+        raise UsageError("--rpc-delay-ms delays the messages to --target-rpc workers; none is named")
+    if delay < 0:
+        raise UsageError(f"--rpc-delay-ms must be >= 0, got {delay:g}")
+    from ..rpc import parse_workers
+    from .relay import DelayRelay
+
+    try:
+        workers = parse_workers(args.target_rpc, args.tensor_split)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    with contextlib.ExitStack() as stack:
+        relays = [stack.enter_context(DelayRelay(endpoint, delay / 1000)) for endpoint in workers.endpoints]
+        print(f"specsample: bench: the workers through relays delaying each message {delay:g} ms one way "
+              f"({', '.join(f'{w} via {r.endpoint}' for w, r in zip(workers.endpoints, relays))})",
+              file=sys.stderr, flush=True)
+        original = args.target_rpc
+        args.target_rpc = ",".join(r.endpoint for r in relays)
+        try:
+            yield
+        finally:
+            args.target_rpc = original
+
+
+def bench_command(args) -> int:
     from .bandwidth import measure_read_bandwidth
 
-    args = resolve_options(args)
     if args.contention and args.target_quants:
         raise UsageError("--target-quants runs the per-sequence benchmark or --serve; with --contention give one "
                          "--target-quant")
@@ -147,6 +201,7 @@ def cmd_bench(args) -> int:
     load_at_start = os.getloadavg()[0]
     config = bench_config(args)  # validates before the slow model loads
     families = list(FAMILIES) if args.modes == "auto" else _names(args.modes, FAMILIES, "mode")
+    check_remote_modes(args, families)
     ks, peer_ks = draft_lengths(args)
     types = target_types(args)
     options = model_options(args)
@@ -254,6 +309,7 @@ def cmd_serve_load(args) -> int:
     if any(TASKS[t].held for t in config.tasks):
         raise UsageError("--serve sends plain requests: run tasks held to a grammar (structured, tools) without --serve")
     families = DEFAULT_SERVE_FAMILIES if args.modes == "auto" else _names(args.modes, SERVE_FAMILIES, "--serve mode")
+    check_remote_modes(args, families)
     ks, peer_ks = draft_lengths(args)
     clients, slots = serve_axes(args)
     types = target_types(args)

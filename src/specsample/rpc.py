@@ -1,0 +1,237 @@
+"""A target across machines on llama.cpp's RPC backend.
+
+llama.cpp's RPC backend is the engine: a worker exposes its CPU (ggml's CPU backend)
+over TCP, and a client places a model's layers on the workers it names, as it places
+them on GPUs. We add three things around it:
+
+- `serve_worker`: the worker, from the llama-cpp-python the project installs (the
+  Makefile builds it with GGML_RPC), so worker and client are one llama.cpp version;
+- `probe`: a worker's protocol version read before llama.cpp touches it, because
+  llama.cpp aborts the whole process on a worker it cannot talk to (a wrong address
+  would take the server down) and prints a version mismatch without failing;
+- `devices`: the RPC devices of a worker set, the list a model load takes.
+
+The protocol has no authentication and no encryption: whoever reaches a worker's port
+can run graphs on it and read what it holds. Workers bind to 127.0.0.1 unless told
+otherwise, and belong on a trusted network only (docs/distributed.md).
+
+Wire format (ggml-rpc.cpp of the pinned tree): a request is one command byte, an 8-byte
+little-endian size and that many bytes; a reply is an 8-byte size and its bytes. The
+first command of a connection must be HELLO, answered with the protocol's major,
+minor and patch version. A worker serves one connection at a time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# The protocol of the pinned llama.cpp (ggml/include/ggml-rpc.h: RPC_PROTO_*_VERSION).
+PROTOCOL = (2, 0, 0)
+CMD_HELLO = 14  # rpc_cmd's RPC_CMD_HELLO
+TRUST_WARNING = ("the RPC protocol has no authentication or encryption: anyone who reaches this port can run "
+                 "code on this worker's memory; keep it on a trusted network only")
+REBUILD_HINT = "run `make` again (its install builds llama-cpp-python with -DGGML_RPC=ON)"
+
+
+class WorkerError(RuntimeError):
+    """A worker cannot serve this client; the message is one line naming it."""
+
+
+class RpcUnsupported(WorkerError):
+    """This llama-cpp-python was built without the RPC backend."""
+
+
+@dataclass(frozen=True)
+class Workers:
+    """The worker set a target lives on, and the share of its layers each takes
+    (None: llama.cpp splits by each worker's free memory)."""
+
+    endpoints: tuple[str, ...]
+    split: tuple[float, ...] | None = None
+
+    def __post_init__(self):
+        if not self.endpoints:
+            raise ValueError("--target-rpc names no worker")
+        if self.split is not None and len(self.split) != len(self.endpoints):
+            raise ValueError(f"--tensor-split has {len(self.split)} shares for {len(self.endpoints)} workers")
+
+    @property
+    def key(self) -> str:
+        """Identifies the worker set in cost caches: another set is another cost curve."""
+        split = "" if self.split is None else ":" + ",".join(f"{s:g}" for s in self.split)
+        return "rpc-" + "+".join(self.endpoints) + split
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"an RPC worker is host:port, got {text!r}")
+    return host, int(port)
+
+
+def parse_workers(endpoints: str, split: str | None = None) -> Workers:
+    """--target-rpc host:port[,host:port...] and --tensor-split a,b,... as a Workers."""
+    names = tuple(e.strip() for e in endpoints.split(",") if e.strip())
+    for name in names:
+        parse_endpoint(name)
+    shares = None
+    if split:
+        try:
+            shares = tuple(float(s) for s in split.split(","))
+        except ValueError:
+            raise ValueError(f"--tensor-split is numbers separated by commas, got {split!r}") from None
+        if any(s < 0 for s in shares) or not sum(shares) > 0:
+            raise ValueError(f"--tensor-split needs shares >= 0 that sum above 0, got {split!r}")
+    return Workers(names, shares)
+
+
+def probe(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
+    """The worker's protocol version, or a WorkerError saying why it cannot serve us:
+    unreachable, not an RPC worker, or another llama.cpp's protocol."""
+    host, port = parse_endpoint(endpoint)
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(struct.pack("<BQ", CMD_HELLO, 0))
+            reply = _read(sock, 11)
+    except (OSError, EOFError) as e:
+        raise WorkerError(f"RPC worker {endpoint} is unreachable ({_reason(e)}); start it with "
+                          f"`specsample rpc-worker --host {host} --port {port}`") from None
+    size, major, minor, patch = struct.unpack("<QBBB", reply)
+    if size != 3:
+        raise WorkerError(f"{endpoint} did not answer as a llama.cpp RPC worker")
+    if (major, minor) != PROTOCOL[:2]:
+        raise WorkerError(f"RPC worker {endpoint} speaks protocol {major}.{minor}.{patch}, this llama.cpp "
+                          f"{'.'.join(map(str, PROTOCOL))}: run the worker from the same specsample install")
+    return major, minor, patch
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError("the connection closed")
+        data += chunk
+    return data
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, socket.timeout):
+        return "no answer in time"
+    return getattr(error, "strerror", None) or str(error) or type(error).__name__
+
+
+def _ggml(name: str) -> ctypes.CDLL:
+    """One of llama-cpp-python's ggml libraries (already loaded with libllama: the same
+    copy, found by its soname)."""
+    import llama_cpp
+
+    return ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / f"lib{name}.so"))
+
+
+def require_rpc(lib) -> None:
+    if not lib.llama_supports_rpc():
+        raise RpcUnsupported(f"this llama-cpp-python was built without RPC support; {REBUILD_HINT}")
+
+
+def devices(lib, workers: Workers):
+    """The NULL-terminated device list of a model load that puts its layers on these
+    workers, each probed first (a WorkerError, never llama.cpp's abort)."""
+    require_rpc(lib)
+    for endpoint in workers.endpoints:
+        probe(endpoint)
+    ggml = _ggml("ggml")
+    ggml.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+    ggml.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+    ggml.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    ggml.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    reg = ggml.ggml_backend_reg_by_name(b"RPC")
+    address = ggml.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_device") if reg else None
+    if not address:
+        raise RpcUnsupported(f"llama.cpp's RPC backend is not registered; {REBUILD_HINT}")
+    add_device = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(address)
+    found = (ctypes.c_void_p * (len(workers.endpoints) + 1))()
+    for i, endpoint in enumerate(workers.endpoints):
+        found[i] = add_device(endpoint.encode())
+    return found
+
+
+_abort_guard = None  # the ctypes callback, alive for the process's lifetime
+LOST_WORKER = ("specsample: error: a llama.cpp RPC worker stopped answering in the middle of a call ({}); "
+               "this process cannot go on with its target and stops here")
+
+
+def guard_aborts() -> None:
+    """llama.cpp's RPC client aborts the process when a worker dies mid-call (a core dump
+    under a backtrace, or a hang in whatever waits on it). Before that abort, ggml calls
+    this callback: for an RPC failure it prints one line saying what happened and ends
+    the process with status 2, as the CLI's other errors do. Any other abort keeps
+    ggml's own report."""
+    global _abort_guard
+    if _abort_guard is not None:
+        return
+    base = _ggml("ggml-base")
+    callback_type = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+    def on_abort(message: bytes | None) -> None:
+        text = (message or b"").decode("utf-8", "replace").strip()
+        if "RPC" in text:
+            print(LOST_WORKER.format(text.rsplit(": ", 1)[-1]), file=sys.stderr, flush=True)
+            os._exit(2)
+
+    _abort_guard = callback_type(on_abort)
+    base.ggml_set_abort_callback.argtypes = [callback_type]
+    base.ggml_set_abort_callback.restype = ctypes.c_void_p
+    base.ggml_set_abort_callback(_abort_guard)
+
+
+def place_on(params, lib, workers: Workers, keep: list) -> None:
+    """Model-load params that put every layer (and the output layer) on the workers,
+    split as `workers.split` says. `keep` holds the ctypes arrays the params point
+    into for as long as the load runs."""
+    found = devices(lib, workers)
+    guard_aborts()
+    params.devices = ctypes.cast(found, ctypes.c_void_p)
+    params.n_gpu_layers = 10_000  # every layer, as llama.cpp's -ngl 999
+    keep.append(found)
+    if workers.split is not None:
+        shares = (ctypes.c_float * lib.llama_max_devices())(*workers.split)
+        params.tensor_split = shares
+        keep.append(shares)
+
+
+def serve_worker(host: str, port: int, threads: int, memory_mb: int | None = None,
+                 cache: Path | None = None) -> None:
+    """Serve this machine's CPU to RPC clients until the process is stopped (blocks)."""
+    import llama_cpp
+
+    require_rpc(llama_cpp)
+    cpu, rpc = _ggml("ggml-cpu"), _ggml("ggml-rpc")
+    cpu.ggml_backend_cpu_init.restype = ctypes.c_void_p
+    cpu.ggml_backend_cpu_set_n_threads.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    rpc.ggml_backend_rpc_start_server.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p,
+                                                   ctypes.c_size_t, ctypes.c_size_t]
+    backend = cpu.ggml_backend_cpu_init()
+    if not backend:
+        raise WorkerError("ggml could not start its CPU backend")
+    cpu.ggml_backend_cpu_set_n_threads(backend, threads)
+    from .context_size import available_memory
+
+    total = memory_mb * 1024 * 1024 if memory_mb else available_memory()
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:  # a taken port is one line here; ggml's own bind failure prints and returns
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise WorkerError(f"cannot listen on {host}:{port}: {_reason(e)}") from None
+    rpc.ggml_backend_rpc_start_server(backend, f"{host}:{port}".encode(),
+                                      str(cache).encode() if cache is not None else None, total, total)
+    raise WorkerError(f"the RPC worker on {host}:{port} stopped (could it listen there?)")

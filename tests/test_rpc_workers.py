@@ -1,0 +1,132 @@
+"""A target on two llama.cpp RPC workers started here on 127.0.0.1 (rpc.py)."""
+
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from specsample.rpc import PROTOCOL, WorkerError, probe
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specsample[llamacpp]')")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fake_worker(reply: bytes) -> int:
+    """A server that answers the first request of one connection with `reply`."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def answer():
+        with server, server.accept()[0] as conn:
+            conn.recv(9)
+            conn.sendall(reply)
+
+    threading.Thread(target=answer, daemon=True).start()
+    return server.getsockname()[1]
+
+
+@pytest.mark.system
+def test_probe_says_why_a_worker_cannot_serve_unreachable_another_protocol_or_not_a_worker():
+    port = free_port()
+    with pytest.raises(WorkerError, match=f"127.0.0.1:{port} is unreachable.*rpc-worker --host 127.0.0.1 --port {port}"):
+        probe(f"127.0.0.1:{port}")
+    older = fake_worker(struct.pack("<QBBB", 3, PROTOCOL[0] - 1, 0, 0))
+    with pytest.raises(WorkerError, match=r"speaks protocol 1\.0\.0.*same specsample install"):
+        probe(f"127.0.0.1:{older}")
+    other = fake_worker(b"HTTP/1.1 400 Bad\r\n")
+    with pytest.raises(WorkerError, match="did not answer as a llama.cpp RPC worker"):
+        probe(f"127.0.0.1:{other}")
+    same = fake_worker(struct.pack("<QBBB", 3, *PROTOCOL))
+    assert probe(f"127.0.0.1:{same}") == PROTOCOL
+
+
+def start_workers(n: int = 2):
+    """n workers of one thread each on free local ports, once each answers the probe."""
+    ports = [free_port() for _ in range(n)]
+    procs = [subprocess.Popen([sys.executable, "-m", "specsample", "rpc-worker", "--port", str(p), "--threads", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for p in ports]
+    deadline = time.monotonic() + 60
+    for port in ports:
+        while True:
+            try:
+                probe(f"127.0.0.1:{port}", timeout=1)
+                break
+            except WorkerError:
+                if time.monotonic() > deadline:
+                    stop(procs)
+                    raise
+                time.sleep(0.2)
+    return ",".join(f"127.0.0.1:{p}" for p in ports), procs
+
+
+def stop(procs) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def workers():
+    """Two workers, stopped at the end."""
+    endpoints, procs = start_workers()
+    try:
+        yield endpoints
+    finally:
+        stop(procs)
+    assert "no authentication" in procs[0].stderr.read()  # its start-up line said so
+
+
+@pytest.mark.real
+def test_greedy_speculation_on_a_target_split_over_two_workers_equals_plain_greedy_there(real_pair, workers):
+    """The 0.5B model as the target, its layers on two local workers, batch-invariant
+    kernels; the 0.5B draft drafts here. Greedy speculative output is plain greedy output."""
+    from specsample.backends import load_backend
+    from specsample.generate import GenerationConfig, generate
+    from specsample.rpc import parse_workers
+    from specsample.sampling import SamplingConfig
+
+    split = parse_workers(workers, "1,1")
+    target = load_backend(real_pair.draft, "llamacpp", threads=1, batch_invariant=True, workers=split, n_ctx=512)
+    draft = load_backend(real_pair.draft, "llamacpp", threads=1, n_ctx=512)
+    assert split.key in target.cost_key
+    from specsample.drafters import ModelDrafter
+
+    greedy = SamplingConfig(temperature=0)
+    prompt = target.tokenizer.chat_prompt("Write a Python function that reverses a string.")
+    plain = generate(target, prompt, GenerationConfig(max_new_tokens=40, sampling=greedy))
+    spec = generate(target, prompt, GenerationConfig(max_new_tokens=40, k=4, sampling=greedy), ModelDrafter(draft, greedy))
+    assert spec.stats.accepted > 0
+    assert spec.token_ids == plain.token_ids
+
+
+@pytest.mark.real
+def test_a_worker_killed_mid_generation_ends_the_client_with_one_line_not_a_hang_or_a_core_dump(real_pair):
+    endpoints, procs = start_workers()
+    client = None
+    try:
+        client = subprocess.Popen(
+            [sys.executable, "-m", "specsample", "generate", "--target", real_pair.draft, "--draft", "ngram",
+             "--target-rpc", endpoints, "--ctx-size", "1024", "--threads", "1",
+             "--prompt", "Count from 1 to 1000, one number per line:", "--max-new-tokens", "900"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert client.stdout.read(8)  # text is streaming: the target answers from its workers
+        procs[1].kill()
+        _, err = client.communicate(timeout=60)
+        assert client.returncode == 2
+        assert b"RPC worker stopped answering" in err and b"Traceback" not in err
+    finally:
+        if client is not None and client.poll() is None:
+            client.kill()
+        stop(procs)
