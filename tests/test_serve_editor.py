@@ -82,3 +82,12 @@ def test_n_indent_ends_the_answer_at_the_first_line_indented_less(served):
     assert at is not None  # the biased newlines make lines the rule can cut
     cut = infill(url, {**body, "n_indent": 4})
     assert cut["content"] == whole[:at] and cut["stop_type"] == "limit"
+
+
+def test_samplers_as_llama_cpps_letter_codes_are_the_same_list_and_an_unknown_letter_is_a_400(served):
+    url, _ = served
+    body = {**LLAMA_VIM, "seed": 5, "t_max_predict_ms": 0, "response_fields": None}
+    assert infill(url, {**body, "samplers": "kpi"})["tokens"] == infill(url, body)["tokens"]
+    r = httpx.post(url + "/infill", json={**body, "samplers": "kqi"}, timeout=60)
+    assert r.status_code == 400
+    assert "'q'" in r.json()["error"]["message"] and r.json()["error"]["param"] == "samplers"

@@ -108,7 +108,7 @@ CASES = [  # (fim server?, path, body, status, param, words in the message)
     (True, "/v1/completions", {**COMPLETION, "model": "tiny-fim", "prompt": [1, 2], "suffix": "x"}, 400, "prompt",
      "must be text"),
     (True, "/v1/completions", {**COMPLETION, "model": "tiny-fim", "suffix": 3}, 400, "suffix", "string"),
-    (True, "/infill", {**INFILL, "samplers": "kt"}, 400, "samplers", "list"),
+    (True, "/infill", {**INFILL, "samplers": "kz"}, 400, "samplers", "letter 'z' names no sampler"),
     (True, "/infill", {**INFILL, "samplers": ["top_k", "mirostat"]}, 400, "samplers", "'mirostat' not supported"),
     (True, "/infill", {**INFILL, "samplers": ["infill"]}, 400, "samplers", "after a top_k of 1 to 1000"),
     (True, "/infill", {**INFILL, "samplers": ["top_k", "penalties"], "presence_penalty": 1}, 400, "samplers",

@@ -45,9 +45,31 @@ def editor_config(request: InfillRequest, config: GenerationConfig | None, targe
     return dataclasses.replace(config, sampling=sampling, text_stops=tuple(stops))
 
 
-def ordered_sampling(names: list[str], sampling: SamplingConfig, target) -> SamplingConfig:
+# llama.cpp's one-letter codes for its samplers (common_sampler_type_to_chr), which
+# llama-server takes as a string in place of the list of names.
+LETTERS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
+           "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties"}
+
+
+def sampler_names(samplers: list[str] | str) -> list[str]:
+    """The list of names; a string is llama.cpp's letter codes, one per sampler. llama.cpp
+    skips a letter it does not know with a warning in its log; a client never sees that,
+    so here it is a 400 that names it."""
+    if not isinstance(samplers, str):
+        return samplers
+    unknown = sorted({c for c in samplers if c not in LETTERS})
+    if unknown:
+        raise APIError(400, f"samplers: the letter{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))} "
+                       f"name{'s' * (len(unknown) == 1)} no sampler; llama.cpp's letters are "
+                       + ", ".join(f"{c} ({n})" for c, n in LETTERS.items()),
+                       param="samplers", code="invalid_value")
+    return [LETTERS[c] for c in samplers]
+
+
+def ordered_sampling(samplers: list[str] | str, sampling: SamplingConfig, target) -> SamplingConfig:
     """llama-server's rule: the samplers named run in that order, the others not at all
     (their fields are then ignored); ours come after logit_bias and the penalties."""
+    names = sampler_names(samplers)
     unknown = [n for n in names if n not in OURS + NO_OPS]
     if unknown:
         raise APIError(400, f"samplers: {', '.join(map(repr, unknown))} not supported; this server applies "

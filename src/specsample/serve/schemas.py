@@ -137,7 +137,7 @@ class InfillRequest(GenerationRequest):
     n_indent: int | None = None  # lines after the first indented at least this much, or the text ends
     t_max_prompt_ms: int | None = None  # accepted, as llama-server accepts it: it sets no limit either
     t_max_predict_ms: int | None = None  # after this long, end at the next newline
-    samplers: list[str] | None = None  # llama.cpp's sampler names, in the order to apply them
+    samplers: list[str] | str | None = None  # llama.cpp's sampler names in order, or its letter codes ("kpi")
     response_fields: list[str] | None = None  # the answer's fields to send ("timings/prompt_n": nested)
 
 
