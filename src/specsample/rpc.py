@@ -123,7 +123,7 @@ def _read(sock: socket.socket, n: int) -> bytes:
 
 def _reason(error: BaseException) -> str:
     if isinstance(error, socket.timeout):
-        return "no answer in time"
+        return "no answer in time; a worker serves one client at a time: is another process using it?"
     return getattr(error, "strerror", None) or str(error) or type(error).__name__
 
 

@@ -19,7 +19,7 @@ from ..arguments import UsageError, add_model_arguments, model_options
 from ..assemble import assemble
 from .budget import Cell, estimate_seconds, format_duration, trim_to_budget
 from .costs import measure_cost_curve
-from .modes import FAMILIES, SETTINGS, OurMode, build_modes
+from .modes import FAMILIES, OUR_FAMILIES, SETTINGS, OurMode, build_modes
 from .native import LlamaServer, ensure_server
 from .bandwidth import weight_bytes
 from .records import Record
@@ -137,16 +137,12 @@ def parse_prompts(text: str, tasks: tuple[str, ...]) -> tuple[int, dict[str, int
     return max(counts.values()), counts
 
 
-# The modes that run the target through our loading (assemble), so on --target-rpc workers.
-REMOTE_MODES = ("ar", "spec-auto", "spec", "ngram")
-
-
 def check_remote_modes(args, families) -> None:
     """With --target-rpc, only our own modes: a peer (transformers, llama-server) would run
     the target on this machine, and its row would compare a local target with ours."""
-    local = [f for f in families if f not in REMOTE_MODES]
+    local = [f for f in families if f not in OUR_FAMILIES]
     if getattr(args, "target_rpc", None) and local:
-        raise UsageError(f"--target-rpc runs the target on its workers in {', '.join(REMOTE_MODES)} only; "
+        raise UsageError(f"--target-rpc runs the target on its workers in {', '.join(OUR_FAMILIES)} only; "
                          f"{', '.join(local)} would run it here (pass --modes)")
 
 

@@ -27,8 +27,10 @@ SETTINGS = {
     "greedy": SamplingConfig(temperature=0.0),
     "sample": SamplingConfig(temperature=0.8, top_k=0, top_p=0.95),
 }
-FAMILIES = ("ar", "spec-auto", "spec", "ngram", "hf-generate", "hf-assisted", "hf-assisted-default", "llamacpp-ar",
-            "llamacpp-lookup", "llamacpp-server", "llamacpp-spec")
+# Our own loop's modes (OurMode, on the target assemble loaded), then the peers'.
+OUR_FAMILIES = ("ar", "spec-auto", "spec", "ngram")
+FAMILIES = OUR_FAMILIES + ("hf-generate", "hf-assisted", "hf-assisted-default", "llamacpp-ar", "llamacpp-lookup",
+                           "llamacpp-server", "llamacpp-spec")
 # transformers' own defaults for an assistant model (GenerationConfig in 5.x): up to
 # 20 drafts, cut short when the assistant's confidence falls below a threshold that
 # it tunes as it goes (and keeps across calls).
