@@ -20,7 +20,7 @@ class FakeProc:
     def clock(self):
         return self.now
 
-    def read(self):
+    def read(self, helpers=frozenset()):
         return self.busy, self.own
 
     def advance(self, seconds=0.5):
@@ -77,7 +77,7 @@ def test_turned_off_or_off_linux_it_uses_the_threads_asked_for():
     proc = FakeProc()
     proc.others = 2.0
     off = CpuShare(read=proc.read, clock=proc.clock, cores=2, enabled=False)
-    no_proc = CpuShare(read=lambda: None, clock=proc.clock, cores=2)
+    no_proc = CpuShare(read=lambda helpers: None, clock=proc.clock, cores=2)
     for share in (off, no_proc):
         share.threads(2)
         proc.advance()
@@ -105,3 +105,47 @@ def test_time_the_hypervisor_took_is_not_another_process():
             "intr 12345 0 0\n")
     assert busy_ticks(stat, {0, 1}) == 111 + 222  # steal (250 a core) left out
     assert busy_ticks(stat, {1}) == 222  # only the cores this process may run on
+
+
+def test_a_helper_process_working_while_this_one_waits_costs_no_thread():
+    """Local RPC workers compute a target's call while this process waits on it; their
+    time counted as a competitor's once made every draft step after a target call run
+    on one thread of two."""
+    proc = FakeProc()
+    helper_ticks = {"value": 0}
+
+    def read(helpers=frozenset()):
+        return proc.busy, proc.own + (helper_ticks["value"] if 4242 in helpers else 0)
+
+    share = CpuShare(interval=0.25, read=read, clock=proc.clock, cores=2)
+    share.threads(2)
+    proc.others = 2.0  # the workers run flat out on a target call
+    proc.advance()
+    helper_ticks["value"] += int(TICKS * 0.5 * 2.0)
+    assert share.threads(2) == 1  # not yet known as ours: a competitor
+    share.count_as_ours([4242])
+    share.threads(2)  # the window restarts: a window across the change would mix two meanings of "own"
+    proc.advance()
+    helper_ticks["value"] += int(TICKS * 0.5 * 2.0)
+    assert share.threads(2) == 2 and share.others == 0.0
+
+
+def test_a_helper_is_read_from_proc_and_one_that_is_gone_counts_nothing():
+    import os
+    import subprocess
+    import sys
+
+    if read_proc() is None:
+        pytest.skip("no /proc here")
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.4\n"
+                                                    "while time.process_time() < end: pass\nprint(flush=True)\n"
+                                                    "time.sleep(30)"], stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()  # its 0.4 s of CPU spent; now it sleeps
+        alone, with_child = read_proc()[1], read_proc(frozenset([child.pid]))[1]
+        assert with_child - alone >= 0.3 * TICKS
+    finally:
+        child.kill()
+        child.wait()
+    gone = read_proc(frozenset([child.pid, os.getpid() + 10**7]))
+    assert gone is not None and gone[1] - read_proc()[1] <= 2  # dead and missing pids: nothing

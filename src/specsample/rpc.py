@@ -197,6 +197,11 @@ def place_on(params, lib, workers: Workers, keep: list) -> None:
     into for as long as the load runs."""
     found = devices(lib, workers)
     guard_aborts()
+    # A worker on this machine computes while we wait on it: its CPU time is ours, or
+    # the draft's steps, run right after each target call, would yield it their cores.
+    from .backends.cpushare import SHARED
+
+    SHARED.count_as_ours(local_worker_pids(workers))
     params.devices = ctypes.cast(found, ctypes.c_void_p)
     params.n_gpu_layers = 10_000  # every layer, as llama.cpp's -ngl 999
     keep.append(found)
@@ -204,6 +209,52 @@ def place_on(params, lib, workers: Workers, keep: list) -> None:
         shares = (ctypes.c_float * lib.llama_max_devices())(*workers.split)
         params.tensor_split = shares
         keep.append(shares)
+
+
+def local_worker_pids(workers: Workers) -> set[int]:
+    """The processes of this machine that listen on a worker's port, for the workers
+    whose address is this machine's (empty off Linux, or for processes we may not see)."""
+    ports = {port for host, port in map(parse_endpoint, workers.endpoints) if is_this_machine(host)}
+    return listening_pids(ports) if ports else set()
+
+
+def is_this_machine(host: str) -> bool:
+    """Whether `host` names an address of this machine: one it can bind to."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind((address[0], 0))
+        return True
+    except OSError:
+        return False
+
+
+def listening_pids(ports: set[int]) -> set[int]:
+    """Processes listening on any of these TCP ports, read from /proc/net and each
+    process's open files."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:  # sl local_address rem_address st ... inode
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) in ports:  # 0A: LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    pids = set()
+    if not inodes:
+        return pids
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd.path) in inodes for fd in os.scandir(f"{entry.path}/fd")):
+                pids.add(int(entry.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
 
 
 def serve_worker(host: str, port: int, threads: int, memory_mb: int | None = None,

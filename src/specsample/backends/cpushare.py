@@ -24,17 +24,30 @@ TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 STALE = 4  # a window longer than this many intervals is too old to go by
 
 
-def read_proc() -> tuple[int, int] | None:
-    """(busy ticks of the cores this process may run on, ticks used by this process),
-    or None off Linux."""
+def read_proc(helpers: frozenset[int] = frozenset()) -> tuple[int, int] | None:
+    """(busy ticks of the cores this process may run on, ticks used by this process
+    and its `helpers`), or None off Linux. Helpers are processes that work only while
+    this one waits for them (local RPC workers holding a target's layers): their
+    time is this process's own work, not a competitor's. A helper that is gone counts
+    nothing."""
     try:
         with open("/proc/stat") as f:
             busy = busy_ticks(f.read(), _affinity())
-        with open("/proc/self/stat") as f:
-            own = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces
+        own = _process_ticks("self")
     except (OSError, ValueError, IndexError):
         return None
-    return busy, int(own[11]) + int(own[12])  # utime + stime
+    for pid in helpers:
+        try:
+            own += _process_ticks(str(pid))
+        except (OSError, ValueError, IndexError):
+            pass
+    return busy, own
+
+
+def _process_ticks(pid: str) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces
+    return int(fields[11]) + int(fields[12])  # utime + stime
 
 
 def busy_ticks(stat: str, cores: set[int]) -> int:
@@ -73,6 +86,7 @@ class CpuShare:
     def __init__(self, interval: float = 0.25, read=read_proc, clock=time.monotonic, cores: int | None = None,
                  enabled: bool = True):
         self.interval = interval
+        self.helpers: frozenset[int] = frozenset()  # processes whose time is ours (read_proc)
         self.enabled = enabled
         self.cores = cores or available_cores()
         self._read, self._clock = read, clock
@@ -91,7 +105,7 @@ class CpuShare:
         now = self._clock()
         if self._last is not None and now - self._last[0] < self.interval:
             return
-        sample = self._read()
+        sample = self._read(self.helpers)
         if sample is None:
             return
         if self._last is not None:
@@ -103,6 +117,11 @@ class CpuShare:
             # Such a window says nothing about now; start afresh, with every thread.
             self.others = max(0.0, others / TICKS / wall) if wall <= STALE * self.interval else 0.0
         self._last = (now, *sample)
+
+    def count_as_ours(self, pids) -> None:
+        """Count these processes' CPU time as this one's from now on (read_proc)."""
+        self.helpers = self.helpers | frozenset(pids)
+        self._last = None  # a window that straddles the change would mix two meanings of "own"
 
 
 # One per process: every backend reads the same measurement.
