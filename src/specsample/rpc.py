@@ -28,6 +28,7 @@ import os
 import socket
 import struct
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,16 +164,18 @@ def devices(lib, workers: Workers):
 
 
 _abort_guard = None  # the ctypes callback, alive for the process's lifetime
-LOST_WORKER = ("specsample: error: a llama.cpp RPC worker stopped answering in the middle of a call ({}); "
-               "this process cannot go on with its target and stops here")
+_on_lost = None  # what a lost worker is told to instead of ending the process (on_lost_worker)
+LOST_WORKER = "a llama.cpp RPC worker stopped answering in the middle of a call ({})"
 
 
 def guard_aborts() -> None:
     """llama.cpp's RPC client aborts the process when a worker dies mid-call (a core dump
     under a backtrace, or a hang in whatever waits on it). Before that abort, ggml calls
-    this callback: for an RPC failure it prints one line saying what happened and ends
-    the process with status 2, as the CLI's other errors do. Any other abort keeps
-    ggml's own report."""
+    this callback. For an RPC failure it says what happened in one line and then either
+    ends the process with status 2, as the CLI's other errors do, or, where a server
+    asked to hear of it (on_lost_worker), tells the server and parks the calling thread
+    for good: the call can neither return nor go on, and the abort that would follow
+    never comes. Any other abort keeps ggml's own report."""
     global _abort_guard
     if _abort_guard is not None:
         return
@@ -181,14 +184,53 @@ def guard_aborts() -> None:
 
     def on_abort(message: bytes | None) -> None:
         text = (message or b"").decode("utf-8", "replace").strip()
-        if "RPC" in text:
-            print(LOST_WORKER.format(text.rsplit(": ", 1)[-1]), file=sys.stderr, flush=True)
+        if "RPC" not in text:
+            return
+        line = LOST_WORKER.format(text.rsplit(": ", 1)[-1])
+        if _on_lost is None:
+            print(f"specsample: error: {line}; this process cannot go on with its target and stops here",
+                  file=sys.stderr, flush=True)
             os._exit(2)
+        try:
+            _on_lost(line)
+        finally:
+            threading.Event().wait()  # parked: the thread inside llama.cpp never returns to it
 
     _abort_guard = callback_type(on_abort)
     base.ggml_set_abort_callback.argtypes = [callback_type]
     base.ggml_set_abort_callback.restype = ctypes.c_void_p
     base.ggml_set_abort_callback(_abort_guard)
+
+
+def on_lost_worker(handler) -> None:
+    """From now on a worker lost mid-call calls handler(line) on the thread of that call,
+    which then never returns (guard_aborts), instead of ending the process."""
+    global _on_lost
+    _on_lost = handler
+
+
+def release(workers: Workers) -> int:
+    """Shut down this process's connections to the workers, leaving their descriptors to
+    whoever holds them. A worker serves one connection at a time: one that outlived
+    its partner still serves ours, held by a call that will never return, and answers
+    nobody else (a probe, or this process started afresh) until it is shut. Returns how
+    many were shut."""
+    addresses = set()
+    for host, port in map(parse_endpoint, workers.endpoints):
+        for *_, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+            addresses.add(address[:2])
+    shut = 0
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            with socket.socket(fileno=os.dup(int(name))) as sock:
+                if sock.type == socket.SOCK_STREAM and sock.getpeername()[:2] in addresses:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    shut += 1
+        except OSError:  # closed meanwhile, not connected, or not a socket we can read
+            continue
+    return shut
 
 
 def place_on(params, lib, workers: Workers, keep: list) -> None:

@@ -106,6 +106,8 @@ def cmd_serve(args) -> int:
     doors = door_settings(args)
     import uvicorn
 
+    from ..rpc import parse_workers
+    from . import recovery
     from .app import create_app
     from .settings import Settings
 
@@ -125,6 +127,10 @@ def cmd_serve(args) -> int:
                         max_tokens=args.max_tokens, max_request_tokens=args.max_request_tokens,
                         verifier=args.verifier, **doors)
     app = create_app(models.target, models.drafter, models.drafter_name, settings, models.draft)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", limit_concurrency=args.max_connections,
-                timeout_keep_alive=args.keep_alive_timeout)
+    options = dict(host=args.host, port=args.port, log_level="info", limit_concurrency=args.max_connections,
+                   timeout_keep_alive=args.keep_alive_timeout)
+    if args.target_rpc:  # on a socket that a reload after a lost worker keeps
+        recovery.run(app, parse_workers(args.target_rpc, args.tensor_split), **options)
+    else:
+        uvicorn.run(app, **options)
     return 0

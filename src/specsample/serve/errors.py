@@ -6,6 +6,7 @@ from __future__ import annotations
 from starlette.responses import JSONResponse
 
 from .events import End, Ended
+from .worker import TargetLost
 
 
 class APIError(Exception):
@@ -37,4 +38,10 @@ def ending_error(ended: Ended) -> APIError | None:
         return ClientGone()
     if ended.end is End.REFUSED:  # stream()'s verdict on the request (context, vocabularies)
         return APIError(400, str(ended.error))
+    if isinstance(ended.error, TargetLost):
+        return target_lost(ended.error)
     return APIError(500, f"generation failed: {type(ended.error).__name__}", type="server_error")
+
+
+def target_lost(error: TargetLost) -> APIError:
+    return APIError(503, str(error), type="server_error", code="target_unavailable")

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from .doors import log
 from .editor import editor_config
-from .errors import APIError, ClientGone, ending_error
+from .errors import APIError, ClientGone, ending_error, target_lost
 from .events import Ended, Finished, Generated
 from .replies import FINISH_REASONS, Answer, Choice, InfillReply, Reply
 from .request_config import (chat_prompt, chat_prompts, completion_prompts, infill_prompts, plan, response_headers,
@@ -27,7 +27,7 @@ from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, Generat
                       TokenizeRequest, read_request)
 from .settings import Server
 from .tool_requests import tool_plan
-from .worker import Job, QueueFull
+from .worker import Job, QueueFull, TargetLost
 
 
 async def completions(request: Request) -> Response:
@@ -75,6 +75,8 @@ async def _answer(request: Request, kind: type[GenerationRequest]) -> Response:
     except QueueFull:
         raise APIError(429, f"the server is busy: {settings.max_queue} requests are waiting; retry later",
                        type="rate_limit_error", code="queue_full") from None
+    except TargetLost as e:
+        raise target_lost(e) from None
     prompt_tokens = sum(len(ids) for ids, _ in prompts)
     if kind is InfillRequest:
         reply = InfillReply(settings.model_name, prompt_tokens, server.drafter_name, body.response_fields)
@@ -256,6 +258,9 @@ async def tokenizer_info(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
+    lost = request.app.state.server.worker.lost
+    if lost is not None:  # a load balancer stops sending requests here
+        return target_lost(lost).response()
     return JSONResponse({"status": "ok"})
 
 

@@ -32,6 +32,11 @@ class QueueFull(Exception):
     pass
 
 
+class TargetLost(Exception):
+    """The target can no longer be called (its RPC worker died mid-call, rpc.py): every
+    request gets this, as a 503, until the server is started again."""
+
+
 @dataclass
 class Task:
     """One choice of a request: a prompt and what to do with it."""
@@ -102,6 +107,7 @@ class Worker:
         self._running: dict[int, Job] = {}  # slot -> the job being generated on it
         self._changed = threading.Condition()  # guards _waiting, _running and _stopping
         self._stopping = False
+        self.lost: TargetLost | None = None  # set once, by lose()
         self._thread = threading.Thread(target=self._run, name="specsample-worker", daemon=True)
         # Seconds the thread spent on generations (model calls and every sequence's own
         # work between them), not waiting for requests: /metrics, for bench --serve.
@@ -137,10 +143,24 @@ class Worker:
                 job.cancel()
             self._stopping = True
             self._changed.notify()
-        self._thread.join(timeout)
+        if self.lost is None:  # else the thread is parked inside the lost call for good
+            self._thread.join(timeout)
+
+    def lose(self, error: TargetLost) -> None:
+        """The target is gone for good: every request being generated or waiting ends
+        with `error`, and so does every later one. Called on the worker thread from
+        inside its last model call, which never returns (rpc.guard_aborts)."""
+        with self._changed:
+            self.lost = error
+            for job in [*self._running.values(), *self._waiting]:
+                job.emit(Ended(End.FAILED, error))
+            self._running.clear()
+            self._waiting.clear()
 
     def submit(self, job: Job) -> None:
         with self._changed:
+            if self.lost is not None:
+                raise self.lost
             # A request that timed out or whose client left while waiting holds no
             # place: without this, --max-queue of them would turn everyone away.
             self._drop_cancelled()
@@ -189,7 +209,7 @@ class Worker:
             self._generate(job, seq)
         finally:
             with self._changed:
-                del self._running[seq]
+                self._running.pop(seq, None)  # lose() may have cleared it
             self._free.append(seq)
 
     def _generate(self, job: Job, seq: int) -> None:
