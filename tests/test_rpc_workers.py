@@ -1,5 +1,6 @@
 """A target on two llama.cpp RPC workers started here on 127.0.0.1 (rpc.py)."""
 
+import json
 import socket
 import struct
 import subprocess
@@ -112,6 +113,31 @@ def test_greedy_speculation_on_a_target_split_over_two_workers_equals_plain_gree
 
 
 @pytest.mark.real
+def test_a_target_on_two_workers_scores_the_rows_it_scores_here_to_the_bit(real_pair, workers):
+    """With batch-invariant kernels the split target is the local target, number for
+    number, in calls of every size: every distribution test of the local engine (and
+    `specsample check`'s reference) holds on it as it is. The default kernels differ:
+    the local copy's weights are repacked and a worker's are not."""
+    import torch
+
+    from specsample.backends import load_backend
+    from specsample.rpc import parse_workers
+
+    split = load_backend(real_pair.draft, "llamacpp", threads=1, batch_invariant=True,
+                         workers=parse_workers(workers, "1,1"), n_ctx=512)
+    here = load_backend(real_pair.draft, "llamacpp", threads=1, batch_invariant=True, n_ctx=512)
+    prompt = here.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n")
+    for backend in (split, here):
+        backend.score(prompt, 1)
+    for tokens in ([100], [200, 300], [400, 500, 600, 700], list(range(1000, 1008))):
+        rows = [backend.score(tokens, len(tokens)) for backend in (split, here)]
+        assert torch.equal(*rows), len(tokens)
+    for backend in (split, here):  # a sequence rolled back on the workers reads as one rolled back here
+        backend.rollback(len(prompt) + 1)
+    assert torch.equal(split.score([42], 1), here.score([42], 1))
+
+
+@pytest.mark.real
 def test_a_worker_killed_mid_generation_ends_the_client_with_one_line_not_a_hang_or_a_core_dump(real_pair):
     endpoints, procs = start_workers()
     client = None
@@ -130,3 +156,76 @@ def test_a_worker_killed_mid_generation_ends_the_client_with_one_line_not_a_hang
         if client is not None and client.poll() is None:
             client.kill()
         stop(procs)
+
+
+def start_worker(port: int):
+    proc = subprocess.Popen([sys.executable, "-m", "specsample", "rpc-worker", "--port", str(port), "--threads", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: _answers(f"127.0.0.1:{port}"), 60, "the worker")
+    return proc
+
+
+def _answers(endpoint: str) -> bool:
+    try:
+        probe(endpoint, timeout=1)
+        return True
+    except WorkerError:
+        return False
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.real
+def test_a_server_outlives_a_worker_killed_mid_generation_and_reloads_in_place_once_it_is_back(real_pair):
+    """The request being generated ends with a 503 naming the lost worker, /health and
+    new requests say the same, and once the worker is started again the same process
+    (same pid, same socket) serves again."""
+    import httpx
+
+    endpoints, procs = start_workers()
+    port = free_port()
+    model = real_pair.draft.rsplit("/", 1)[-1]
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "specsample", "serve", "--target", real_pair.draft, "--draft", "ngram",
+         "--target-rpc", endpoints, "--ctx-size", "1024", "--threads", "1", "--parallel", "1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def healthy() -> int | None:
+        try:
+            return httpx.get(url + "/health", timeout=30).status_code
+        except httpx.TransportError:
+            return None
+
+    body = {"model": model, "prompt": "Count from 1 to 1000, one number per line:", "max_tokens": 900}
+    try:
+        wait_for(lambda: healthy() == 200, 120, "the server")
+        lines = []
+        with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line)
+                    if len(lines) == 3:  # text is streaming: the target answers from its workers
+                        procs[1].kill()
+        assert lines[-1] == "data: [DONE]"
+        error = json.loads(lines[-2][6:])["error"]
+        assert error["code"] == "target_unavailable" and "RPC worker stopped answering" in error["message"]
+        assert all("choices" in json.loads(line[6:]) for line in lines[:3])
+        assert healthy() == 503
+        r = httpx.post(url + "/v1/completions", json={**body, "max_tokens": 4}, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "target_unavailable"
+        procs[1] = start_worker(int(endpoints.rsplit(":", 1)[1]))
+        wait_for(lambda: healthy() == 200, 120, "the reload")
+        r = httpx.post(url + "/v1/completions", json={**body, "max_tokens": 8}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+        assert server.poll() is None  # the same process throughout
+    finally:
+        server.kill()
+        _, err = server.communicate(timeout=30)
+        stop(procs)
+    assert "reloading the server" in err and "Traceback" not in err
