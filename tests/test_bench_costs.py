@@ -1,6 +1,6 @@
 import pytest
 
-from specsample.bench.costs import expected_tokens_per_round, predict, predicted_speedup, recommend
+from specsample.bench.costs import break_even_alpha, expected_tokens_per_round, predict, predicted_speedup, recommend
 
 pytestmark = pytest.mark.pure
 
@@ -60,3 +60,20 @@ def test_prediction_uses_plain_decoding_as_the_baseline_and_warm_later_draft_ste
     got = predicted_speedup(0.8, 2, 0.020, target_cost, plain=0.080, draft_warm=0.010)
     assert got == pytest.approx(0.080 / (0.150 / 2.44))
     assert predict({2: 0.8}, 0.020, target_cost, 0.080, 0.010)[0].speedup == pytest.approx(got)
+
+
+def test_break_even_acceptance_is_where_the_predicted_speedup_crosses_one():
+    # Target 100 ms for 1 token, 140 ms for 2; draft step 20 ms; K = 1: a round costs
+    # 160 ms and yields 1 + alpha tokens, so it breaks even at 1 + alpha = 1.6.
+    target_cost = [0.100, 0.140]
+    alpha = break_even_alpha(1, 0.020, target_cost)
+    assert alpha == pytest.approx(0.6)
+    assert predicted_speedup(alpha + 0.01, 1, 0.020, target_cost) > 1 > predicted_speedup(alpha - 0.01, 1, 0.020,
+                                                                                          target_cost)
+    # A dearer call (a network's fixed cost paid once per call, here 50 ms) breaks even lower.
+    assert break_even_alpha(1, 0.020, [0.150, 0.190]) < alpha
+
+
+def test_break_even_is_none_where_even_a_perfect_drafter_loses():
+    # 2 tokens in 200 ms plus a 50 ms draft step: slower than two 100 ms plain steps.
+    assert break_even_alpha(1, 0.050, [0.100, 0.200]) is None

@@ -47,6 +47,24 @@ def predicted_speedup(alpha: float, k: int, draft_step: float, target_cost: list
     return (target_cost[0] if plain is None else plain) / seconds_per_token
 
 
+def break_even_alpha(k: int, draft_step: float, target_cost: list[float], plain: float | None = None,
+                     draft_warm: float | None = None) -> float | None:
+    """The acceptance rate at which K = k drafts a round decode exactly as fast as plain
+    decoding, by the model above: a drafter accepted more often than this pays at this
+    K. None when even a drafter accepted every time would not (the K + 1 tokens of a
+    round cost more than K + 1 plain steps)."""
+    if predicted_speedup(1.0, k, draft_step, target_cost, plain, draft_warm) <= 1:
+        return None
+    low, high = 0.0, 1.0  # the speedup grows with alpha: bisect for where it crosses 1
+    for _ in range(50):
+        middle = (low + high) / 2
+        if predicted_speedup(middle, k, draft_step, target_cost, plain, draft_warm) < 1:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
 @dataclass
 class Prediction:
     k: int

@@ -7,7 +7,7 @@ import platform
 from collections.abc import Callable
 from importlib import metadata
 
-from .costs import CostCurve, Prediction, predict, recommend
+from .costs import CostCurve, Prediction, break_even_alpha, predict, recommend
 from .parity import PassRate
 from .bandwidth import effective_bandwidth
 from .fim_task import similarity
@@ -37,14 +37,25 @@ def _bandwidth_cell(weight_bytes: int | None, decode_rate: float | None, read_ba
 
 
 def cost_table(curve: CostCurve) -> str:
-    rows = [["tokens scored in one target call", "median ms", "x a 1-token call"]]
-    rows += [[str(n), f"{1000 * t:.1f}", f"{curve.ratio(n):.2f}"] for n, t in enumerate(curve.target_cost, start=1)]
+    """The cost curve; with a draft model's steps timed, the acceptance rate at which
+    K = n - 1 drafts break even (costs.break_even_alpha)."""
+    drafts = curve.draft_step is not None
+    rows = [["tokens scored in one target call", "median ms", "x a 1-token call"]
+            + (["break-even acceptance at K = n - 1"] if drafts else [])]
+    for n, t in enumerate(curve.target_cost, start=1):
+        row = [str(n), f"{1000 * t:.1f}", f"{curve.ratio(n):.2f}"]
+        if drafts:
+            alpha = break_even_alpha(n - 1, curve.draft_step, curve.target_cost, curve.plain,
+                                     curve.draft_warm) if n > 1 else None
+            row.append("" if n == 1 else "never pays" if alpha is None else f"{alpha:.2f}")
+        rows.append(row)
+    blank = [""] if drafts else []
     if curve.plain is not None:
-        rows.append(["1, back to back (plain decoding)", f"{1000 * curve.plain:.1f}", ""])
+        rows.append(["1, back to back (plain decoding)", f"{1000 * curve.plain:.1f}", ""] + blank)
     if curve.draft_step is not None:
-        rows.append(["draft step after a target call (a round's first)", f"{1000 * curve.draft_step:.1f}", ""])
+        rows.append(["draft step after a target call (a round's first)", f"{1000 * curve.draft_step:.1f}", ""] + blank)
     if curve.draft_warm is not None:
-        rows.append(["draft step after a draft step", f"{1000 * curve.draft_warm:.1f}", ""])
+        rows.append(["draft step after a draft step", f"{1000 * curve.draft_warm:.1f}", ""] + blank)
     return markdown_table(rows)
 
 
