@@ -135,6 +135,12 @@ def test_a_target_on_two_workers_scores_the_rows_it_scores_here_to_the_bit(real_
     for backend in (split, here):  # a sequence rolled back on the workers reads as one rolled back here
         backend.rollback(len(prompt) + 1)
     assert torch.equal(split.score([42], 1), here.score([42], 1))
+    # A second model on the same workers in this process (bench --target-quants): the
+    # workers are known to answer, and a probe would wait behind the first model's connection.
+    again = load_backend(real_pair.draft, "llamacpp", threads=1, batch_invariant=True,
+                         workers=parse_workers(workers, "1,1"), n_ctx=512)
+    here.rollback(0)
+    assert torch.equal(again.score(prompt, 1), here.score(prompt, 1))
 
 
 @pytest.mark.real

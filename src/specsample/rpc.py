@@ -146,7 +146,10 @@ def devices(lib, workers: Workers):
     workers, each probed first (a WorkerError, never llama.cpp's abort)."""
     require_rpc(lib)
     for endpoint in workers.endpoints:
-        probe(endpoint)
+        # A worker this process already holds a model on is known to answer, and a
+        # probe's second connection would wait until that model is freed.
+        if not connections_to(endpoint):
+            probe(endpoint)
     ggml = _ggml("ggml")
     ggml.ggml_backend_reg_by_name.restype = ctypes.c_void_p
     ggml.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
@@ -215,22 +218,39 @@ def release(workers: Workers) -> int:
     its partner still serves ours, held by a call that will never return, and answers
     nobody else (a probe, or this process started afresh) until it is shut. Returns how
     many were shut."""
-    addresses = set()
-    for host, port in map(parse_endpoint, workers.endpoints):
-        for *_, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
-            addresses.add(address[:2])
     shut = 0
-    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+    for endpoint in workers.endpoints:
+        for fd in connections_to(endpoint):
+            try:
+                with socket.socket(fileno=os.dup(fd)) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+                shut += 1
+            except OSError:  # closed meanwhile
+                continue
+    return shut
+
+
+def connections_to(endpoint: str) -> list[int]:
+    """This process's open TCP connections to a worker (descriptor numbers): llama.cpp
+    keeps one per worker for as long as a model placed there lives, shared by every
+    model of this process on that worker."""
+    host, port = parse_endpoint(endpoint)
+    try:
+        addresses = {address[:2] for *_, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        names = os.listdir("/proc/self/fd")
+    except OSError:  # an unknown host, or no /proc
+        return []
+    found = []
+    for name in names:
         try:
             if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
                 continue
             with socket.socket(fileno=os.dup(int(name))) as sock:
                 if sock.type == socket.SOCK_STREAM and sock.getpeername()[:2] in addresses:
-                    sock.shutdown(socket.SHUT_RDWR)
-                    shut += 1
-        except OSError:  # closed meanwhile, not connected, or not a socket we can read
+                    found.append(int(name))
+        except OSError:  # closed meanwhile, not connected, or not ours to read
             continue
-    return shut
+    return found
 
 
 def place_on(params, lib, workers: Workers, keep: list) -> None:
