@@ -136,3 +136,16 @@ def test_the_harness_servers_get_every_model_option(monkeypatch, tmp_path):
     with pytest.raises(Stop):
         harness.main([*CHANGED.argv(), "--out", str(tmp_path)])
     assert model_options(build_parser().parse_args(["serve", *started[0]])) == CHANGED
+
+
+def test_k_max_reaches_the_spec_auto_mode_and_a_bad_one_is_a_usage_error():
+    from specsample.bench.cli import draft_lengths
+    from specsample.bench.modes import build_modes
+
+    with pytest.raises(UsageError, match="--k-max must be >= 1"):
+        draft_lengths(_args("--k-max", "0"))
+    assert _args().k_max == 8  # generate's and serve's default
+    modes, _ = build_modes(["spec-auto", "spec"], [2], [3], target=None, draft=object(), k_max=12)
+    auto, fixed = modes
+    assert auto.policy.k_max == 12 and auto.k_max == 12
+    assert fixed.policy.k_max == 2  # a fixed K drafts K, whatever -k auto's ceiling

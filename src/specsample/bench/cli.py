@@ -72,6 +72,9 @@ def add_bench_parser(subparsers) -> None:
                         "table by type: the GGUF file's own type (e.g. q4_k_m) and any of bf16, f16, q8_0 "
                         "(re-encoded once, cached); e.g. q4_k_m,bf16")
     b.add_argument("--ks", help="draft lengths K of the spec sweep (default 2,3,4)")
+    b.add_argument("--k-max", type=int, default=8,
+                   help="the most drafts spec-auto (-k auto) proposes in a round (default 8, as generate's and "
+                        "serve's --k-max)")
     b.add_argument("--peer-k", help="K of ngram, hf-assisted, llamacpp-lookup and llamacpp-spec, or a comma list for a "
                                    "mode per K (default 3)")
     b.add_argument("--prompts", help="prompts per task: N, or task=N,... (default 8)")
@@ -236,7 +239,7 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bo
     parity_prompts = prepare(target, ("humaneval",), {"humaneval": parity_count})["humaneval"] if parity_count else []
     longest = max(len(p.ids) for group in list(prompts.values()) + [parity_prompts] for p in group)
     most_tokens = max(config.new_tokens(t) for t in config.tasks + ("humaneval",))
-    n_ctx = longest + most_tokens + max(ks + peer_ks) + 16
+    n_ctx = longest + most_tokens + max(ks + peer_ks + [args.k_max]) + 16
     if n_ctx > target.context_length:  # before the cost curve's minute, not at the first long prompt
         raise UsageError(f"these prompts and answers need {n_ctx} tokens of context, and the target was loaded with "
                          f"{target.context_length}: give --ctx-size {n_ctx} (or a smaller --max-new-tokens)")
@@ -248,7 +251,7 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bo
         server, no_server = None, str(e)
     try:
         modes, skipped = build_modes(families, ks, peer_ks, target, draft, target_gguf=gguf, ngram_max=args.ngram_max,
-                                     n_ctx=n_ctx, server=server, no_server=no_server)
+                                     n_ctx=n_ctx, k_max=args.k_max, server=server, no_server=no_server)
         notes = [f"not run: {n}" for n in skipped]
         parity_modes = _parity_modes(target, draft, args.parity_k) if parity_prompts else []
         if parity_count and not parity_modes:
@@ -262,7 +265,9 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bo
 
 
 def draft_lengths(args) -> tuple[list[int], list[int]]:
-    """--ks and --peer-k as lists of K >= 1."""
+    """--ks and --peer-k as lists of K >= 1 (and --k-max checked)."""
+    if args.k_max < 1:
+        raise UsageError(f"--k-max must be >= 1, got {args.k_max}")
     return list(_counts(args.ks, "--ks")), list(_counts(args.peer_k, "--peer-k"))
 
 

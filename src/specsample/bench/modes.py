@@ -56,7 +56,7 @@ class OurMode:
 
     def __init__(self, name: str, family: str, target, k: int | str | None = None, draft=None, ngram_max: int = 3,
                  k_max: int = 8):
-        self.name, self.family, self.k = name, family, k
+        self.name, self.family, self.k, self.k_max = name, family, k, k_max
         self.target, self.draft, self.ngram_max = target, draft, ngram_max
         self.policy = make_policy(k or 1, k_max, target, draft if family in ("spec", "spec-auto") else None,
                                   drafts=family != "ar")
@@ -66,8 +66,9 @@ class OurMode:
         # draft model alone; ngram: lookup alone; ar: none.
         draft = self.draft if self.family in ("spec", "spec-auto") else None
         drafter = make_drafter(draft, sampling, lookup=self.family in ("spec-auto", "ngram"), ngram_max=self.ngram_max)
-        config = GenerationConfig(max_new_tokens=max_new_tokens, k=self.k or 1, sampling=sampling, seed=seed,
-                                  stop_strings=tuple(stop_strings), constraint=self._constraint(schema, tools))
+        config = GenerationConfig(max_new_tokens=max_new_tokens, k=self.k or 1, k_max=self.k_max, sampling=sampling,
+                                  seed=seed, stop_strings=tuple(stop_strings),
+                                  constraint=self._constraint(schema, tools))
         result = generate(self.target, prompt_ids, config, drafter, self.policy)
         return Outcome(result.token_ids, result.text, result.stop_reason, result.stats.as_dict())
 
@@ -260,7 +261,7 @@ def _decode(backend, ids: list[int]) -> str:
 
 
 def build_modes(families, ks, peer_ks, target, draft=None, *, target_gguf=None, ngram_max=3, n_ctx=2048,
-                server: LlamaServer | None = None, no_server: str | None = None):
+                k_max: int = 8, server: LlamaServer | None = None, no_server: str | None = None):
     """The modes to run, and a note for every requested family that cannot run here.
 
     peer_ks: the draft lengths of the peers' fixed-K families (one mode per K).
@@ -271,7 +272,7 @@ def build_modes(families, ks, peer_ks, target, draft=None, *, target_gguf=None, 
         if family == "ar":
             modes.append(OurMode("ar", "ar", target))
         elif family == "spec-auto":
-            modes.append(OurMode("spec-auto", "spec-auto", target, "auto", draft, ngram_max=ngram_max))
+            modes.append(OurMode("spec-auto", "spec-auto", target, "auto", draft, ngram_max=ngram_max, k_max=k_max))
         elif family == "spec":
             if draft is None:
                 skipped.append("spec: no draft model")
