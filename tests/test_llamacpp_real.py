@@ -285,3 +285,25 @@ def test_batch_invariant_greedy_speculative_equals_autoregressive_exactly(pair, 
     spec = generate(invariant_target, ids, config, ModelDrafter(draft, GREEDY))
     assert spec.token_ids == plain  # no near-tie allowance: the same logits, the same argmax
     assert spec.stats.drafted > 0
+
+
+def test_a_cached_prompt_gives_a_fresh_prefills_answer_exactly_with_batch_invariant_kernels(pair, invariant_target):
+    """A chat's next turn scored on top of what the last one left (cache_prompt): the
+    backend counts its cache's tokens, and with --batch-invariant kernels the rows
+    computed in the earlier turn's calls are the ones a fresh prefill computes."""
+    _, draft = pair
+    tokenizer = invariant_target.tokenizer
+    ids = tokenizer.chat_prompt(PROMPT)
+    config = GenerationConfig(max_new_tokens=24, k=3, sampling=GREEDY, cache_prompt=True)
+    invariant_target.rollback(0)
+    first = generate(invariant_target, ids, config, ModelDrafter(draft, GREEDY))
+    held = invariant_target.cached_tokens()
+    assert held == (ids + first.token_ids)[: len(held)] and len(held) >= len(ids)
+    follow_up = ids + first.token_ids + tokenizer.encode("\n# now in one line:\n")
+    cached = generate(invariant_target, follow_up, config, ModelDrafter(draft, GREEDY))
+    assert cached.stats.cached_prompt_tokens == len(held)
+    invariant_target.rollback(0)
+    fresh = generate(invariant_target, follow_up, GenerationConfig(max_new_tokens=24, k=3, sampling=GREEDY),
+                     ModelDrafter(draft, GREEDY))
+    assert fresh.stats.cached_prompt_tokens == 0
+    assert cached.token_ids == fresh.token_ids

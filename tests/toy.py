@@ -42,6 +42,9 @@ class TrigramBackend(Backend):
     def rollback(self, length):
         del self.tokens[length:]
 
+    def cached_tokens(self):
+        return list(self.tokens)
+
 
 class PoisonedBackend(TrigramBackend):
     """Logits that turn to `value` (NaN, inf) once the context reaches `after` tokens,
@@ -340,6 +343,12 @@ class TrigramSequences(Backend):
 
     def rollback_sequence(self, seq, length):
         self.members[seq].rollback(length)
+
+    def cached_tokens(self):
+        return self.members[0].cached_tokens()
+
+    def sequence_tokens(self, seq):
+        return self.members[seq].cached_tokens()
 
     def score_many(self, requests):
         self.calls.append([(seq, len(ids)) for seq, ids, _ in requests])

@@ -93,6 +93,9 @@ class Slot(Backend):
     def rollback(self, length: int) -> None:
         self.shared.rollback_sequence(self.seq, length)
 
+    def cached_tokens(self) -> list[int] | None:
+        return self.shared.sequence_tokens(self.seq)
+
 
 def slots(shared) -> list[Slot]:
     """A Slot for each sequence the backend holds."""

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from .backends.base import Backend, claim_cache, finite_logits, holds_cache
+from .backends.base import Backend, claim_cache, common_prefix_length, finite_logits, holds_cache
 from .constraints import GrammarState, allows_any, mask_logits
 from .plans import FORCED, MODEL, DraftCall, Offer, Plan, Source, lookup_source
 from .sampling import Sampler, SamplingConfig
@@ -132,6 +132,9 @@ class ModelDrafter:
         self.backend = backend
         self.sampling = sampling
         self.window, self.head = window, head
+        # Keep what the model's cache holds of the text from an earlier generation, as the
+        # backend counts it (cache_prompt: reuse_model_cache); else start it afresh.
+        self.reuse_cache = False
         self.name = backend.name
         self.calls = 0
         self.clock = time.perf_counter
@@ -157,7 +160,10 @@ class ModelDrafter:
         """(start, common): where the view resumes, and how many of its first tokens
         the cache holds already. The current view is kept while it fits the window
         and still shows this text; otherwise it restarts at the last `window` tokens."""
-        cached = self._cached if holds_cache(self.backend, self._claim, len(self._cached)) else []
+        if holds_cache(self.backend, self._claim, len(self._cached)):
+            cached = self._cached
+        else:
+            cached = (self.backend.cached_tokens() or []) if self.reuse_cache else []
         over = self.window is not None and len(context) > self.head + self.window
         restart = len(context) - self.window if over else 0
         for start in (self._start, restart):
@@ -165,7 +171,7 @@ class ModelDrafter:
                 continue
             view = self._tokens(context, start)
             # At least one token must be fed to get the next-token logits.
-            common = min(_common_prefix_length(cached, view), len(view) - 1)
+            common = min(common_prefix_length(cached, view), len(view) - 1)
             fits = self.window is None or len(view) - common <= self.window
             same_text = start == 0 or common > min(self.head, start)
             if start == restart or (fits and same_text):
@@ -252,14 +258,6 @@ def draft_confidence(logits: torch.Tensor, probs: torch.Tensor, sampling: Sampli
     return float(probs.max())
 
 
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    i = 0
-    while a[i] == b[i]:
-        i += 1
-    return i
 
 
 class NgramDrafter:
@@ -371,3 +369,12 @@ class HybridDrafter:
 
     def accept(self, num_accepted: int) -> None:
         self.model.accept(num_accepted)
+
+
+def reuse_model_cache(drafter: Drafter | None) -> None:
+    """A generation with cache_prompt: its draft model keeps, too, what its cache holds
+    of the prompt already. The draft's numbers move acceptance only, never the output
+    distribution."""
+    model = drafter.model if isinstance(drafter, HybridDrafter) else drafter
+    if isinstance(model, ModelDrafter):
+        model.reuse_cache = True

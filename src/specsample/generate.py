@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .backends.base import Backend, check_cache, check_same_vocabulary, claim_cache
+from .backends.base import Backend, check_cache, check_same_vocabulary, claim_cache, common_prefix_length
 from .constraints import Constraint
 from .constraints import start as start_grammar
 from .context_fit import new_token_room
 from .control import make_policy
 from .detokenize import TextTracker
 from .text_stops import TextStop
-from .drafters import Drafter, tell
+from .drafters import Drafter, reuse_model_cache, tell
 from .logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
 from .plans import Policy
 from .rounds import Round, play_round
@@ -35,6 +35,7 @@ class GenerationStats:
     draft_length_histogram: list[int] = field(default_factory=list)  # rounds by drafts proposed; [0]: plain steps
     sources: dict[str, list[int]] = field(default_factory=dict)  # str(source) -> [rounds, drafted, accepted]
     forced_tokens: int = 0  # emitted tokens a grammar forced (in any mode; drafted for free with a drafter)
+    cached_prompt_tokens: int = 0  # of the prompt, held in the target's cache already (cache_prompt): not scored
     prefill_seconds: float = 0.0
     calibration_seconds: float = 0.0  # the adaptive policy's one-off cost measurement, when stream() made it
     draft_seconds: float = 0.0
@@ -92,6 +93,7 @@ class GenerationStats:
             "plain_rounds": self.plain_rounds,
             "sources": {k: dict(zip(("rounds", "drafted", "accepted"), v)) for k, v in self.sources.items()},
             "forced_tokens": self.forced_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "acceptance_rate": self.acceptance_rate,
             "mean_tokens_per_target_call": self.mean_tokens_per_target_call,
             "tokens_per_second": self.tokens_per_second,
@@ -123,6 +125,13 @@ class GenerationConfig:
     logprobs: int | None = None  # None: none; N: each emitted token's and the N likeliest alternatives'
     logprobs_mode: str = "raw"  # "raw" (the model's) or "processed" (after the controls); see logprobs.py
     constraint: Constraint | None = None  # a JSON schema, regex or grammar the output must match
+    # Score only the part of the prompt the target's cache does not hold already: the
+    # start it shares with the text the last generation on this backend (or slot) left
+    # there (Backend.cached_tokens), as llama-server's cache_prompt. Off by default: with
+    # kernels whose numbers move with a call's size (llama.cpp's defaults) the reused
+    # rows were computed in other calls than a fresh prefill's, so the logits can differ
+    # in their last bits from the same request's alone; with --batch-invariant they do not.
+    cache_prompt: bool = False
 
     def __post_init__(self) -> None:
         if self.k != "auto" and not (isinstance(self.k, int) and self.k >= 1):
@@ -236,6 +245,13 @@ def stream(
     return Stream(_rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibration_seconds))
 
 
+def reusable_prefix(cached: list[int] | None, prompt_ids: list[int]) -> int:
+    """How many of the prompt's first tokens a cache holding `cached` (None: unknown)
+    already has: their common start, less the prompt's last token, which is scored
+    again for the distribution of the first new one."""
+    return min(common_prefix_length(cached, prompt_ids), len(prompt_ids) - 1) if cached else 0
+
+
 def generate(target, prompt_ids, config, drafter=None, policy=None, clock=time.perf_counter) -> GenerationResult:
     s = stream(target, prompt_ids, config, drafter, policy, clock)
     for _ in s:
@@ -259,8 +275,12 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
     # token ("pending", never scored yet) plus the drafts. Either way a round gets one
     # distribution per draft plus one.
     claim = claim_cache(target)
-    target.rollback(0)
-    carried = target.score(prompt_ids, num_logits=1)  # [1, vocab]
+    reused = reusable_prefix(target.cached_tokens(), prompt_ids) if config.cache_prompt else 0
+    target.rollback(reused)
+    carried = target.score(prompt_ids[reused:], num_logits=1)  # [1, vocab]
+    out.stats.cached_prompt_tokens = reused
+    if config.cache_prompt:
+        reuse_model_cache(drafter)
     out.stats.prefill_seconds = clock() - start - calibration_seconds
     if drafter is not None:
         policy.begin(out.context, config.max_new_tokens)

@@ -94,6 +94,12 @@ class Backend(Protocol):
         """Forget every cached token past the first `length`."""
         ...
 
+    def cached_tokens(self) -> list[int] | None:
+        """The tokens the cache holds, in order, where the backend keeps count of them
+        (a new prompt that starts with them need not be scored again: GenerationConfig's
+        cache_prompt); None where it does not."""
+        return None
+
     # Several sequences at once (batching.py): a backend that holds more than one
     # overrides these; score() and rollback() above are its sequence 0.
     sequences: int = 1
@@ -108,6 +114,9 @@ class Backend(Protocol):
 
     def sequence_length(self, seq: int) -> int:
         return self.length
+
+    def sequence_tokens(self, seq: int) -> list[int] | None:
+        return self.cached_tokens()
 
     def rollback_sequence(self, seq: int, length: int) -> None:
         self.rollback(length)
@@ -152,6 +161,12 @@ class SeparateSequences(Backend):
 
     def sequence_length(self, seq: int) -> int:
         return self.backends[seq].length
+
+    def cached_tokens(self) -> list[int] | None:
+        return self.backends[0].cached_tokens()
+
+    def sequence_tokens(self, seq: int) -> list[int] | None:
+        return self.backends[seq].cached_tokens()
 
     def score_many(self, requests: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
         return [self.backends[seq].score(token_ids, num_logits) for seq, token_ids, num_logits in requests]
@@ -199,6 +214,17 @@ def holds_cache(backend: Backend, claim: object | None, length: int) -> bool:
     """Whether the backend still holds the `length` tokens the claim's owner left:
     nobody has claimed it since, nor changed its length."""
     return claim is not None and getattr(backend, "_cache_claim", None) is claim and backend.length == length
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """How many first tokens two token lists share (what of a cache a new text can keep)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i
 
 
 def check_cache(backend: Backend, claim: object, length: int) -> None:

@@ -131,6 +131,7 @@ class HFBackend(Backend):
         # False for recurrent models: the loop can refuse a drafter before any output.
         self._new_cache, self.supports_rollback = _cache_factory(model.config)
         self._length = 0
+        self._tokens: list[int] = []  # what the cache holds, in order
         self._kept: torch.Tensor | None = None  # [n] token ids the output layer scores (None: all)
         # On the CPU, torch's threads follow the cores other processes leave free
         # (cpushare.py), up to the count set when the model was loaded.
@@ -181,8 +182,10 @@ class HFBackend(Backend):
             # appended these tokens to the layers before the failure and not to the
             # others; no crop can make that whole again. Start the next sequence afresh.
             self.cache, self._length = None, 0
+            self._tokens = []
             raise
         self._length += len(token_ids)
+        self._tokens += token_ids
         logits = out.logits[0, out.logits.shape[1] - num_logits:].float().cpu()  # [num_logits, scored]
         if self._kept is not None:
             full = torch.full((num_logits, self.vocab_size), float("-inf"))
@@ -208,6 +211,10 @@ class HFBackend(Backend):
             except RuntimeError as e:  # a cache layer we do not know
                 raise RollbackUnsupported(f"{self.name}: the transformers cache cannot roll back: {e}") from e
         self._length = length
+        del self._tokens[length:]
+
+    def cached_tokens(self) -> list[int]:
+        return list(self._tokens)
 
 
 # Cache layer kinds with a recurrent or convolution state (mamba, gated delta rule,

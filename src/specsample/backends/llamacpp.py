@@ -239,6 +239,7 @@ class LlamaCppBackend(Backend):
         self.vocab_size = trim_padding(self._n_vocab, lambda t: (lib.llama_vocab_get_text(self._vocab, t) or b"").decode("utf-8", "replace"))
         self.eos_token_ids = frozenset(t for t in range(self._n_vocab) if lib.llama_vocab_is_eog(self._vocab, t))
         self._lengths = [0] * sequences
+        self._tokens: list[list[int]] = [[] for _ in range(sequences)]  # what each sequence's cells hold, in order
         # Identifies this engine, file and thread count in the controller's cost cache.
         self.cost_key = (f"llamacpp-{Path(path).name}-{Path(path).stat().st_size}-t{threads}" + ("-bi" if batch_invariant else "")
                          + (f"-s{sequences}" if sequences > 1 else "") + (f"-{workers.key}" if workers else ""))
@@ -252,6 +253,12 @@ class LlamaCppBackend(Backend):
 
     def sequence_length(self, seq: int) -> int:
         return self._lengths[seq]
+
+    def cached_tokens(self) -> list[int]:
+        return self.sequence_tokens(0)
+
+    def sequence_tokens(self, seq: int) -> list[int]:
+        return list(self._tokens[seq])
 
     def score_many(self, requests: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
         """Several sequences' score() in one batch: (sequence, token_ids, num_logits)
@@ -280,8 +287,10 @@ class LlamaCppBackend(Backend):
                 batch.logits[i] = wanted
             if self._lib.llama_decode(self._ctx, batch) != 0:
                 raise RuntimeError(f"llama_decode failed at position {chunk[0][1]} of sequence {chunk[0][0]} ({self.name})")
-            for i, (seq, pos, _, wanted) in enumerate(chunk):
+            for i, (seq, pos, token, wanted) in enumerate(chunk):
                 self._lengths[seq] = pos + 1
+                del self._tokens[seq][pos:]
+                self._tokens[seq].append(token)
                 if wanted:
                     pointer = self._lib.llama_get_logits_ith(self._ctx, i)
                     rows.append(np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))[: self.vocab_size].copy())
@@ -310,6 +319,7 @@ class LlamaCppBackend(Backend):
         if not self._lib.llama_memory_seq_rm(self._memory, seq, length, -1):
             raise RuntimeError(f"llama.cpp could not roll back sequence {seq} to {length} tokens ({self.name})")
         self._lengths[seq] = length
+        del self._tokens[seq][length:]
 
     def __del__(self, _exiting=sys.is_finalizing):
         lib = getattr(self, "_lib", None)
