@@ -91,3 +91,16 @@ def test_samplers_as_llama_cpps_letter_codes_are_the_same_list_and_an_unknown_le
     r = httpx.post(url + "/infill", json={**body, "samplers": "kqi"}, timeout=60)
     assert r.status_code == 400
     assert "'q'" in r.json()["error"]["message"] and r.json()["error"]["param"] == "samplers"
+
+
+def test_llama_vims_warm_up_readies_the_cache_that_its_next_completion_reuses(served):
+    """The warm-up (n_predict 0, cache_prompt) scores its extra chunks into a slot; the
+    completion that follows finds them there: llama-server's timings say how many
+    prompt tokens were scored (prompt_n) and how many the cache held (cache_n)."""
+    url, _ = served
+    infill(url, WARM_UP)
+    answer = infill(url, {**LLAMA_VIM, "response_fields": None})
+    timings = answer["timings"]
+    assert timings["cache_n"] > 0 and timings["prompt_n"] + timings["cache_n"] == answer["tokens_evaluated"]
+    cold = infill(url, {**LLAMA_VIM, "cache_prompt": False, "response_fields": None})["timings"]
+    assert cold["cache_n"] == 0 and cold["prompt_n"] == answer["tokens_evaluated"]

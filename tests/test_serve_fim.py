@@ -116,7 +116,7 @@ CASES = [  # (fim server?, path, body, status, param, words in the message)
     (True, "/infill", {**INFILL, "n_indent": -1}, 400, "n_indent", ">= 0"),
     (True, "/infill", {**INFILL, "id_slot": -2}, 400, "id_slot", "-1 (any)"),
     (True, "/infill", {**INFILL, "response_fields": "content"}, 400, "response_fields", "list"),
-    (True, "/infill", {**INFILL, "cache_prompt": "yes"}, 400, "cache_prompt", "unsupported"),
+    (True, "/infill", {**INFILL, "cache_prompt": "yes"}, 400, "cache_prompt", "boolean"),
     (True, "/infill", {**INFILL, "input_prefix": 5}, 400, "input_prefix", "string"),
     (True, "/infill", {**INFILL, "input_extra": [{"filename": "a.py", "text": 1}]}, 400, "input_extra.0.text",
      "string"),

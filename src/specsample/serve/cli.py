@@ -28,6 +28,13 @@ def add_serve_parser(sub) -> None:
                    help="requests generated at once, in one target call per round (continuous batching); the rest "
                         "wait in the queue (default auto: as many as the target's measured cost curve says pay on "
                         "this machine, up to 8, said at start-up)")
+    p.add_argument("--cache-prompt", action="store_true",
+                   help="reuse the start of a prompt that a slot's cache holds already (a chat's earlier turns, an "
+                        "editor's file): only the rest is scored, as llama-server's cache_prompt; a request's own "
+                        "cache_prompt field wins (llama.vim sends true). With llama.cpp's default kernels the reused "
+                        "rows were computed in other calls than a fresh prefill's, so an answer can part from the same "
+                        "request's served fresh where two tokens nearly tie; with --batch-invariant it cannot "
+                        "(default off)")
     p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the model; more get 429")
     p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request may wait (default 120)")
     p.add_argument("--max-tokens", type=int, default=1024, help="cap on a request's max_tokens, and its default")
@@ -125,7 +132,7 @@ def cmd_serve(args) -> int:
                         policy=policy, api_key=args.api_key, max_queue=args.max_queue,
                         queue_timeout=args.queue_timeout, max_body_bytes=args.max_body_bytes,
                         max_tokens=args.max_tokens, max_request_tokens=args.max_request_tokens,
-                        verifier=args.verifier, **doors)
+                        verifier=args.verifier, cache_prompt=args.cache_prompt, **doors)
     app = create_app(models.target, models.drafter, models.drafter_name, settings, models.draft)
     options = dict(host=args.host, port=args.port, log_level="info", limit_concurrency=args.max_connections,
                    timeout_keep_alive=args.keep_alive_timeout)

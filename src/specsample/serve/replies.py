@@ -36,8 +36,9 @@ class Reply:
 
     def __init__(self, chat: bool, model: str, prompt_tokens: int, drafter_name: str | None,
                  tokenizer: Tokenizer | None = None, logprobs: int | None = None, tools: ToolFormat | None = None,
-                 tool_names: tuple[str, ...] = ()):
+                 tool_names: tuple[str, ...] = (), choices_per_prompt: int = 1):
         self.chat, self.model, self.prompt_tokens, self.drafter_name = chat, model, prompt_tokens, drafter_name
+        self.choices_per_prompt = choices_per_prompt  # n: choice i answers prompt i // n
         self.tokenizer = tokenizer
         self.logprobs = logprobs  # None: none asked for; N: alternatives per token
         self.tools = tools if chat else None  # the format the answer's tool calls are read in; None: no calls
@@ -148,8 +149,13 @@ class Reply:
         # call, accepted-per-round histogram, time split); one object per choice when
         # there are several.
         stats = [{"drafter": self.drafter_name, **results[i].stats.as_dict()} for i in sorted(results)]
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n,
-                "speculative": stats[0] if len(stats) == 1 else stats}
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
+        # OpenAI's count of prompt tokens a cache held (cache_prompt): each prompt's, as its
+        # first choice found it (the later ones find it whole, as they follow on its slot).
+        cached = sum(r.stats.cached_prompt_tokens for i, r in results.items() if i % self.choices_per_prompt == 0)
+        if cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return {**usage, "speculative": stats[0] if len(stats) == 1 else stats}
 
     # ---- log-probabilities ----
 
@@ -224,14 +230,16 @@ class InfillReply:
     def _final(self, index: int, content: str, tokens: list[int], result: GenerationResult) -> dict:
         stats, n = result.stats, len(result.token_ids)
         prompt_seconds, predicted_seconds = stats.prefill_seconds, stats.total_seconds - stats.prefill_seconds
+        scored = self.prompt_tokens - stats.cached_prompt_tokens
         body = {"index": index, "content": content, "tokens": tokens, "stop": True, "model": self.model,
                 "stop_type": STOP_TYPES[result.stop_reason], "tokens_predicted": n,
                 "tokens_evaluated": self.prompt_tokens, "truncated": False,
-                # What the slot's cache holds at the end: this server reuses none of it for the next request.
+                # What the slot's cache holds at the end, for the next request's cache_prompt.
                 "tokens_cached": self.prompt_tokens + n,
-                "timings": {"prompt_n": self.prompt_tokens, "prompt_ms": prompt_seconds * 1000,
-                            "prompt_per_token_ms": _per(prompt_seconds * 1000, self.prompt_tokens),
-                            "prompt_per_second": _per(self.prompt_tokens, prompt_seconds),
+                # prompt_n: the prompt tokens scored; cache_n: those its slot held already.
+                "timings": {"prompt_n": scored, "cache_n": stats.cached_prompt_tokens, "prompt_ms": prompt_seconds * 1000,
+                            "prompt_per_token_ms": _per(prompt_seconds * 1000, scored),
+                            "prompt_per_second": _per(scored, prompt_seconds),
                             "predicted_n": n, "predicted_ms": predicted_seconds * 1000,
                             "predicted_per_token_ms": _per(predicted_seconds * 1000, n),
                             "predicted_per_second": _per(n, predicted_seconds)},

@@ -44,6 +44,7 @@ class Plan:
     n: int
     echo: bool
     budget: int  # the most tokens one request may ask for: every choice's max_tokens, and the prompts echo scores
+    warm: bool = False  # nothing to generate, but the prompt goes into a slot's cache for the next request to reuse
 
 
 def plan(request: GenerationRequest, settings: Settings, vocab_size: int, tools: ToolPlan | None = None) -> Plan:
@@ -91,11 +92,16 @@ def _plan(request: GenerationRequest, requested: int | None, echo: bool, setting
     config = GenerationConfig(max_new_tokens=requested or settings.max_tokens, k=settings.k, k_max=settings.k_max,
                               sampling=sampling, seed=request.seed, stop_strings=tuple(stop),
                               verifier=settings.verifier, logprobs=logprobs,
+                              cache_prompt=settings.cache_prompt if request.cache_prompt is None
+                              else request.cache_prompt,
                               logprobs_mode=request.logprobs_mode or "raw",
                               constraint=tools.constraint if tools is not None and tools.constraint is not None
                               else response_constraint(request.response_format))
+    # max_tokens 0 with cache_prompt: llama.vim's warm-up, which readies a slot's cache
+    # with the text its next requests start with.
+    warm = requested == 0 and config.cache_prompt and not echo
     return Plan(None if requested == 0 else config, requested, logprobs, request.n or 1, echo,
-                settings.request_budget)
+                settings.request_budget, warm)
 
 
 def response_headers(plan: Plan) -> dict[str, str]:
@@ -250,7 +256,7 @@ def tasks(plan: Plan, prompts: list[Prompt], context_length: int, param: str) ->
         fitted = fit_context(plan, len(ids), context_length, param)
         for i in range(plan.n):
             seeded = None if fitted is None else dataclasses.replace(fitted, seed=_nth_seed(fitted.seed, i))
-            out.append(Task(p * plan.n + i, ids, seeded, plan.logprobs if plan.echo else None))
+            out.append(Task(p * plan.n + i, ids, seeded, plan.logprobs if plan.echo else None, plan.warm))
     check_budget(out, plan.budget)
     return out
 

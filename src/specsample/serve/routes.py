@@ -82,7 +82,8 @@ async def _answer(request: Request, kind: type[GenerationRequest]) -> Response:
         reply = InfillReply(settings.model_name, prompt_tokens, server.drafter_name, body.response_fields)
     else:
         reply = Reply(chat, settings.model_name, prompt_tokens, server.drafter_name, server.target.tokenizer,
-                      asked.logprobs, *((tools.format, tools.names) if tools is not None else ()))
+                      asked.logprobs, *((tools.format, tools.names) if tools is not None else ()),
+                      choices_per_prompt=asked.n)
     echoes = {task.index: prompts[task.index // asked.n] for task in choices} if asked.echo else {}
     follower = Follower(server, job, Answer(echoes, server.target.tokenizer), arrived)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))

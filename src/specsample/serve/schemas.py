@@ -107,6 +107,9 @@ class GenerationRequest(_Strict):
     logprobs_mode: Literal["raw", "processed"] | None = None  # an extension; see logprobs.py
     user: str | None = None
     response_format: ResponseFormat | None = None
+    # llama-server's: score only what the request's slot does not hold already of its
+    # prompt (GenerationConfig.cache_prompt); None: the server's default (--cache-prompt).
+    cache_prompt: bool | None = None
 
 
 class CompletionRequest(GenerationRequest):
@@ -171,7 +174,6 @@ NEUTRAL = {
     "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
     "function_call": (None, "none"), "parallel_tool_calls": (None, True, False),
     "metadata": (None, {}), "store": (None, False), "service_tier": (None, "auto", "default"),
-    "cache_prompt": (None, True, False),  # llama-server's hint to reuse its cache; the answer is the same
 }
 
 Model = TypeVar("Model", bound=_Strict)

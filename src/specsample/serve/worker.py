@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..backends.base import Backend
+from ..backends.base import Backend, common_prefix_length
 from ..batching import Scheduler, slots
 from ..drafters import Drafter
 from ..generate import GenerationConfig, GenerationResult, GenerationStats, stream
@@ -45,6 +45,11 @@ class Task:
     prompt_ids: list[int]
     config: GenerationConfig | None  # None: no generation (echo with max_tokens 0)
     prompt_logprobs: int | None = None  # score the prompt first, with this many alternatives per token
+    warm: bool = False  # without a config: put the prompt into the slot's cache (a warm-up for cache_prompt)
+
+    @property
+    def cache_prompt(self) -> bool:
+        return self.warm if self.config is None else self.config.cache_prompt
 
 
 @dataclass
@@ -195,10 +200,21 @@ class Worker:
         while (admitted := self._admit()) is not None:
             started = time.perf_counter()
             for job in admitted:
-                seq = self._free.pop(0)
+                seq = self._slot_for(job)
+                self._free.remove(seq)
                 self.scheduler.add(lambda job=job, seq=seq: self._serve(job, seq))
             self.scheduler.step()  # one round of calls; then newcomers are admitted
             self.busy_seconds += time.perf_counter() - started
+
+    def _slot_for(self, job: Job) -> int:
+        """A free slot for the job: with cache_prompt, the one whose cache holds the longest
+        start of its first prompt (a chat's earlier turns, an editor's file); else the
+        first."""
+        first = job.tasks[0]
+        if not first.cache_prompt:
+            return self._free[0]
+        return max(self._free, key=lambda seq: common_prefix_length(self.slots[seq].cached_tokens() or [],
+                                                                    first.prompt_ids))
 
     def _serve(self, job: Job, seq: int) -> None:
         with self._changed:
@@ -240,6 +256,8 @@ class Worker:
                     job.emit(PromptScored(task.index, scored))
                 _stop_if_cancelled(job)  # before the prefill
                 if s is None:
+                    if task.warm:
+                        warm(self.slots[seq], task.prompt_ids)
                     job.emit(Finished(task.index, GenerationResult([], "", GenerationStats(), "length")))
                     continue
                 for chunk in s:
@@ -255,3 +273,11 @@ class Worker:
             job.emit(Ended(End.FAILED, e))
             return
         job.emit(Ended(End.DONE))
+
+
+def warm(slot: Backend, prompt_ids: list[int]) -> None:
+    """The prompt into the slot's cache, less what it holds already, without a row of
+    logits: what a later request that starts with it finds (cache_prompt)."""
+    held = common_prefix_length(slot.cached_tokens() or [], prompt_ids)
+    slot.rollback(held)
+    slot.score(prompt_ids[held:], num_logits=0)

@@ -1,0 +1,76 @@
+"""cache_prompt over HTTP: a request scores only what its slot does not hold already of
+its prompt, reports it as OpenAI's cached_tokens (and /infill as llama-server's
+cache_n), goes to the slot that holds most of it, and answers as a fresh prefill would
+(exact toy models); off unless the request or `serve --cache-prompt` asks."""
+
+import httpx
+import pytest
+
+from serve_helpers import WordTokenizer, running, toy_app
+
+pytestmark = pytest.mark.system
+
+CHAT = [{"role": "user", "content": "the cat sat on a mat"}]
+
+
+def complete(url, prompt, **fields):
+    r = httpx.post(url + "/v1/completions", timeout=30,
+                   json={"model": "toy", "prompt": prompt, "max_tokens": 6, "seed": 1, **fields})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def cached(answer) -> int:
+    return answer["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+
+
+def test_a_chats_next_turn_reuses_its_earlier_turns_and_answers_as_a_fresh_server_would():
+    app, _ = toy_app(drafter="model")
+    fresh_app, _ = toy_app(drafter="model")
+    with running(app) as url, running(fresh_app) as fresh_url:
+        def chat(base, messages, **fields):
+            r = httpx.post(base + "/v1/chat/completions", timeout=30,
+                           json={"model": "toy", "messages": messages, "max_tokens": 6, "seed": 2, **fields})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        first = chat(url, CHAT, cache_prompt=True)
+        turn_2 = CHAT + [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                         {"role": "user", "content": "a dog ran far away"}]
+        second = chat(url, turn_2, cache_prompt=True)
+        held = len(WordTokenizer().chat_messages(CHAT))  # the first turn's prompt at least
+        assert cached(second) >= held and cached(first) == 0
+        assert second["usage"]["prompt_tokens"] == len(WordTokenizer().chat_messages(turn_2))
+        assert second["choices"][0]["message"] == chat(fresh_url, turn_2)["choices"][0]["message"]
+
+
+def test_off_unless_asked_and_the_servers_default_gives_way_to_the_requests_own():
+    app, _ = toy_app(drafter="none")
+    with running(app) as url:
+        complete(url, "the cat sat on")
+        assert cached(complete(url, "the cat sat on a mat")) == 0  # off by default
+        assert cached(complete(url, "the cat sat on a mat", cache_prompt=True)) > 0
+    app, _ = toy_app(drafter="none", cache_prompt=True)  # serve --cache-prompt
+    with running(app) as url:
+        complete(url, "the cat sat on")
+        assert cached(complete(url, "the cat sat on a mat")) > 0
+        assert cached(complete(url, "the cat sat on a mat", cache_prompt=False)) == 0
+
+
+def test_a_request_goes_to_the_slot_that_holds_most_of_its_prompt():
+    app, _ = toy_app(drafter="none", parallel=2, cache_prompt=True)
+    a, b = "the cat sat on a mat", "a dog ran far away and then"
+    with running(app) as url:
+        complete(url, a)
+        complete(url, b)  # both slots hold a text now
+        for prompt in (a, b):
+            follow_up = complete(url, prompt + " it was here")
+            assert cached(follow_up) >= len(WordTokenizer().encode(prompt)), prompt
+
+
+def test_bad_cache_prompt_is_a_400_naming_it():
+    app, _ = toy_app(drafter="none")
+    with running(app) as url:
+        r = httpx.post(url + "/v1/completions", timeout=30,
+                       json={"model": "toy", "prompt": "the cat", "cache_prompt": "yes"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cache_prompt"
