@@ -13,6 +13,8 @@ logprob_cost.py  what log-probabilities cost in decode speed
                  (python -m specsample.studies.logprob_cost --out DIR)
 seeded.py        a seed's text across real `specsample serve` processes, default and
                  batch-invariant kernels (python -m specsample.studies.seeded --out DIR)
+prompt_cache.py  what cache_prompt saves a chat's later turns in time to first token
+                 (python -m specsample.studies.prompt_cache --out DIR)
 harness.py       lm-evaluation-harness against `specsample serve` on evaltasks/, the
                  eval extra (python -m specsample.studies.harness --out DIR)
 """
