@@ -178,7 +178,7 @@ def damaged_backend(logits: list[float]):
     row = (ctypes.c_float * len(logits))(*logits)
     backend = object.__new__(llamacpp.LlamaCppBackend)
     backend.__dict__.update(
-        name="draft-q4_0", path=Path("/cache/requantized/draft-q4_0.gguf"), _share=None, _n_batch=4, _lengths=[0],
+        name="draft-q4_0", path=Path("/cache/requantized/draft-q4_0.gguf"), _share=None, _n_batch=4, _lengths=[0], _tokens=[[]],
         _n_vocab=len(logits), vocab_size=len(logits), _ctx=None,
         _batch=SimpleNamespace(token=[0] * 4, pos=[0] * 4, n_seq_id=[0] * 4, seq_id=[[0] for _ in range(4)],
                                logits=[0] * 4, n_tokens=0),
