@@ -90,8 +90,11 @@ def test_langchain_binds_tools_and_runs_a_tool_loop(url):
                        max_retries=0, timeout=300).bind_tools([get_weather], tool_choice="none").invoke(messages)
     # A message, never a call. What it says is the 1.5B model's: on an AMD EPYC it wrote
     # the call again as text (the Qwen template shows calls as {{"name": ...}}), on an
-    # Intel Xeon it answered with the tool's 21 degrees.
-    assert not final.tool_calls and final.content.strip() and final.response_metadata["finish_reason"] == "stop"
+    # Intel Xeon it answered with the tool's 21 degrees; in one run it wrote the call and
+    # a made-up response as text to the 64-token limit. So the end is stop or length,
+    # never tool_calls.
+    assert not final.tool_calls and final.content.strip()
+    assert final.response_metadata["finish_reason"] in ("stop", "length")
 
 
 def test_qwens_tags_are_special_tokens_that_the_grammar_names_by_id(real_pair):
