@@ -258,8 +258,6 @@ def draft_confidence(logits: torch.Tensor, probs: torch.Tensor, sampling: Sampli
     return float(probs.max())
 
 
-
-
 class NgramDrafter:
     """Prompt lookup: propose what followed the most recent earlier occurrence of the
     last n tokens, trying n = max_ngram down to min_ngram.
