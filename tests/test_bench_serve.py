@@ -110,3 +110,20 @@ def test_serve_option_defaults_and_the_child_server_command_line():
     # The bench's models get a short context, not the trained 32k; a server gets what its slots need.
     assert served.ctx_size == BENCH_CONTEXT and model_options(args).ctx_size == BENCH_CONTEXT
     assert build_parser().parse_args(["serve", *serve_argv(args, n_ctx=700)]).ctx_size == 700
+
+
+def test_reset_erases_every_slot_of_our_server_so_a_load_finds_no_earlier_prompt():
+    class Attached(ServerProcess):  # the reset of a started `specsample serve`, on a toy app
+        def __init__(self, url, parallel):
+            self.url, self.parallel = url, parallel
+
+    app, _ = toy_app(drafter="model", parallel=2)
+    with running(app) as url:
+        client = OpenAI(base_url=url + "/v1", api_key="none")
+        def cached():
+            answer = client.completions.create(**_body(0))
+            return answer.usage.prompt_tokens_details.cached_tokens if answer.usage.prompt_tokens_details else 0
+        cached()
+        assert cached() > 0  # cache_prompt is on by default: the same prompt again is held
+        Attached(url, parallel=2).reset([])
+        assert cached() == 0

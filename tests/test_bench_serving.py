@@ -54,7 +54,7 @@ def fake_run(monkeypatch):
     servers was started with."""
     events, flags = [], []
 
-    def specsample_server(model_argv, extra, name):
+    def specsample_server(model_argv, extra, name, parallel=1):
         flags.append(extra)
         return FakeServer(name, events)
 

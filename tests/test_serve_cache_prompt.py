@@ -1,7 +1,8 @@
 """cache_prompt over HTTP: a request scores only what its slot does not hold already of
 its prompt, reports it as OpenAI's cached_tokens (and /infill as llama-server's
 cache_n), goes to the slot that holds most of it, and answers as a fresh prefill would
-(exact toy models); off unless the request or `serve --cache-prompt` asks."""
+(exact toy models); on unless the request or `serve --no-cache-prompt` says otherwise,
+as in llama-server; `POST /slots/N?action=erase` empties a slot."""
 
 import httpx
 import pytest
@@ -44,17 +45,38 @@ def test_a_chats_next_turn_reuses_its_earlier_turns_and_answers_as_a_fresh_serve
         assert second["choices"][0]["message"] == chat(fresh_url, turn_2)["choices"][0]["message"]
 
 
-def test_off_unless_asked_and_the_servers_default_gives_way_to_the_requests_own():
+def test_on_unless_turned_off_and_the_servers_default_gives_way_to_the_requests_own():
     app, _ = toy_app(drafter="none")
     with running(app) as url:
         complete(url, "the cat sat on")
-        assert cached(complete(url, "the cat sat on a mat")) == 0  # off by default
-        assert cached(complete(url, "the cat sat on a mat", cache_prompt=True)) > 0
-    app, _ = toy_app(drafter="none", cache_prompt=True)  # serve --cache-prompt
+        assert cached(complete(url, "the cat sat on a mat")) > 0  # on by default, as llama-server's
+        assert cached(complete(url, "the cat sat on a mat", cache_prompt=False)) == 0
+    app, _ = toy_app(drafter="none", cache_prompt=False)  # serve --no-cache-prompt
     with running(app) as url:
         complete(url, "the cat sat on")
-        assert cached(complete(url, "the cat sat on a mat")) > 0
-        assert cached(complete(url, "the cat sat on a mat", cache_prompt=False)) == 0
+        assert cached(complete(url, "the cat sat on a mat")) == 0
+        assert cached(complete(url, "the cat sat on a mat", cache_prompt=True)) > 0
+
+
+def test_an_erased_slot_holds_nothing_for_the_next_request():
+    app, _ = toy_app(drafter="model", parallel=2)
+    with running(app) as url:
+        complete(url, "the cat sat on")
+        held = [httpx.post(f"{url}/slots/{seq}?action=erase", timeout=30) for seq in (0, 1)]
+        assert [r.status_code for r in held] == [200, 200], [r.text for r in held]
+        assert sorted(r.json()["n_erased"] for r in held)[0] == 0 and max(r.json()["n_erased"] for r in held) > 0
+        assert cached(complete(url, "the cat sat on a mat")) == 0
+        again = httpx.post(f"{url}/slots/0?action=erase", timeout=30).json()
+        assert again["id_slot"] == 0
+
+
+@pytest.mark.parametrize("path, param", [("/slots/2?action=erase", "id_slot"), ("/slots/0?action=save", "action"),
+                                         ("/slots/0", "action")])
+def test_a_slot_action_it_cannot_do_is_refused_with_the_field_that_is_wrong(path, param):
+    app, _ = toy_app(drafter="none", parallel=2)
+    with running(app) as url:
+        r = httpx.post(url + path, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
 def test_a_request_goes_to_the_slot_that_holds_most_of_its_prompt():

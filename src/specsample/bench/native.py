@@ -168,10 +168,9 @@ class LlamaServer(ServerProcess):
 
     def __init__(self, binary: Path, target_gguf, draft_gguf, *, threads: int, n_ctx: int, k_max: int,
                  parallel: int = 1):
-        self.parallel = parallel
         super().__init__(lambda port, tmp: llama_server_argv(binary, target_gguf, draft_gguf, port=port, tmp=tmp,
                                                              threads=threads, n_ctx=n_ctx, k_max=k_max,
-                                                             parallel=parallel), name="llama-server")
+                                                             parallel=parallel), name="llama-server", parallel=parallel)
 
     _seen: frozenset = frozenset()  # the tokens of the last request's prompt and answer
 

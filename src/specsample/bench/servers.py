@@ -25,8 +25,9 @@ class ServerUnavailable(RuntimeError):
 class ServerProcess:
     """`command(port, tmp_dir)` run until /health answers 200."""
 
-    def __init__(self, command: Callable[[int, str], list[str]], name: str, ready_timeout: float = 300.0):
-        self.name = name
+    def __init__(self, command: Callable[[int, str], list[str]], name: str, ready_timeout: float = 300.0,
+                 parallel: int = 1):
+        self.name, self.parallel = name, parallel
         self._tmp = tempfile.TemporaryDirectory(prefix="specsample-server-")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -69,8 +70,11 @@ class ServerProcess:
 
     def reset(self, prompts: list[list[int]]) -> None:
         """Before a load of these prompts, forget whatever earlier requests left that
-        could serve them for free; `specsample serve` keeps nothing between requests
-        (llama-server does: native.LlamaServer)."""
+        could serve them for free: every slot of `specsample serve` is erased (its
+        cache_prompt, on by default, would find the same prompts again under the
+        other setting and every client count; llama-server's own: native.LlamaServer)."""
+        for slot in range(self.parallel):
+            self.request(f"/slots/{slot}?action=erase", {})
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -91,12 +95,13 @@ class ServerProcess:
         self.close()
 
 
-def specsample_server(model_argv: list[str], extra: list[str], name: str) -> ServerProcess:
+def specsample_server(model_argv: list[str], extra: list[str], name: str, parallel: int = 1) -> ServerProcess:
     """`specsample serve` with the bench's own model arguments, in a child process:
     it loads its models as a user's server would, and its threads never share a
-    process with the load's client."""
+    process with the load's client; `parallel`: its --parallel, the slots reset()
+    erases."""
     return ServerProcess(lambda port, tmp: [sys.executable, "-m", "specsample", "serve", *model_argv, *extra,
-                                            "--host", "127.0.0.1", "--port", str(port)], name=name)
+                                            "--host", "127.0.0.1", "--port", str(port)], name=name, parallel=parallel)
 
 
 def free_port() -> int:

@@ -18,9 +18,12 @@ server of a slot count holds its models at once. The servers and what they are:
   llamacpp-spec    the same llama-server drafting --peer-k tokens (its -md)
 
 N is how many requests a server decodes at once; the others wait in its queue. Both
-llamacpp modes share one llama-server process per N, and before every load its slots
-forget their cached prompts and draft contexts (native.LlamaServer.reset), since the
-same prompts come back under the other setting and every client count.
+llamacpp modes share one llama-server process per N. Every server reuses the start of
+a prompt its slot holds (cache_prompt, on by default in both), so before every load
+each server's slots are erased (ServerProcess.reset; llama-server's draft contexts
+too, native.LlamaServer.reset), since the same prompts come back under the other
+setting and every client count: within a load a request still finds what the ones
+before it left (a shared instruction, a chat template's system prompt).
 """
 
 from __future__ import annotations
@@ -117,7 +120,7 @@ def run_serving(modes: list[ServedMode], load: Load, slots: tuple[int, ...], *, 
 
 def _our_server(mode: ServedMode, slots: int, model_argv: list[str]) -> ServerProcess:
     flags = our_server_flags(mode, slots)
-    return specsample_server(model_argv, flags, "specsample serve " + " ".join(flags))
+    return specsample_server(model_argv, flags, "specsample serve " + " ".join(flags), parallel=slots)
 
 
 def _serve(cells, slots: int, load: Load, log, splits: list[CallSplit]) -> tuple[list[ServedRecord], list[str]]:

@@ -66,6 +66,7 @@ def create_app(target: Backend, make_drafter: Callable[[SamplingConfig, Backend 
         Route("/tokenizer_info", routes.tokenizer_info, methods=["GET"]),
         Route("/health", routes.health, methods=["GET"]),
         Route("/metrics", routes.metrics, methods=["GET"]),
+        Route("/slots/{slot:int}", routes.slot_action, methods=["POST"]),
     ]
     app = Starlette(routes=paths, lifespan=lifespan, exception_handlers={
         APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})

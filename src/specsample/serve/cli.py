@@ -3,6 +3,7 @@ only when the command runs."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 
@@ -28,13 +29,14 @@ def add_serve_parser(sub) -> None:
                    help="requests generated at once, in one target call per round (continuous batching); the rest "
                         "wait in the queue (default auto: as many as the target's measured cost curve says pay on "
                         "this machine, up to 8, said at start-up)")
-    p.add_argument("--cache-prompt", action="store_true",
+    p.add_argument("--cache-prompt", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the start of a prompt that a slot's cache holds already (a chat's earlier turns, an "
-                        "editor's file): only the rest is scored, as llama-server's cache_prompt; a request's own "
-                        "cache_prompt field wins (llama.vim sends true). With llama.cpp's default kernels the reused "
-                        "rows were computed in other calls than a fresh prefill's, so an answer can part from the same "
-                        "request's served fresh where two tokens nearly tie; with --batch-invariant it cannot "
-                        "(default off)")
+                        "agent's instructions, an editor's file): only the rest is scored, as llama-server's "
+                        "cache_prompt (on there too); a request's own cache_prompt field wins. With llama.cpp's "
+                        "default kernels the reused rows were computed in other calls than a fresh prefill's, so a "
+                        "greedy or seeded answer can part from the same request served fresh where two tokens nearly "
+                        "tie; --no-cache-prompt scores every prompt whole, and with --batch-invariant reuse changes "
+                        "nothing (default on)")
     p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the model; more get 429")
     p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request may wait (default 120)")
     p.add_argument("--max-tokens", type=int, default=1024, help="cap on a request's max_tokens, and its default")

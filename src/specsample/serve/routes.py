@@ -27,7 +27,7 @@ from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, Generat
                       TokenizeRequest, read_request)
 from .settings import Server
 from .tool_requests import tool_plan
-from .worker import Job, QueueFull, TargetLost
+from .worker import Job, QueueFull, SlotBusy, TargetLost
 
 
 async def completions(request: Request) -> Response:
@@ -263,6 +263,29 @@ async def health(request: Request) -> Response:
     if lost is not None:  # a load balancer stops sending requests here
         return target_lost(lost).response()
     return JSONResponse({"status": "ok"})
+
+
+async def slot_action(request: Request) -> Response:
+    """llama-server's `POST /slots/N?action=erase`: slot N forgets the prompt and answer
+    its cache holds (cache_prompt), so that the next request there is scored from
+    scratch; what benchmarks send between loads of the same prompts. The other actions
+    (save, restore) are llama-server's slot files, which this server has none of."""
+    server: Server = request.app.state.server
+    seq = request.path_params["slot"]
+    action = request.query_params.get("action")
+    if action != "erase":
+        raise APIError(400, f"action {action!r}: this server's slots take only action=erase", param="action")
+    try:
+        done = server.worker.erase(seq)
+    except ValueError as e:
+        raise APIError(400, str(e), param="id_slot") from e
+    except TargetLost as e:
+        raise target_lost(e) from e
+    try:
+        erased = await asyncio.wrap_future(done)
+    except SlotBusy as e:
+        raise APIError(409, str(e), param="id_slot") from e
+    return JSONResponse({"id_slot": seq, "n_erased": erased})
 
 
 async def metrics(request: Request) -> Response:

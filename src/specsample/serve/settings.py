@@ -31,7 +31,7 @@ class Settings:
     max_tokens: int = 1024  # cap on max_tokens per request, and its default
     max_request_tokens: int | None = None  # cap on a request's tokens, all choices and echo; None: 8 x max_tokens
     verifier: str = "auto"  # GenerationConfig.verifier for every request
-    cache_prompt: bool = False  # GenerationConfig.cache_prompt for requests that do not say (serve --cache-prompt)
+    cache_prompt: bool = True  # GenerationConfig.cache_prompt for requests that do not say (serve --no-cache-prompt)
     body_timeout: float = 30.0  # seconds a request body may take to arrive (408 after)
     send_timeout: float = 30.0  # seconds a stream's client may leave a chunk unread before it is dropped
     tokenizer_threads: int = field(default_factory=lambda: tokenizer_threads())  # tokenizing off the queue

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,10 @@ from .events import End, Ended, Event, Finished, Generated, PromptScored, Starte
 
 
 class QueueFull(Exception):
+    pass
+
+
+class SlotBusy(Exception):
     pass
 
 
@@ -110,6 +115,7 @@ class Worker:
         self._free = list(range(parallel))  # slots without a request; only the worker thread changes it
         self._waiting: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}  # slot -> the job being generated on it
+        self._erasing: list[tuple[int, concurrent.futures.Future]] = []  # erase(): slots to empty, in order
         self._changed = threading.Condition()  # guards _waiting, _running and _stopping
         self._stopping = False
         self.lost: TargetLost | None = None  # set once, by lose()
@@ -146,6 +152,9 @@ class Worker:
             self._waiting.clear()
             for job in self._running.values():
                 job.cancel()
+            for _, done in self._erasing:
+                done.cancel()
+            self._erasing.clear()
             self._stopping = True
             self._changed.notify()
         if self.lost is None:  # else the thread is parked inside the lost call for good
@@ -174,6 +183,35 @@ class Worker:
             self._waiting.append(job)
             self._changed.notify()
 
+    def erase(self, seq: int) -> concurrent.futures.Future:
+        """Empty slot `seq`'s caches (target and draft model), as llama-server's
+        `/slots/N?action=erase`: a later request finds nothing of an earlier one there
+        (cache_prompt). Done on the worker thread before it admits any request submitted
+        after this call; the future gives the tokens the slot held, or SlotBusy while a
+        request is being generated on it."""
+        if not 0 <= seq < self.parallel:
+            raise ValueError(f"slot {seq}: this server has slots 0 to {self.parallel - 1}")
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        with self._changed:
+            if self.lost is not None:
+                raise self.lost
+            self._erasing.append((seq, done))
+            self._changed.notify()
+        return done
+
+    def _erase(self) -> None:
+        with self._changed:
+            erasing, self._erasing = self._erasing, []
+        for seq, done in erasing:
+            if seq not in self._free:
+                done.set_exception(SlotBusy(f"slot {seq} is generating a request"))
+                continue
+            held = self.slots[seq].length
+            for slot in (self.slots[seq], self.draft_slots[seq]):
+                if slot is not None:
+                    slot.rollback(0)
+            done.set_result(held)
+
     def _drop_cancelled(self) -> None:
         for job in [j for j in self._waiting if j.cancelled.is_set()]:
             self._waiting.remove(job)
@@ -183,7 +221,7 @@ class Worker:
         """The jobs to start now, one per free slot, waiting for one while nothing is
         being generated; None once stopped and every generation has ended."""
         with self._changed:
-            while not self._waiting and not self.scheduler.live and not self._stopping:
+            while not self._waiting and not self.scheduler.live and not self._erasing and not self._stopping:
                 self._changed.wait()
             if self._stopping:  # the cancelled generations still run to their next call
                 return [] if self.scheduler.live else None
@@ -198,6 +236,7 @@ class Worker:
 
     def _run(self) -> None:
         while (admitted := self._admit()) is not None:
+            self._erase()  # before the newcomers: they were submitted after the erase was asked
             started = time.perf_counter()
             for job in admitted:
                 seq = self._slot_for(job)
