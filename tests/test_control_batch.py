@@ -51,7 +51,7 @@ def test_heavy_load_shrinks_k():
     busy = planned(c)
     post_others(c.load, 4)
     full = planned(c)
-    assert alone >= 5 and 0 < busy < alone and full == 0
+    assert alone >= 5 and 0 < busy < alone and full < busy
 
 
 def test_alone_it_maximises_one_sequences_tokens_per_second():
@@ -351,3 +351,43 @@ def test_beside_a_sequence_whose_drafts_pay_the_batch_a_plain_batch_does_not_sto
         s.begin([1, 2], 64)
     lengths = [[planned(s) for s in sequences] for _ in range(3)][-1]
     assert all(m > 0 for m in lengths)
+
+
+# Calibrated on this AMD EPYC (2 threads, 4 sequences): the BF16 target, ms by tokens
+# scored, and its draft model's step.
+BF16_EPYC = {1: 90.5, 2: 104.3, 3: 120.1, 4: 133.4, 5: 135.5, 6: 144.8, 7: 160.2, 8: 165.4, 9: 174.7, 12: 204.6,
+             16: 239.7, 24: 316.6, 32: 436.4}
+
+
+def _batch_from_plain(curve, joint: bool, prompt=194, answer=128):
+    """4 sequences at the model's prior acceptance, each just begun on a prompt the
+    draft has not seen, planning in turn three times; the lengths of the last turn."""
+    costs = Costs()
+    costs.warm_start([curve[n] for n in range(1, 10)], 12.7, 12.9 / 4, 12.9,
+                     wide={n: curve[n] for n in (12, 16, 24, 32)})
+    costs.overhead[False].value, costs.overhead[True].value = 2.0, 5.0  # own work of a plain / drafting round
+    parent = AdaptiveController(k_max=8, costs=costs)
+    sequences = [parent] + [parent.fork() for _ in range(3)]
+    for s in sequences:
+        s.begin(list(range(prompt)), answer)
+        if not joint:  # the negative control: coordinate ascent alone
+            best_length = s._best_length
+            s._best_length = lambda *a, alike=False, f=best_length: (0, 0.0, 1.0) if alike else f(*a)
+    lengths = []
+    for _ in range(3):
+        lengths = [s.plan(Offer({MODEL: 8}, prompt)).length for s in sequences]
+    return lengths
+
+
+def test_a_batch_of_plain_steps_starts_drafting_together_where_that_pays_the_batch():
+    """On the BF16 curve one sequence drafting beside three plain ones pays its draft
+    steps alone and loses a little, so coordinate ascent stays plain; with all four
+    drafting the batch makes about a quarter more tokens per second, and the joint
+    move finds it."""
+    assert _batch_from_plain(BF16_EPYC, joint=False) == [0, 0, 0, 0]
+    together = _batch_from_plain(BF16_EPYC, joint=True)
+    assert all(m > 0 for m in together), together
+
+
+def test_the_joint_move_leaves_a_target_whose_calls_cost_by_their_tokens_plain():
+    assert _batch_from_plain(Q4_WIDE, joint=True) == [0, 0, 0, 0]

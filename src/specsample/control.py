@@ -63,6 +63,19 @@ breaks up. From there the ascent climbs again only to plans that beat all-plain,
 so a batch is never planned below its plain steps' rate. Alone, the test is the
 plain option itself and changes nothing.
 
+The same trap holds the other way round. Where a call of a few more tokens costs
+little (the BF16 target), drafting pays for the batch when every sequence drafts,
+since the draft model's steps are batched too, but not for one sequence alone, which
+pays those steps for itself: on this AMD EPYC's curve, beside three plain sequences
+one drafting 1 or 2 tokens at the model's prior acceptance makes 29-30 tokens/s
+against 30 plain, while all four drafting 2 make about 37. Coordinate ascent from
+all-plain never leaves it, and under 4 clients the server took plain steps where
+one sequence alone drafted at 2x. So each plan is also held against the batch with
+every sequence drafting the model's best length at this sequence's acceptance:
+where that is the best rate, it drafts that length, the others then find the draft
+steps paid, and the batch is drafting from the next call on. Alone, there is no
+such move.
+
 The load holds the others' plans, which follow from their own pasts and draft
 distributions, never from this sequence's current draws or verdicts: the argument
 above holds for each sequence whatever shares its batch.
@@ -165,6 +178,11 @@ class AdaptiveController:
                                                   offer.lag, others)
             if m > 0 and rate > best[2]:
                 best = (source, m, rate, expected)
+        if MODEL in offer.available and len(self.load) > 1:  # the way into drafting together
+            m, rate, expected = self._best_length(self.acceptance[MODEL], MODEL, min(offer.available[MODEL], self.k_max),
+                                                  offer.lag, others, alike=True)
+            if m > 0 and rate > best[2]:
+                best = (MODEL, m, rate, expected)
         if best[0] is not None and len(self.load) > 1 and self._all_plain(others) >= best[2]:
             best = (None, 0, plain, 1.0)
         source, m, rate, expected = best
@@ -177,13 +195,17 @@ class AdaptiveController:
         return Plan(source, m, limit, rule)
 
     def _best_length(self, model: SourceModel, source: Source, available: int, lag: int,
-                     others: Posted) -> tuple[int, float, float]:
+                     others: Posted, alike: bool = False) -> tuple[int, float, float]:
         """(length, batch rate, this sequence's expected tokens) of the best round drafting
-        from source."""
+        from source; `alike`: with every other sequence of the batch drafting the same
+        length at this one's acceptance (the module docstring's joint move)."""
         best_m, best_rate, best_expected, expected, reach = 0, 0.0, 1.0, 1.0, 1.0
+        n = len(self.load)
         for m in range(1, available + 1):
             reach *= model.at(m - 1).value
             expected += reach
+            if alike:
+                others = Posted((n - 1) * (m + 1), (n - 1) * expected, m)
             rate = (expected + others.expected) / self._seconds(m, source, lag, expected, others)
             if rate > best_rate:
                 best_m, best_rate, best_expected = m, rate, expected
