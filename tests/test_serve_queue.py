@@ -99,3 +99,17 @@ def test_requests_that_gave_up_waiting_hold_no_place_in_the_queue():
         for t in (first, late):
             t.join(timeout=30)
         assert sorted(results) == [200, 200]
+
+
+def test_erasing_the_slot_a_request_is_generated_on_answers_409_and_the_request_completes():
+    with worker_held() as (app, target, url, results, first):
+        erased = []
+        eraser = threading.Thread(target=lambda: erased.append(httpx.post(url + "/slots/0?action=erase", timeout=30)))
+        eraser.start()
+        time.sleep(0.2)  # asked while the first request's call is held: done after that call, mid-generation
+        target.gate.set()
+        eraser.join(timeout=30)
+        first.join(timeout=30)
+        assert erased[0].status_code == 409 and erased[0].json()["error"]["param"] == "id_slot", erased[0].text
+        assert results == [200]
+        assert httpx.post(url + "/slots/0?action=erase", timeout=30).status_code == 200  # free again
