@@ -96,3 +96,11 @@ def test_bad_cache_prompt_is_a_400_naming_it():
         r = httpx.post(url + "/v1/completions", timeout=30,
                        json={"model": "toy", "prompt": "the cat", "cache_prompt": "yes"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "cache_prompt"
+
+
+def test_erasing_a_slot_needs_the_api_key():
+    app, _ = toy_app(drafter="none", api_key="secret")
+    with running(app) as url:
+        assert httpx.post(url + "/slots/0?action=erase", timeout=30).status_code == 401
+        ok = httpx.post(url + "/slots/0?action=erase", headers={"Authorization": "Bearer secret"}, timeout=30)
+        assert ok.status_code == 200, ok.text

@@ -113,3 +113,16 @@ def test_erasing_the_slot_a_request_is_generated_on_answers_409_and_the_request_
         assert erased[0].status_code == 409 and erased[0].json()["error"]["param"] == "id_slot", erased[0].text
         assert results == [200]
         assert httpx.post(url + "/slots/0?action=erase", timeout=30).status_code == 200  # free again
+
+
+def test_an_erase_waiting_when_the_target_is_lost_hears_it():
+    from specsample.serve.worker import TargetLost
+
+    with worker_held() as (app, target, url, results, first):
+        worker = app.state.server.worker
+        done = worker.erase(0)
+        worker.lose(TargetLost("the RPC worker is gone"))
+        with pytest.raises(TargetLost):
+            done.result(timeout=5)
+        target.gate.set()
+        first.join(timeout=30)

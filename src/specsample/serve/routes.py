@@ -285,6 +285,8 @@ async def slot_action(request: Request) -> Response:
         erased = await asyncio.wrap_future(done)
     except SlotBusy as e:
         raise APIError(409, str(e), param="id_slot") from e
+    except TargetLost as e:  # lost before the worker came to it
+        raise target_lost(e) from e
     return JSONResponse({"id_slot": seq, "n_erased": erased})
 
 

@@ -116,7 +116,7 @@ class Worker:
         self._waiting: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}  # slot -> the job being generated on it
         self._erasing: list[tuple[int, concurrent.futures.Future]] = []  # erase(): slots to empty, in order
-        self._changed = threading.Condition()  # guards _waiting, _running and _stopping
+        self._changed = threading.Condition()  # guards _waiting, _running, _erasing and _stopping
         self._stopping = False
         self.lost: TargetLost | None = None  # set once, by lose()
         self._thread = threading.Thread(target=self._run, name="specsample-worker", daemon=True)
@@ -168,8 +168,11 @@ class Worker:
             self.lost = error
             for job in [*self._running.values(), *self._waiting]:
                 job.emit(Ended(End.FAILED, error))
+            for _, done in self._erasing:  # the thread that would do them never comes back
+                done.set_exception(error)
             self._running.clear()
             self._waiting.clear()
+            self._erasing.clear()
 
     def submit(self, job: Job) -> None:
         with self._changed:
