@@ -126,3 +126,26 @@ def test_an_erase_waiting_when_the_target_is_lost_hears_it():
             done.result(timeout=5)
         target.gate.set()
         first.join(timeout=30)
+
+
+def test_erases_and_requests_asked_while_the_server_stops_hear_so():
+    """stop() ends the worker's thread: an erase it never comes to, and any erase or
+    request asked afterwards, fail with ShuttingDown (a 503) rather than wait for good."""
+    from specsample.serve.worker import Job, ShuttingDown
+
+    with worker_held() as (app, target, url, results, first):
+        worker = app.state.server.worker
+        pending = worker.erase(0)
+        worker.stop(timeout=0.1)  # the first request's call is held: the thread cannot end yet
+        with pytest.raises(ShuttingDown):
+            pending.result(timeout=5)
+        with pytest.raises(ShuttingDown):
+            worker.erase(0)
+        with pytest.raises(ShuttingDown):
+            worker.submit(Job([], lambda draft: None, None))
+        r = httpx.post(url + "/slots/0?action=erase", timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
+        r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
+        target.gate.set()
+        first.join(timeout=30)

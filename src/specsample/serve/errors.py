@@ -6,7 +6,7 @@ from __future__ import annotations
 from starlette.responses import JSONResponse
 
 from .events import End, Ended
-from .worker import TargetLost
+from .worker import ShuttingDown, TargetLost
 
 
 class APIError(Exception):
@@ -45,3 +45,7 @@ def ending_error(ended: Ended) -> APIError | None:
 
 def target_lost(error: TargetLost) -> APIError:
     return APIError(503, str(error), type="server_error", code="target_unavailable")
+
+
+def shutting_down(error: ShuttingDown) -> APIError:
+    return APIError(503, str(error), type="server_error", code="shutting_down")

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from .doors import log
 from .editor import editor_config
-from .errors import APIError, ClientGone, ending_error, target_lost
+from .errors import APIError, ClientGone, ending_error, shutting_down, target_lost
 from .events import Ended, Finished, Generated
 from .replies import FINISH_REASONS, Answer, Choice, InfillReply, Reply
 from .request_config import (chat_prompt, chat_prompts, completion_prompts, infill_prompts, plan, response_headers,
@@ -27,7 +27,7 @@ from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, Generat
                       TokenizeRequest, read_request)
 from .settings import Server
 from .tool_requests import tool_plan
-from .worker import Job, QueueFull, SlotBusy, TargetLost
+from .worker import Job, QueueFull, ShuttingDown, SlotBusy, TargetLost
 
 
 async def completions(request: Request) -> Response:
@@ -77,6 +77,8 @@ async def _answer(request: Request, kind: type[GenerationRequest]) -> Response:
                        type="rate_limit_error", code="queue_full") from None
     except TargetLost as e:
         raise target_lost(e) from None
+    except ShuttingDown as e:
+        raise shutting_down(e) from None
     prompt_tokens = sum(len(ids) for ids, _ in prompts)
     if kind is InfillRequest:
         reply = InfillReply(settings.model_name, prompt_tokens, server.drafter_name, body.response_fields)
@@ -281,12 +283,16 @@ async def slot_action(request: Request) -> Response:
         raise APIError(400, str(e), param="id_slot") from e
     except TargetLost as e:
         raise target_lost(e) from e
+    except ShuttingDown as e:
+        raise shutting_down(e) from e
     try:
         erased = await asyncio.wrap_future(done)
     except SlotBusy as e:
         raise APIError(409, str(e), param="id_slot") from e
     except TargetLost as e:  # lost before the worker came to it
         raise target_lost(e) from e
+    except ShuttingDown as e:  # stopped before the worker came to it
+        raise shutting_down(e) from e
     return JSONResponse({"id_slot": seq, "n_erased": erased})
 
 

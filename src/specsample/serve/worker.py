@@ -37,6 +37,10 @@ class SlotBusy(Exception):
     pass
 
 
+class ShuttingDown(Exception):
+    """The server is stopping: a request or erase asked now is never served (a 503)."""
+
+
 class TargetLost(Exception):
     """The target can no longer be called (its RPC worker died mid-call, rpc.py): every
     request gets this, as a 503, until the server is started again."""
@@ -152,8 +156,8 @@ class Worker:
             self._waiting.clear()
             for job in self._running.values():
                 job.cancel()
-            for _, done in self._erasing:
-                done.cancel()
+            for _, done in self._erasing:  # the thread ends before it comes to them
+                done.set_exception(ShuttingDown("the server is shutting down; the slot was not erased"))
             self._erasing.clear()
             self._stopping = True
             self._changed.notify()
@@ -178,6 +182,8 @@ class Worker:
         with self._changed:
             if self.lost is not None:
                 raise self.lost
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down")
             # A request that timed out or whose client left while waiting holds no
             # place: without this, --max-queue of them would turn everyone away.
             self._drop_cancelled()
@@ -198,6 +204,8 @@ class Worker:
         with self._changed:
             if self.lost is not None:
                 raise self.lost
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down; the slot was not erased")
             self._erasing.append((seq, done))
             self._changed.notify()
         return done
