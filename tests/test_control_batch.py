@@ -4,7 +4,7 @@ against the whole call the batch shares (control.py), on fake costs."""
 import pytest
 
 from specsample.control import AdaptiveController, FixedK, slots_that_pay
-from specsample.estimates import BatchLoad, Costs, Posted
+from specsample.estimates import BatchLoad, Costs, Posted, timing
 from specsample.plans import MODEL, DraftCall, Offer, RoundReport, lookup_source
 
 pytestmark = pytest.mark.pure
@@ -159,12 +159,16 @@ def slow_draft_controller():
     return c
 
 
-def test_the_others_draft_steps_come_free_up_to_their_longest_run():
+def test_the_others_draft_steps_cost_only_their_widening_up_to_their_longest_run():
     """Draft steps are batched: while another sequence drafts 8 with the model, this
-    one's first 8 steps add no draft time, only target tokens; beside a lookup drafting
-    8 (as many tokens in the call, no draft-model steps) they cost as much as alone."""
+    one's first 8 steps add only what one more token costs in each of those calls
+    (measured widths unknown here: the catch-up cost per token), and target tokens;
+    beside a lookup drafting 8 (as many tokens in the call, no draft-model steps)
+    they cost as much as alone."""
     c = slow_draft_controller()
-    for steps, drafting in ((0, c.costs.drafting(8)), (8, 0.0)):
+    widening = 8 * (c.costs.draft_call(2) - c.costs.draft_call(1))
+    assert 0 < widening < c.costs.drafting(8) / 4
+    for steps, drafting in ((0, c.costs.drafting(8)), (8, widening)):
         other = Posted(9, 4.0, steps)
         added = c._seconds(8, MODEL, 1, 4.0, other) - c._seconds(0, None, 0, others=other)
         assert added == pytest.approx(c.costs.target_call(18) - c.costs.target_call(10) + drafting)
@@ -359,12 +363,22 @@ BF16_EPYC = {1: 90.5, 2: 104.3, 3: 120.1, 4: 133.4, 5: 135.5, 6: 144.8, 7: 160.2
              16: 239.7, 24: 316.6, 32: 436.4}
 
 
-def _batch_from_plain(curve, joint: bool, prompt=194, answer=128):
+# The draft model's step (Q4_0 0.5B) on that machine, ms by the call's width: one
+# token for each of 4 sequences holding 200 tokens, and 2 for each.
+DRAFT_WIDE_EPYC = {4: 48.7, 8: 80.8}
+# A draft whose wide steps cost about what one does (memory-bound, as on a GPU).
+DRAFT_WIDE_FLAT = {4: 13.5, 8: 14.5}
+
+
+def _batch_from_plain(curve, joint: bool, prompt=194, answer=128, draft_wide=DRAFT_WIDE_FLAT):
     """4 sequences at the model's prior acceptance, each just begun on a prompt the
     draft has not seen, planning in turn three times; the lengths of the last turn."""
     costs = Costs()
     costs.warm_start([curve[n] for n in range(1, 10)], 12.7, 12.9 / 4, 12.9,
                      wide={n: curve[n] for n in (12, 16, 24, 32)})
+    for width, ms in draft_wide.items():
+        costs.draft_wide[width] = timing()
+        costs.draft_wide[width].value = ms
     costs.overhead[False].value, costs.overhead[True].value = 2.0, 5.0  # own work of a plain / drafting round
     parent = AdaptiveController(k_max=8, costs=costs)
     sequences = [parent] + [parent.fork() for _ in range(3)]
@@ -380,14 +394,48 @@ def _batch_from_plain(curve, joint: bool, prompt=194, answer=128):
 
 
 def test_a_batch_of_plain_steps_starts_drafting_together_where_that_pays_the_batch():
-    """On the BF16 curve one sequence drafting beside three plain ones pays its draft
-    steps alone and loses a little, so coordinate ascent stays plain; with all four
-    drafting the batch makes about a quarter more tokens per second, and the joint
-    move finds it."""
+    """On the BF16 curve, with a draft whose steps for 4 sequences cost about one
+    step, one sequence drafting beside three plain ones pays its draft steps alone and
+    loses a little, so coordinate ascent stays plain; with all four drafting the batch
+    makes more tokens per second, and the joint move finds it."""
     assert _batch_from_plain(BF16_EPYC, joint=False) == [0, 0, 0, 0]
     together = _batch_from_plain(BF16_EPYC, joint=True)
     assert all(m > 0 for m in together), together
 
 
+def test_drafting_together_is_priced_at_the_draft_steps_measured_width():
+    """The same batch with the draft's steps as measured on the CPU (4 sequences' step
+    3.8x one: a Q4_0 draft is compute-bound there): drafting together costs about what
+    it gains (at the prior acceptance, 3% more tokens a second for one draft each), so
+    after one sequence drafts one token the others gain more by stepping plain beside
+    it. Priced at one step, as before widths were measured, every sequence drafted
+    (the BF16 run's 4-request draft calls then cost 52-59 ms)."""
+    assert sum(_batch_from_plain(BF16_EPYC, joint=True, draft_wide=DRAFT_WIDE_EPYC)) <= 1
+    one_step = {4: 12.7, 8: 12.7}
+    assert all(m > 0 for m in _batch_from_plain(BF16_EPYC, joint=True, draft_wide=one_step))
+
+
 def test_the_joint_move_leaves_a_target_whose_calls_cost_by_their_tokens_plain():
     assert _batch_from_plain(Q4_WIDE, joint=True) == [0, 0, 0, 0]
+
+
+def test_a_batchs_draft_steps_are_learnt_by_their_width():
+    """A draft call that other sequences' drafts shared is timed for its width, apart
+    from the 1-token step; widths not seen are interpolated between those that were,
+    and beyond the widest go on at the slope of the widest two."""
+    costs = Costs()
+    costs.draft_step.value, costs.draft_first.value, costs.draft_token.value = 10.0, 12.0, 2.0
+    assert costs.draft_call(4) == pytest.approx(10.0 + 3 * 2.0)  # nothing seen: the catch-up price per token
+    calls = [DraftCall(2, 50.0, 8), DraftCall(1, 40.0, 4), DraftCall(1, 40.0, 4)]
+    costs.observe_round(RoundReport([MODEL] * 3, [0.9] * 3, 3, 16, 300.0, calls, 500.0, (1, 2, 3, 4)))
+    assert costs.draft_step.value == 10.0 and costs.draft_first.value == 12.0  # a lone step's price is kept
+    assert costs.draft_call(4) == 40.0 and costs.draft_call(8) == 50.0
+    assert costs.draft_call(2) == pytest.approx(10.0 + 30.0 / 3)
+    assert costs.draft_call(6) == pytest.approx(45.0)
+    assert costs.draft_call(12) == pytest.approx(50.0 + 4 * 2.5)
+    # A round of 3 steps beside 3 others drafting 2: calls 4, 4 and 1 wide, the first cold.
+    widths = Posted(6, 5.0, 2, 3).step_widths(3)
+    assert widths == [4, 4, 1]
+    assert costs.drafting_widths(widths) == pytest.approx(12.0 + 30.0 + 40.0 + 10.0)
+    # Alone, the price is what it always was.
+    assert costs.drafting_widths([1, 1, 1]) == costs.drafting(3) == 12.0 + 2 * 10.0

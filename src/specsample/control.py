@@ -42,7 +42,8 @@ Sequences decoded together share each target call, and each has its own policy
 added to the call (m + 1), tokens expected (E) and draft-model steps. A sequence then
 maximises the batch's rate, (E(m) + E_others) / T, where T prices the whole call,
 target_call(N_others + m + 1), the round's draft time, that of max(m, the others'
-longest model run) steps, and every sequence's own work between calls (which runs on
+longest model run) draft calls, each as wide as the sequences drafting at that step
+(Costs.draft_call: a batch's step is timed by its width), and every sequence's own work between calls (which runs on
 one thread: the others' at the plain rounds' overhead) (SmartSpec's goodput). A round's
 own work is its time less what it slept in the batch (RoundReport.waited_seconds):
 priced with the others' draft calls in it, a plain round looked dearer than it was. Each plan is one step of coordinate
@@ -68,13 +69,19 @@ little (the BF16 target), drafting pays for the batch when every sequence drafts
 since the draft model's steps are batched too, but not for one sequence alone, which
 pays those steps for itself: on this AMD EPYC's curve, beside three plain sequences
 one drafting 1 or 2 tokens at the model's prior acceptance makes 29-30 tokens/s
-against 30 plain, while all four drafting 2 make about 37. Coordinate ascent from
+against 30 plain, while all four drafting 2 make about 37, with the draft's step for
+4 sequences priced at one sequence's. Coordinate ascent from
 all-plain never leaves it, and under 4 clients the server took plain steps where
 one sequence alone drafted at 2x. So each plan is also held against the batch with
 every sequence drafting the model's best length at this sequence's acceptance:
 where that is the best rate, it drafts that length, the others then find the draft
 steps paid, and the batch is drafting from the next call on. Alone, there is no
-such move.
+such move. The move is only as good as the price of those wide draft steps: before
+they were timed by width, it priced a step for 4 sequences at one sequence's (12.7 ms)
+where it cost 52-59 ms (a Q4_0 draft is compute-bound on 2 cores), and on the
+Q4_K_M target under 4 clients it drafted at a loss (HumanEval: 0.86 of plain
+batching). Until a width has been timed it is priced from the catch-up cost per
+token, which is optimistic: the move is tried, timed, and dropped where it loses.
 
 The load holds the others' plans, which follow from their own pasts and draft
 distributions, never from this sequence's current draws or verdicts: the argument
@@ -205,7 +212,7 @@ class AdaptiveController:
             reach *= model.at(m - 1).value
             expected += reach
             if alike:
-                others = Posted((n - 1) * (m + 1), (n - 1) * expected, m)
+                others = Posted((n - 1) * (m + 1), (n - 1) * expected, m, n - 1)
             rate = (expected + others.expected) / self._seconds(m, source, lag, expected, others)
             if rate > best_rate:
                 best_m, best_rate, best_expected = m, rate, expected
@@ -226,10 +233,9 @@ class AdaptiveController:
         # The others' own work runs on the same thread, one sequence after another.
         seconds += (len(self.load) - 1) * (c.overhead[False].value or 0.0)
         # The draft's steps are batched across sequences: the round drafts for its
-        # longest run. A batched step is priced as a single-sequence step for now (the
-        # draft's cost by batch size is not measured yet).
+        # longest run, each call as wide as the sequences drafting at that step.
         steps = m if source == MODEL else 0
-        seconds += c.drafting(max(steps, others.draft_steps))
+        seconds += c.drafting_widths(others.step_widths(steps))
         if steps:
             # Feeding tokens the draft has not seen (its prompt prefill, or text made
             # during plain steps) is paid once and serves the rest of the sequence:
@@ -264,17 +270,19 @@ class ConfidenceRule:
 
     def __call__(self, i: int, confidence: float) -> int:
         here = self.model.given_confidence(confidence).value
-        draft_step = self.costs.draft_step.value or 0.0
         others = self.load.others(self.key)
         # Value of ending the round with m drafts (m >= i), costs already paid left out:
-        # the batch drafts max(others' run, i + 1) steps whatever this sequence does.
+        # the batch drafts max(others' run, i + 1) steps whatever this sequence does; each
+        # further call of this sequence's costs what its token adds to that step's call.
         best_m, best_value, best_gain = i, -self.rate * self.costs.target_call(others.tokens + i + 1), 0.0
-        gain, chain = 0.0, self.reach
+        gain, chain, drafting = 0.0, self.reach, 0.0
         for m in range(i + 1, self.limit + 1):
             chain *= here if m == i + 1 else self.model.at(m - 1).value
             gain += chain
-            steps = max(0, m - max(others.draft_steps, i + 1))
-            cost = steps * draft_step + self.costs.target_call(others.tokens + m + 1)
+            if m > i + 1:  # the call that feeds draft m - 1 to draw draft m
+                width = others.drafting if m - 1 < others.draft_steps else 0
+                drafting += self.costs.draft_call(width + 1) - (self.costs.draft_call(width) if width else 0.0)
+            cost = drafting + self.costs.target_call(others.tokens + m + 1)
             value = gain - self.rate * cost
             if value > best_value:
                 best_m, best_value, best_gain = m, value, gain

@@ -206,7 +206,8 @@ class ModelDrafter:
             # A batched call (batching.Slot) is timed by the call itself: a clock here
             # would also count the other sequences' work before this one resumes.
             call = self.backend.last_call
-            calls.append(DraftCall(len(feed), call.seconds if call is not None else self.clock() - t0))
+            calls.append(DraftCall(len(feed), call.seconds, call.tokens) if call is not None
+                         else DraftCall(len(feed), self.clock() - t0))
             self.calls += 1
             self._cached += feed
             if grammar is not None:

@@ -7,6 +7,7 @@ and what the other sequences decoded in the same batch plan for the call they sh
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from .plans import FORCED, MODEL, RoundReport, Source, lookup_source
@@ -114,6 +115,13 @@ class Costs:
     draft_first: Ema = field(default_factory=timing)  # a round's first draft call, feeding 1-2 tokens
     draft_step: Ema = field(default_factory=timing)  # each later draft call of the round
     draft_token: Ema = field(default_factory=timing)  # each extra token fed in one call
+    # {w: seconds} of a draft call that a batch's steps made w tokens wide (several
+    # sequences' drafts at once). A wide step costs the draft model's per-token work,
+    # which catching up on a short context under-prices: 4 sequences' step cost 2.3-3x
+    # one sequence's on a 2-core AMD EPYC (Q4_0 draft), against 1.5x priced from the
+    # catch-up cost. Learnt from the batches' steps alone; unmeasured widths are
+    # interpolated (draft_call).
+    draft_wide: dict[int, Ema] = field(default_factory=dict)
     overhead: dict[bool, Ema] = field(default_factory=lambda: {False: Ema(0.0), True: Ema(0.0)})
     warm_started: bool = False  # started from measured costs rather than from nothing
 
@@ -181,6 +189,8 @@ class Costs:
                 first = self.drafting(1)
                 if first:
                     self.draft_token.update(max(0.0, call.seconds - first) / (call.tokens_fed - 1), share)
+            elif call.width > call.tokens_fed:  # a step shared with other sequences' drafts
+                self.draft_wide.setdefault(call.width, timing()).update(call.seconds, share)
             else:
                 (self.draft_step if i else self.draft_first).update(call.seconds, share)
         # What else the round took: in a batch, its own work alone (the time it slept
@@ -193,11 +203,43 @@ class Costs:
 
     def drafting(self, m: int) -> float:
         """Draft time of a round that drafts m tokens (its first call cold)."""
-        if m <= 0:
+        return self.drafting_widths([1] * m)
+
+    def drafting_widths(self, widths: list[int]) -> float:
+        """Draft time of a round whose draft calls are `widths` tokens wide in turn (a
+        batch's: one token for each sequence drafting at that step); the first call
+        runs cold, dearer by what a round's first 1-token call costs over a later one."""
+        if not widths:
             return 0.0
         step = self.draft_step.value or 0.0
         first = self.draft_first.value if self.draft_first.value is not None else step
-        return first + (m - 1) * step
+        if widths[0] > 1:
+            first += self.draft_call(widths[0]) - step
+        later = Counter(widths[1:])  # one sequence alone: first + (m - 1) * step, as ever
+        return first + sum(n * self.draft_call(w) for w, n in sorted(later.items()))
+
+    def draft_call(self, width: int) -> float:
+        """A draft call's seconds at `width` tokens: a 1-token step, a batch's step as
+        measured at that width, or else interpolated between the nearest measured widths
+        (beyond the widest, on at the slope of the widest two, or at the catch-up cost
+        per token: optimistic, as an unmeasured call is tried and then timed)."""
+        if width <= 0:
+            return 0.0
+        step = self.draft_step.value or 0.0
+        measured = [(1, step)] + sorted((w, e.value) for w, e in self.draft_wide.items() if e.value is not None)
+        below = [p for p in measured if p[0] <= width]
+        above = [p for p in measured if p[0] > width]
+        (w0, c0) = below[-1]
+        if w0 == width:
+            return c0
+        if above:
+            (w1, c1) = above[0]
+            return c0 + (c1 - c0) * (width - w0) / (w1 - w0)
+        slope = self.draft_token.value or 0.0
+        if len(below) >= 2:
+            (wa, ca) = below[-2]
+            slope = max(slope, (c0 - ca) / (w0 - wa))
+        return c0 + slope * (width - w0)
 
     def catch_up(self, lag: int) -> float:
         """Extra draft time to feed `lag` tokens it has not seen (beyond the usual 1-2)."""
@@ -211,6 +253,14 @@ class Posted:
     tokens: int = 0  # tokens it adds to the call: its drafts and its pending token
     expected: float = 0.0  # tokens it expects to emit
     draft_steps: int = 0  # draft-model steps it needs (0: a lookup, forced tokens, a plain step)
+    drafting: int = 0  # sequences among them that take those steps (the width of the draft calls)
+
+    def step_widths(self, steps: int) -> list[int]:
+        """The widths of a round's draft calls when one more sequence drafts `steps`
+        tokens beside these: this one's token in its first `steps` calls, the others' in
+        their first draft_steps (all taken as long as the longest run)."""
+        drafting = max(self.drafting, int(self.draft_steps > 0))
+        return [(drafting if j < self.draft_steps else 0) + (j < steps) for j in range(max(steps, self.draft_steps))]
 
 
 NOTHING_POSTED = Posted()
@@ -226,7 +276,7 @@ class BatchLoad:
         self._posts: dict[object, Posted] = {}
 
     def post(self, key: object, tokens: int, expected: float, draft_steps: int = 0) -> None:
-        self._posts[key] = Posted(tokens, expected, draft_steps)
+        self._posts[key] = Posted(tokens, expected, draft_steps, int(draft_steps > 0))
 
     def leave(self, key: object) -> None:
         self._posts.pop(key, None)
@@ -241,7 +291,8 @@ class BatchLoad:
         rest = [posted for k, posted in self._posts.items() if k is not key]
         if not rest:
             return NOTHING_POSTED
-        return Posted(sum(p.tokens for p in rest), sum(p.expected for p in rest), max(p.draft_steps for p in rest))
+        return Posted(sum(p.tokens for p in rest), sum(p.expected for p in rest), max(p.draft_steps for p in rest),
+                      sum(p.drafting for p in rest))
 
 
 # (first position, later positions): a later draft is only reached when the earlier

@@ -78,6 +78,13 @@ NO_DRAFTS = Plan(None, 0)
 class DraftCall:
     tokens_fed: int  # tokens the draft model consumed in this call
     seconds: float
+    # Tokens the whole model call scored: other sequences' too where a batch shared it
+    # (batching.py); 0: this sequence's alone.
+    call_tokens: int = 0
+
+    @property
+    def width(self) -> int:
+        return max(self.call_tokens, self.tokens_fed)
 
 
 @dataclass
