@@ -149,3 +149,17 @@ def test_erases_and_requests_asked_while_the_server_stops_hear_so():
         assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
         target.gate.set()
         first.join(timeout=30)
+
+
+def test_an_erase_whose_asker_left_does_not_stop_the_worker():
+    """A client that leaves while its erase waits cancels the future; the worker then
+    settles it without raising in its own thread, and serves the next request."""
+    with worker_held() as (app, target, url, results, first):
+        worker = app.state.server.worker
+        done = worker.erase(0)
+        assert done.cancel()
+        target.gate.set()
+        first.join(timeout=30)
+        assert results == [200]
+        assert httpx.post(url + "/v1/completions", json=BODY, timeout=10).status_code == 200
+        assert worker._thread.is_alive()

@@ -157,7 +157,7 @@ class Worker:
             for job in self._running.values():
                 job.cancel()
             for _, done in self._erasing:  # the thread ends before it comes to them
-                done.set_exception(ShuttingDown("the server is shutting down; the slot was not erased"))
+                _settle(done, error=ShuttingDown("the server is shutting down; the slot was not erased"))
             self._erasing.clear()
             self._stopping = True
             self._changed.notify()
@@ -173,7 +173,7 @@ class Worker:
             for job in [*self._running.values(), *self._waiting]:
                 job.emit(Ended(End.FAILED, error))
             for _, done in self._erasing:  # the thread that would do them never comes back
-                done.set_exception(error)
+                _settle(done, error=error)
             self._running.clear()
             self._waiting.clear()
             self._erasing.clear()
@@ -215,13 +215,13 @@ class Worker:
             erasing, self._erasing = self._erasing, []
         for seq, done in erasing:
             if seq not in self._free:
-                done.set_exception(SlotBusy(f"slot {seq} is generating a request"))
+                _settle(done, error=SlotBusy(f"slot {seq} is generating a request"))
                 continue
             held = self.slots[seq].length
             for slot in (self.slots[seq], self.draft_slots[seq]):
                 if slot is not None:
                     slot.rollback(0)
-            done.set_result(held)
+            _settle(done, held)
 
     def _drop_cancelled(self) -> None:
         for job in [j for j in self._waiting if j.cancelled.is_set()]:
@@ -323,6 +323,18 @@ class Worker:
             job.emit(Ended(End.FAILED, e))
             return
         job.emit(Ended(End.DONE))
+
+
+def _settle(done: concurrent.futures.Future, result=None, error: BaseException | None = None) -> None:
+    """An erase's outcome, unless its asker has gone: a client that leaves while waiting
+    cancels the future, and setting a cancelled one raises (in the worker's thread)."""
+    try:
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
 
 
 def warm(slot: Backend, prompt_ids: list[int]) -> None:
