@@ -281,7 +281,7 @@ class ConfidenceRule:
             gain += chain
             if m > i + 1:  # the call that feeds draft m - 1 to draw draft m
                 width = others.drafting if m - 1 < others.draft_steps else 0
-                drafting += self.costs.draft_call(width + 1) - (self.costs.draft_call(width) if width else 0.0)
+                drafting += self.costs.draft_call(width + 1) - self.costs.draft_call(width)
             cost = drafting + self.costs.target_call(others.tokens + m + 1)
             value = gain - self.rate * cost
             if value > best_value:

@@ -158,15 +158,7 @@ class Costs:
         # (or extrapolate from the last two); unmeasured entirely: flat, the
         # optimistic guess that the first rounds then correct.
         measured = [(1, 1.0)] + [(i + 1, e.value) for i, e in enumerate(self.shape) if i and e.value is not None]
-        below = [p for p in measured if p[0] < n]
-        above = [p for p in measured if p[0] > n]
-        if above:
-            (n0, c0), (n1, c1) = below[-1], above[0]
-            return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
-        if len(below) >= 2:
-            (n0, c0), (n1, c1) = below[-2], below[-1]
-            return c1 + max(0.0, (c1 - c0) / (n1 - n0)) * (n - n1)
-        return 1.0
+        return interpolated(measured, n)
 
     def observe_target(self, n: int, seconds: float, share: float = 1.0) -> None:
         if n == 1 or self.single.value is None:
@@ -227,23 +219,31 @@ class Costs:
             return 0.0
         step = self.draft_step.value or 0.0
         measured = [(1, step)] + sorted((w, e.value) for w, e in self.draft_wide.items() if e.value is not None)
-        below = [p for p in measured if p[0] <= width]
-        above = [p for p in measured if p[0] > width]
-        (w0, c0) = below[-1]
-        if w0 == width:
-            return c0
-        if above:
-            (w1, c1) = above[0]
-            return c0 + (c1 - c0) * (width - w0) / (w1 - w0)
-        slope = self.draft_token.value or 0.0
-        if len(below) >= 2:
-            (wa, ca) = below[-2]
-            slope = max(slope, (c0 - ca) / (w0 - wa))
-        return c0 + slope * (width - w0)
+        return interpolated(measured, width, least_slope=self.draft_token.value or 0.0)
 
     def catch_up(self, lag: int) -> float:
         """Extra draft time to feed `lag` tokens it has not seen (beyond the usual 1-2)."""
         return max(0, lag - 2) * (self.draft_token.value or 0.0)
+
+
+def interpolated(points: list[tuple[int, float]], x: int, least_slope: float = 0.0) -> float:
+    """The cost at size x from measured (size, cost) points, sorted, the first at or
+    below x: a measured one as it is, else linear between its nearest neighbours, and
+    beyond the largest on at the slope of the largest two, or `least_slope` if that is
+    steeper or there is only one point."""
+    below = [p for p in points if p[0] <= x]
+    above = [p for p in points if p[0] > x]
+    x0, y0 = below[-1]
+    if x0 == x:
+        return y0
+    if above:
+        x1, y1 = above[0]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    slope = least_slope
+    if len(below) >= 2:
+        xa, ya = below[-2]
+        slope = max(slope, (y0 - ya) / (x0 - xa))
+    return y0 + slope * (x - x0)
 
 
 @dataclass(frozen=True)
