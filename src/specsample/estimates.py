@@ -106,7 +106,18 @@ class Costs:
     """Seconds per call, measured. A target call scoring n tokens costs
     single * shape[n]: the shape of the curve is a property of the engine and the
     machine, while its scale moves with context length and with other load, and is
-    refreshed by every plain step."""
+    refreshed by every plain step.
+
+    A batch's plain step scores one token for each sequence, so under load the 1-token
+    call that refreshes the scale is rare, and the drift lands on the shape of the
+    sizes the rounds score. The sizes they have not scored yet keep the calibration's
+    ratio, timed on one sequence over a short context, and fall behind: on a 2-core AMD
+    EPYC (Q4_K_M) 4 sequences holding 300 tokens each made 4-token calls 28% dearer
+    than calibrated and 16-token calls 22% dearer, while 16 tokens stayed priced as
+    calibrated; drafting together looked cheap, and the server paid a draft call for
+    nothing in half its rounds (explain, 4 clients). So a size never scored in a
+    round is priced at its calibrated ratio times the drift of the nearest sizes that
+    have been (`_drift`)."""
 
     single: Ema = field(default_factory=timing)  # a target call scoring 1 token
     shape: list[Ema] = field(default_factory=list)  # [n - 1]: cost of n tokens / cost of 1
@@ -124,6 +135,8 @@ class Costs:
     draft_wide: dict[int, Ema] = field(default_factory=dict)
     overhead: dict[bool, Ema] = field(default_factory=lambda: {False: Ema(0.0), True: Ema(0.0)})
     warm_started: bool = False  # started from measured costs rather than from nothing
+    calibrated: list[tuple[int, float]] = field(default_factory=list)  # (n, shape) as warm_start set them
+    scored: set[int] = field(default_factory=set)  # sizes (> 1) a round's call has refreshed
 
     def target_call(self, n: int) -> float:
         return (self.single.value or 0.0) * self.ratio(n)
@@ -137,6 +150,8 @@ class Costs:
         sizes = dict(enumerate(target[1:], start=2)) | dict(wide or {})
         for n, seconds in sorted(sizes.items()):
             self._shape(n).value = seconds / target[0]
+        self.calibrated = [(1, 1.0)] + [(n, seconds / target[0]) for n, seconds in sorted(sizes.items())]
+        self.scored = set()
         for ema, value in ((self.draft_step, draft_step), (self.draft_token, draft_token),
                            (self.draft_first, draft_first)):
             if value is not None:
@@ -151,20 +166,38 @@ class Costs:
     def ratio(self, n: int) -> float:
         if n == 1:
             return 1.0
-        known = self.shape[n - 1].value if n <= len(self.shape) else None
-        if known is not None:
-            return known
-        # Unmeasured size: interpolate linearly between the nearest measured sizes
-        # (or extrapolate from the last two); unmeasured entirely: flat, the
-        # optimistic guess that the first rounds then correct.
-        measured = [(1, 1.0)] + [(i + 1, e.value) for i, e in enumerate(self.shape) if i and e.value is not None]
-        return interpolated(measured, n)
+        if n in self.scored or not self.calibrated:
+            known = self.shape[n - 1].value if n <= len(self.shape) else None
+            if known is not None:
+                return known
+            # Unmeasured size: interpolate linearly between the nearest measured sizes
+            # (or extrapolate from the last two); unmeasured entirely: flat, the
+            # optimistic guess that the first rounds then correct.
+            measured = [(1, 1.0)] + [(i + 1, e.value) for i, e in enumerate(self.shape) if i and e.value is not None]
+            return interpolated(measured, n)
+        return interpolated(self.calibrated, n) * self._drift(n)
+
+    def _drift(self, n: int) -> float:
+        """How far the rounds' calls have moved from the calibration near size n: the
+        ratio of scored to calibrated shape at the nearest scored sizes, linear between
+        them and held flat beyond; 1 until a size has been scored."""
+        drifts = sorted((m, self.shape[m - 1].value / interpolated(self.calibrated, m)) for m in self.scored)
+        below = [d for d in drifts if d[0] < n]
+        above = [d for d in drifts if d[0] > n]
+        if below and above:
+            (x0, y0), (x1, y1) = below[-1], above[0]
+            return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        return below[-1][1] if below else above[0][1] if above else 1.0
 
     def observe_target(self, n: int, seconds: float, share: float = 1.0) -> None:
         if n == 1 or self.single.value is None:
             self.single.update(seconds / self.ratio(n), share)
         else:
-            self._shape(n).update(seconds / self.single.value, share)
+            shape = self._shape(n)
+            if self.calibrated and n not in self.scored:  # from where it is priced now, drift included
+                shape.value = self.ratio(n)
+            shape.update(seconds / self.single.value, share)
+            self.scored.add(n)
 
     def observe_round(self, report: RoundReport, share: float = 1.0) -> None:
         """Refresh every cost a round measured: its target call, its draft calls (a
