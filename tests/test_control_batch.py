@@ -323,6 +323,52 @@ def test_a_batch_under_load_does_not_draft_together_on_the_stale_price_of_a_wide
     assert sum(last_turn(drift=False)) >= 4
 
 
+def test_the_joint_move_pays_for_the_others_catching_up():
+    """The Q4_K_M server under 4 clients (HumanEval, sampled): one sequence, whose
+    draft had read its text, planned "every sequence drafts 3" 52 times; the other
+    three had never drafted, their drafts 150 tokens behind, so none followed and the
+    in-round rule, priced against the real (plain) call, cut the drafts to 0-2 (0 in
+    23 of them): draft calls paid alone, 0.71x our plain batching. The others' catch-up
+    is the move's cost too, and with it the move is not taken."""
+    def planned_beside(others_lag: int, accept: float) -> int:
+        costs = Costs()  # as this machine's cost cache holds them, then the load's prices
+        costs.warm_start([34.0, 63.4, 83.1, 106.9, 144.4, 151.2, 197.9, 217.0, 231.1], 15.9, 2.5, 13.0,
+                         wide={12: 350, 16: 302, 24: 505, 32: 613})
+        costs.draft_step.value, costs.draft_first.value, costs.draft_token.value = 18.6, 16.2, 2.83
+        for width, ms in {3: 45.2, 4: 42.6}.items():
+            costs.draft_wide[width] = timing()
+            costs.draft_wide[width].value = ms
+        costs.overhead[False].value, costs.overhead[True].value = 6.0, 15.9
+        for _ in range(30):
+            costs.observe_target(1, 40.1)
+            for n, ratio in ((2, 2.55), (4, 3.89), (5, 4.89), (6, 5.61), (8, 7.83)):
+                costs.observe_target(n, ratio * 40.1)
+        c = AdaptiveController(k_max=8, costs=costs)
+        set_acceptance(c, accept)
+        c.begin(list(range(150)), 40)
+        for key in post_others(c.load, 3, tokens=1, expected=1.0):
+            c.load.post(key, 1, 1.0, 0, others_lag)
+        return planned(c)
+
+    for accept in (0.9, 0.95):
+        assert planned_beside(others_lag=150, accept=accept) == 0
+        assert planned_beside(others_lag=0, accept=accept) > 0  # with drafts that had read it all
+
+
+def test_a_sequence_posts_how_far_its_draft_is_behind():
+    c = bf16_controller(0.9)
+    other = c.fork()
+    c.begin(list(range(50)), 64)
+    other.begin(list(range(70)), 64)
+    assert c.load.others(c).lag == 70  # begun: its draft has read nothing
+    other.plan(Offer({MODEL: 8}, 12))
+    assert c.load.others(c).lag == 0  # drafting from the model: it reads those 12 first
+    plain = c.fork()
+    plain.begin([1, 2], 64)
+    plain.plan(Offer({lookup_source(1): 0}, 30))  # nothing to draft: a plain step, the draft falls behind
+    assert c.load.others(c).lag == 30
+
+
 def test_slots_that_pay_on_the_measured_curves():
     # BF16 (memory-bound here): throughput still grows by more than 5% up to 8.
     assert slots_that_pay(costs_of(BF16)) == 8 and slots_that_pay(costs_of(BF16), most=4) == 4
