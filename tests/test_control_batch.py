@@ -1,6 +1,8 @@
 """-k auto for sequences decoded together: each sequence's policy prices its round
 against the whole call the batch shares (control.py), on fake costs."""
 
+import dataclasses
+
 import pytest
 
 from specsample.control import AdaptiveController, FixedK, slots_that_pay
@@ -304,7 +306,7 @@ def test_a_batch_under_load_does_not_draft_together_on_the_stale_price_of_a_wide
         for width, ms in {2: 36.0, 3: 40.7, 4: 43.2, 5: 51.7, 6: 60.6}.items():
             costs.draft_wide[width] = timing()
             costs.draft_wide[width].value = ms
-        costs.overhead[False].value, costs.overhead[True].value = 1.5, 3.0
+        costs.overhead[False].value = costs.overhead[True].value = 1.5  # own work apart (its own test)
         for _ in range(30):
             costs.observe_target(4, Q4_UNDER_LOAD[4])
         if not drift:  # the negative control: unscored sizes priced as calibrated
@@ -338,7 +340,7 @@ def test_the_joint_move_pays_for_the_others_catching_up():
         for width, ms in {3: 45.2, 4: 42.6}.items():
             costs.draft_wide[width] = timing()
             costs.draft_wide[width].value = ms
-        costs.overhead[False].value, costs.overhead[True].value = 6.0, 15.9
+        costs.overhead[False].value = costs.overhead[True].value = 6.0  # own work apart (its own test)
         for _ in range(30):
             costs.observe_target(1, 40.1)
             for n, ratio in ((2, 2.55), (4, 3.89), (5, 4.89), (6, 5.61), (8, 7.83)):
@@ -440,6 +442,50 @@ def test_the_others_own_work_is_in_the_price_of_a_round():
     for key in keys:
         c.load.leave(key)
     assert c._seconds(0, None, 0) == pytest.approx(alone)
+    # Others that draft do a drafting round's work: its overhead, not a plain one's.
+    c.costs.overhead[True].value = 3 * own
+    drafting = post_others(c.load, 3, tokens=3, expected=2.5, draft_steps=2)
+    assert c.load.others(c).drafters == 3
+    priced = c._seconds(0, None, 0, others=c.load.others(c))
+    assert priced - c.costs.target_call(10) - c.costs.drafting_widths([3, 3]) == pytest.approx(
+        alone - c.costs.target_call(1) + 3 * 3 * own)
+    for key in drafting:
+        c.load.leave(key)
+
+
+def test_a_herd_pays_for_every_drafting_rounds_own_work():
+    """BF16 under 4 clients, sampled (the load's own prices: 4-request calls of 4 tokens
+    166 ms and of 13 tokens 329 ms, draft steps 25-60 ms by width, own work of a
+    drafting round 32 ms against 6 plain): with the others' own work priced as plain
+    rounds, a herd of 4 drafting 3 kept two of them drafting, and the load ran 0.80x
+    our plain batching; priced as the drafting rounds they are, all four step plain."""
+    def last_turn(others_own_priced: bool):
+        costs = Costs()
+        costs.warm_start([BF16_EPYC[n] for n in range(1, 10)], 25.0, 3.0, 25.0,
+                         wide={n: BF16_EPYC[n] for n in (12, 16, 24, 32)})
+        for width, ms in {2: 44.0, 3: 55.0, 4: 60.0}.items():
+            costs.draft_wide[width] = timing()
+            costs.draft_wide[width].value = ms
+        costs.overhead[False].value, costs.overhead[True].value = 6.0, 32.0
+        for _ in range(30):
+            costs.observe_target(4, 166.0)
+            costs.observe_target(13, 329.0)
+        parent = AdaptiveController(k_max=8, costs=costs)
+        set_acceptance(parent, 0.86)
+        sequences = [parent] + [parent.fork() for _ in range(3)]
+        if not others_own_priced:  # the negative control: the others' own work as plain rounds'
+            others = parent.load.others
+            parent.load.others = lambda key: dataclasses.replace(others(key), drafters=0)
+        for s in sequences:
+            s.begin(list(range(100)), 40)
+            s.load.post(s, 4, 3.2, 3)  # drafting 3, caught up
+        lengths = []
+        for _ in range(3):
+            lengths = [planned(s) for s in sequences]
+        return lengths
+
+    assert last_turn(others_own_priced=True) == [0, 0, 0, 0]
+    assert sum(last_turn(others_own_priced=False)) > 0
 
 
 # Q4_K_M target calls measured under 4 clients on this project's Intel Xeon, 2 threads

@@ -288,6 +288,7 @@ class Posted:
     draft_steps: int = 0  # draft-model steps it needs (0: a lookup, forced tokens, a plain step)
     drafting: int = 0  # sequences among them that take those steps (the width of the draft calls)
     lag: int = 0  # tokens their draft models have not read: what drafting would first feed them
+    drafters: int = 0  # sequences among them that draft anything this round (their own work is a drafting round's)
 
     def step_widths(self, steps: int) -> list[int]:
         """The widths of a round's draft calls when one more sequence drafts `steps`
@@ -310,7 +311,7 @@ class BatchLoad:
         self._posts: dict[object, Posted] = {}
 
     def post(self, key: object, tokens: int, expected: float, draft_steps: int = 0, lag: int = 0) -> None:
-        self._posts[key] = Posted(tokens, expected, draft_steps, int(draft_steps > 0), lag)
+        self._posts[key] = Posted(tokens, expected, draft_steps, int(draft_steps > 0), lag, int(tokens > 1))
 
     def leave(self, key: object) -> None:
         self._posts.pop(key, None)
@@ -326,7 +327,7 @@ class BatchLoad:
         if not rest:
             return NOTHING_POSTED
         return Posted(sum(p.tokens for p in rest), sum(p.expected for p in rest), max(p.draft_steps for p in rest),
-                      sum(p.drafting for p in rest), sum(p.lag for p in rest))
+                      sum(p.drafting for p in rest), sum(p.lag for p in rest), sum(p.drafters for p in rest))
 
 
 # (first position, later positions): a later draft is only reached when the earlier
