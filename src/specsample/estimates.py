@@ -114,8 +114,9 @@ class Costs:
     ratio, timed on one sequence over a short context, and fall behind: on a 2-core AMD
     EPYC (Q4_K_M) 4 sequences holding 300 tokens each made 4-token calls 28% dearer
     than calibrated and 16-token calls 22% dearer, while 16 tokens stayed priced as
-    calibrated; drafting together looked cheap, and the server paid a draft call for
-    nothing in half its rounds (explain, 4 clients). So a size never scored in a
+    calibrated; drafting together looked cheap, and the server planned it in 238
+    rounds, whose drafts the in-round rule then cut to one or none in nearly all
+    (explain, 4 clients). So a size never scored in a
     round is priced at its calibrated ratio times the drift of the nearest sizes that
     have been (`_drift`)."""
 
