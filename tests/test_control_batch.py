@@ -35,6 +35,13 @@ def bf16_controller(accept, load=None):
     return c
 
 
+def with_draft_widths(costs: Costs, widths: dict[int, float]) -> None:
+    """The draft's steps as if timed at these widths ({tokens: seconds})."""
+    for width, seconds in widths.items():
+        costs.draft_wide[width] = timing()
+        costs.draft_wide[width].value = seconds
+
+
 def planned(policy, available=8):
     return policy.plan(Offer({MODEL: available}, 1)).length
 
@@ -303,9 +310,7 @@ def test_a_batch_under_load_does_not_draft_together_on_the_stale_price_of_a_wide
     steps for 4 sequences 43 ms) drafting together loses."""
     def last_turn(drift: bool):
         costs = q4_calibrated()
-        for width, ms in {2: 36.0, 3: 40.7, 4: 43.2, 5: 51.7, 6: 60.6}.items():
-            costs.draft_wide[width] = timing()
-            costs.draft_wide[width].value = ms
+        with_draft_widths(costs, {2: 36.0, 3: 40.7, 4: 43.2, 5: 51.7, 6: 60.6})
         costs.overhead[False].value = costs.overhead[True].value = 1.5  # own work apart (its own test)
         for _ in range(30):
             costs.observe_target(4, Q4_UNDER_LOAD[4])
@@ -337,9 +342,7 @@ def test_the_joint_move_pays_for_the_others_catching_up():
         costs.warm_start([34.0, 63.4, 83.1, 106.9, 144.4, 151.2, 197.9, 217.0, 231.1], 15.9, 2.5, 13.0,
                          wide={12: 350, 16: 302, 24: 505, 32: 613})
         costs.draft_step.value, costs.draft_first.value, costs.draft_token.value = 18.6, 16.2, 2.83
-        for width, ms in {3: 45.2, 4: 42.6}.items():
-            costs.draft_wide[width] = timing()
-            costs.draft_wide[width].value = ms
+        with_draft_widths(costs, {3: 45.2, 4: 42.6})
         costs.overhead[False].value = costs.overhead[True].value = 6.0  # own work apart (its own test)
         for _ in range(30):
             costs.observe_target(1, 40.1)
@@ -463,9 +466,7 @@ def test_a_herd_pays_for_every_drafting_rounds_own_work():
         costs = Costs()
         costs.warm_start([BF16_EPYC[n] for n in range(1, 10)], 25.0, 3.0, 25.0,
                          wide={n: BF16_EPYC[n] for n in (12, 16, 24, 32)})
-        for width, ms in {2: 44.0, 3: 55.0, 4: 60.0}.items():
-            costs.draft_wide[width] = timing()
-            costs.draft_wide[width].value = ms
+        with_draft_widths(costs, {2: 44.0, 3: 55.0, 4: 60.0})
         costs.overhead[False].value, costs.overhead[True].value = 6.0, 32.0
         for _ in range(30):
             costs.observe_target(4, 166.0)
@@ -548,9 +549,7 @@ def _batch_from_plain(curve, joint: bool, prompt=194, answer=128, draft_wide=DRA
     costs = Costs()
     costs.warm_start([curve[n] for n in range(1, 10)], 12.7, 12.9 / 4, 12.9,
                      wide={n: curve[n] for n in (12, 16, 24, 32)})
-    for width, ms in draft_wide.items():
-        costs.draft_wide[width] = timing()
-        costs.draft_wide[width].value = ms
+    with_draft_widths(costs, draft_wide)
     costs.overhead[False].value, costs.overhead[True].value = 2.0, 5.0  # own work of a plain / drafting round
     parent = AdaptiveController(k_max=8, costs=costs)
     sequences = [parent] + [parent.fork() for _ in range(3)]
