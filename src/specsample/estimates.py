@@ -137,7 +137,9 @@ class Costs:
     overhead: dict[bool, Ema] = field(default_factory=lambda: {False: Ema(0.0), True: Ema(0.0)})
     warm_started: bool = False  # started from measured costs rather than from nothing
     calibrated: list[tuple[int, float]] = field(default_factory=list)  # (n, shape) as warm_start set them
-    scored: set[int] = field(default_factory=set)  # sizes (> 1) a round's call has refreshed
+    # {n: calibrated shape}: the sizes (> 1) a round's call has refreshed, with the price
+    # the calibration gives them (it never changes, so _drift need not interpolate it again)
+    scored: dict[int, float] = field(default_factory=dict)
 
     def target_call(self, n: int) -> float:
         return (self.single.value or 0.0) * self.ratio(n)
@@ -152,7 +154,7 @@ class Costs:
         for n, seconds in sorted(sizes.items()):
             self._shape(n).value = seconds / target[0]
         self.calibrated = [(1, 1.0)] + [(n, seconds / target[0]) for n, seconds in sorted(sizes.items())]
-        self.scored = set()
+        self.scored = {}
         for ema, value in ((self.draft_step, draft_step), (self.draft_token, draft_token),
                            (self.draft_first, draft_first)):
             if value is not None:
@@ -182,7 +184,7 @@ class Costs:
         """How far the rounds' calls have moved from the calibration near size n: the
         ratio of scored to calibrated shape at the nearest scored sizes, linear between
         them and held flat beyond; 1 until a size has been scored."""
-        drifts = sorted((m, self.shape[m - 1].value / interpolated(self.calibrated, m)) for m in self.scored)
+        drifts = sorted((m, self.shape[m - 1].value / calibrated) for m, calibrated in self.scored.items())
         below = [d for d in drifts if d[0] < n]
         above = [d for d in drifts if d[0] > n]
         if below and above:
@@ -197,8 +199,8 @@ class Costs:
             shape = self._shape(n)
             if self.calibrated and n not in self.scored:  # from where it is priced now, drift included
                 shape.value = self.ratio(n)
+                self.scored[n] = interpolated(self.calibrated, n)
             shape.update(seconds / self.single.value, share)
-            self.scored.add(n)
 
     def observe_round(self, report: RoundReport, share: float = 1.0) -> None:
         """Refresh every cost a round measured: its target call, its draft calls (a
