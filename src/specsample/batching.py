@@ -221,10 +221,11 @@ class Scheduler:
             return
         seconds = self.clock() - started
         self.stats.record(target, len(requests), tokens, seconds)
+        prompt = prompt_work(requests, target)
         if self.on_call is not None:
-            self.on_call(target, len(requests), tokens, seconds, prompt_work(requests, target))
+            self.on_call(target, len(requests), tokens, seconds, prompt)
         for sequence, request, logits in zip(group, requests, rows):
-            request.slot.last_call = CallRecord(tokens, seconds)
+            request.slot.last_call = CallRecord(tokens, seconds, prompt)
             self._resume(sequence, logits)
 
     def _resume(self, sequence: _Sequence, value, error: BaseException | None = None) -> None:

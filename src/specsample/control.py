@@ -88,9 +88,20 @@ whose draft had kept up planned the move beside three whose drafts were 150 toke
 behind, none followed, and its draft calls were paid alone (Q4_K_M, HumanEval
 sampled, 4 clients: 0.71x plain batching).
 
+All of this is a model of what a round will cost, and under load its sums fell short
+of what drafting cost: on the BF16 target under 4 clients -k auto ran at 0.80-0.87 of
+plain batching, every plan predicting a gain. So the load also keeps what the batch
+realised (estimates.RealisedRates): tokens per second from one call to the next, by
+batch size, in rounds with draft-model steps and in rounds without. Where drafting
+realised less, it is barred for that batch size: every sequence's plan leaves the
+draft model out (lookups still widen the call), and drafting is tried again in a
+block of rounds once that evidence is stale (Nightjar's and AdaSpec's switch). A
+batch of one is never barred: one client keeps the cost model's choices.
+
 The load holds the others' plans, which follow from their own pasts and draft
-distributions, never from this sequence's current draws or verdicts: the argument
-above holds for each sequence whatever shares its batch.
+distributions, never from this sequence's current draws or verdicts, and the rates
+it realised, which follow from rounds already played: the argument above holds for
+each sequence whatever shares its batch.
 
 The estimates it decides from (acceptance rates, the cost model, answer lengths)
 are in estimates.py; calibrate.py measures the costs where the models are put
@@ -186,17 +197,20 @@ class AdaptiveController:
         others = self.load.others(self)
         plain = (1.0 + others.expected) / self._seconds(0, None, 0, others=others)
         best = (None, 0, plain, 1.0)  # a plain target step
-        for source, available in offer.available.items():
+        n = len(self.load)
+        barred = n > 1 and self.load.realised.barred(n)  # drafting realised less than plain steps
+        offered = {s: a for s, a in offer.available.items() if not (barred and s == MODEL)}
+        for source, available in offered.items():
             m, rate, expected = self._best_length(self.acceptance[source], source, min(available, self.k_max),
                                                   offer.lag, others)
             if m > 0 and rate > best[2]:
                 best = (source, m, rate, expected)
-        if MODEL in offer.available and len(self.load) > 1:  # the way into drafting together
-            m, rate, expected = self._best_length(self.acceptance[MODEL], MODEL, min(offer.available[MODEL], self.k_max),
+        if MODEL in offered and n > 1:  # the way into drafting together
+            m, rate, expected = self._best_length(self.acceptance[MODEL], MODEL, min(offered[MODEL], self.k_max),
                                                   offer.lag, others, alike=True)
             if m > 0 and rate > best[2]:
                 best = (MODEL, m, rate, expected)
-        if best[0] is not None and len(self.load) > 1 and self._all_plain(others) >= best[2]:
+        if best[0] is not None and n > 1 and self._all_plain(others) >= best[2]:
             best = (None, 0, plain, 1.0)
         source, m, rate, expected = best
         self.acceptance.sat_out(source)
@@ -262,6 +276,8 @@ class AdaptiveController:
         self.acceptance.observe(report)
         self.shadow.observe(report, self.acceptance)
         self.length.generated += len(report.emitted_tokens)
+        self.load.realised.observe(self, len(self.load), len(report.emitted_tokens), report.round_seconds,
+                                   bool(report.draft_calls), report.shared_prompt)
 
     def end(self) -> None:
         self.load.leave(self)

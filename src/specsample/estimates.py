@@ -2,8 +2,9 @@
 acceptance rates per draft source, position and confidence (Acceptance, with
 ShadowLookup scoring a lookup nobody proposed), the cost model of target and draft
 calls (Costs), how long answers run (AnswerLength), all refreshed by every round,
-and what the other sequences decoded in the same batch plan for the call they share
-(BatchLoad). Reading an estimate never changes it."""
+what the other sequences decoded in the same batch plan for the call they share
+(BatchLoad), and what the batch's rounds realised with and without drafting
+(RealisedRates). Reading an estimate never changes it."""
 
 from __future__ import annotations
 
@@ -308,10 +309,12 @@ class BatchLoad:
     """What the sequences decoded together plan for the call they share, so that each
     prices its own plan against the whole call. A sequence's policy posts when it
     begins (the least it adds: its pending token), whenever it plans or revises a
-    round, and leaves at its end. Keys are the policies themselves."""
+    round, and leaves at its end; it reports every round it played to `realised`. Keys
+    are the policies themselves."""
 
     def __init__(self):
         self._posts: dict[object, Posted] = {}
+        self.realised = RealisedRates()
 
     def post(self, key: object, tokens: int, expected: float, draft_steps: int = 0, lag: int = 0) -> None:
         self._posts[key] = Posted(tokens, expected, draft_steps, int(draft_steps > 0), lag, int(tokens > 1))
@@ -331,6 +334,93 @@ class BatchLoad:
             return NOTHING_POSTED
         return Posted(sum(p.tokens for p in rest), sum(p.expected for p in rest), max(p.draft_steps for p in rest),
                       sum(p.drafting for p in rest), sum(p.lag for p in rest), sum(p.drafters for p in rest))
+
+
+class RealisedRates:
+    """The tokens per second a batch realised, by how many sequences shared its calls,
+    in rounds where the draft model stepped and in rounds where it did not; and from
+    them whether drafting is barred for the batch's coming rounds (Nightjar's and
+    AdaSpec's switch: speculation off for a batch size where it does not pay).
+
+    The cost model prices a round before it is played, and under load its sums fell
+    short of what drafting cost: on the BF16 target under 4 clients, -k auto ran at
+    0.80-0.87 of plain batching though every plan predicted a gain (draft steps as wide
+    as the batch, the others' drafts catching up on prompts, more work between calls).
+    What a round realised needs no model: its tokens, and the time from one call to the
+    next. A batch round closes when a sequence reports a second time (or all have
+    reported); rounds whose call also took in a newcomer's prompt are left out (that
+    prefill is the same whatever the batch drafts), and so is a batch of one, which
+    keeps today's controller.
+
+    Per batch size, each mode's tokens and seconds are decayed sums (`decay` per round
+    of that size), with a weight in rounds. Drafting is barred where both modes hold
+    `evidence` rounds and drafting's rate is the lower; and, to have a plain rate to
+    compare with, while plain steps hold under `stale` rounds of evidence and drafting
+    holds `evidence`. A bar holds until the plain rate has `evidence` rounds again and
+    drafting's rate is not below it or has gone stale: so stale evidence is measured
+    afresh in blocks of about `evidence - stale` rounds, about once in
+    log(stale / evidence) / log(decay) rounds (550 at the defaults), which is what
+    probing costs where the other mode wins."""
+
+    def __init__(self, decay: float = 0.998, evidence: float = 6.0, stale: float = 2.0):
+        self.decay, self.evidence, self.stale = decay, evidence, stale
+        self._sums: dict[int, dict[bool, list[float]]] = {}  # size -> drafted -> [tokens, seconds, rounds]
+        self._barred: dict[int, bool] = {}
+        self._round: dict[object, tuple[int, float, bool, bool]] = {}  # key -> this round's report
+
+    def observe(self, key: object, live: int, emitted: int, seconds: float, drafted: bool, prompt: bool) -> None:
+        """One sequence's round: tokens it emitted, its wall time, whether its draft
+        model stepped, whether its call took in a prompt; `live`: the sequences posted."""
+        if key in self._round:
+            self._close()
+        self._round[key] = (emitted, seconds, drafted, prompt)
+        if len(self._round) >= live:
+            self._close()
+
+    def barred(self, size: int) -> bool:
+        """Whether the batch's coming rounds, `size` sequences sharing each call, draft
+        nothing from the model. A size without `stale` rounds of evidence takes the bar
+        of the nearest size that has them (the larger of two): the rounds where 3
+        sequences plan while a fourth one's prompt is read are left out of the rates,
+        and planned alone they drafted again, each draft reading its text and then cut,
+        under a bar for 4 (BF16, explain: 9 such calls, 3.8 s)."""
+        if size < 2:
+            return False
+        known = [n for n in self._barred if self.rounds(n, True) + self.rounds(n, False) > self.stale - 0.5]
+        if size in known or not known:
+            return self._barred.get(size, False)
+        return self._barred[min(known, key=lambda n: (abs(n - size), -n))]
+
+    def rate(self, size: int, drafted: bool) -> float | None:
+        tokens, seconds, rounds = self._sums.get(size, {}).get(drafted, (0.0, 0.0, 0.0))
+        return tokens / seconds if rounds and seconds > 0 else None
+
+    def rounds(self, size: int, drafted: bool) -> float:
+        return self._sums.get(size, {}).get(drafted, (0.0, 0.0, 0.0))[2]
+
+    def _close(self) -> None:
+        reports, self._round = list(self._round.values()), {}
+        size = len(reports)
+        if size < 2 or any(prompt for *_, prompt in reports):
+            return
+        sums = self._sums.setdefault(size, {False: [0.0, 0.0, 0.0], True: [0.0, 0.0, 0.0]})
+        for mode in sums.values():
+            for i in range(3):
+                mode[i] *= self.decay
+        mode = sums[any(drafted for _, _, drafted, _ in reports)]
+        mode[0] += sum(emitted for emitted, *_ in reports)
+        mode[1] += sum(seconds for _, seconds, *_ in reports) / size  # each reports the same call-to-call time
+        mode[2] += 1
+        self._barred[size] = self._bar(size)
+
+    def _bar(self, size: int) -> bool:
+        def holds(drafted: bool, rounds: float) -> bool:  # half a round's slack for the decay
+            return self.rounds(size, drafted) > rounds - 0.5
+
+        loses = holds(True, self.stale) and holds(False, self.stale) and self.rate(size, True) < self.rate(size, False)
+        if self.barred(size):
+            return not holds(False, self.evidence) or loses
+        return holds(True, self.evidence) and (not holds(False, self.stale) or loses)
 
 
 # (first position, later positions): a later draft is only reached when the earlier

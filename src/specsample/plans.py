@@ -105,6 +105,8 @@ class RoundReport:
     # Of round_seconds, the time the sequence slept while a batch's calls (its own
     # among them) and the other sequences' work ran; 0 alone (Backend.waited_seconds).
     waited_seconds: float = 0.0
+    # The verify call also took in another sequence's prompt (a newcomer's prefill).
+    shared_prompt: bool = False
 
 
 class Policy(Protocol):

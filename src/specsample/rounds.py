@@ -34,7 +34,7 @@ class Round:
     def report(self, emitted: list[int], round_seconds: float, waited_seconds: float = 0.0) -> RoundReport:
         return RoundReport(self.draft.sources, self.draft.confidences, self.verdict.num_accepted, self.call.tokens,
                            self.call.seconds, self.draft.calls, round_seconds, tuple(emitted), self.target_probs,
-                           waited_seconds)
+                           waited_seconds, self.call.prompt)
 
 
 def play_round(target: Backend, drafter: Drafter | None, policy: Policy, sampler: Sampler, sampling: SamplingConfig,

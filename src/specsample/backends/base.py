@@ -21,6 +21,7 @@ class CallRecord:
 
     tokens: int
     seconds: float
+    prompt: bool = False  # it also took in some sequence's prompt (batching.prompt_work)
 
 
 class Tokenizer(Protocol):
