@@ -5,8 +5,9 @@ rounds with draft-model steps made fewer tokens per second than plain ones
 import pytest
 
 from specsample.control import AdaptiveController
-from specsample.estimates import Costs, Ema, RealisedRates
+from specsample.estimates import Costs, RealisedRates
 from specsample.plans import MODEL, DraftCall, Offer, RoundReport
+from test_control_batch import with_draft_widths
 
 pytestmark = pytest.mark.pure
 
@@ -116,8 +117,7 @@ def batch_of_controllers(accept: float = 0.8) -> list[AdaptiveController]:
     costs = Costs()
     costs.warm_start([ms / 1000 for ms in BF16], 0.0127, 0.0032, 0.0129,
                      wide={16: 0.21, 24: 0.25, 36: 0.3})
-    for width in (2, 3, 4):
-        costs.draft_wide[width] = Ema(0.0127)  # as if the draft's steps were batched free
+    with_draft_widths(costs, {w: 0.0127 for w in (2, 3, 4)})  # as if the draft's steps were batched free
     parent = AdaptiveController(k_max=4, costs=costs)
     sequences = [parent] + [parent.fork() for _ in range(SEQUENCES - 1)]
     for s in sequences:
