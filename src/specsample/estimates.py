@@ -350,7 +350,7 @@ class RealisedRates:
     next. A batch round closes when a sequence reports a second time (or all have
     reported); rounds whose call also took in a newcomer's prompt are left out (that
     prefill is the same whatever the batch drafts), and so is a batch of one, which
-    keeps today's controller.
+    keeps the cost model's choices.
 
     Per batch size, each mode's tokens and seconds are decayed sums (`decay` per round
     of that size), with a weight in rounds. Drafting is barred where both modes hold
