@@ -286,7 +286,8 @@ def peeks_at_the_verdict(drafter, sampling):
 def test_negative_control_wrong_draft_length_rules_fail_the_check(monkeypatch, wrong):
     # The goodput guard is off: a drafter that throws drafts away realises less and
     # would be barred from drafting, hiding the bias this control must show.
-    monkeypatch.setattr(Goodput, "wants_plain", lambda self, size: False)
+    monkeypatch.setattr(Goodput, "barred", lambda self, size, kind: False)
+    monkeypatch.setattr(Goodput, "probe", lambda self, size: False)
     sampling = SamplingConfig(1.0)
     exact = exact_distribution(TrigramBackend(MIXED_TARGET), MIXED_PROMPT, LENGTH, sampling)
     wrap = drops_unlikely_drawn_tokens if wrong == "drop-unlikely" else lambda d: peeks_at_the_verdict(d, sampling)
