@@ -7,7 +7,8 @@ state between sequences)."""
 import pytest
 import torch
 
-from specsample.batching import Scheduler, generate_many, slots
+from specsample.batching import Scheduler, slots
+from specsample.generate import generate_many
 from specsample.control import FixedK
 from specsample.drafters import ModelDrafter
 from specsample.generate import GenerationConfig, generate, stream
@@ -198,21 +199,3 @@ def test_each_sequence_rolls_back_alone():
     assert torch.equal(again[0], rows[1][1])
 
 
-def test_a_slot_counts_the_time_its_sequence_slept_in_the_batch():
-    """waited_seconds: 0 for a call made alone; inside a scheduler, it grows with every
-    call the sequence waited for (the loop takes it out of its round's time)."""
-    target, _ = pair(2)
-    [first, second] = slots(target)
-    first.score([1, 2], 1)
-    assert first.waited_seconds == 0.0
-    seen = []
-
-    def run(slot):
-        def go():
-            before = slot.waited_seconds
-            slot.score([1, 2], 1)
-            seen.append(slot.waited_seconds - before)
-        return go
-
-    Scheduler(target).run([run(first), run(second)])
-    assert len(seen) == 2 and all(w > 0 for w in seen)

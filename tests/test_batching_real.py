@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from specsample.backends import load_backend
-from specsample.batching import Scheduler, generate_many, slots
+from specsample.batching import Scheduler, slots
+from specsample.generate import generate_many
 from specsample.control import FixedK
 from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.generate import GenerationConfig, generate, stream

@@ -1,9 +1,8 @@
-"""`check` under -k auto, on backends whose calls take real time: the adaptive controller
-drafts from its own timings, as in use. Not pure: what it chooses follows the wall
-clock, which tests running beside it would move."""
+"""`check` under -k auto: the planner drafts from its own timings, as in use, here
+the timings of a fake clock that toy backends move by what their calls cost, so
+what it chooses is the same in every run, whatever else the machine is doing."""
 
 import importlib
-import time
 
 import pytest
 
@@ -12,32 +11,44 @@ from specsample.drafters import ModelDrafter
 
 from test_check import DRAFT, PROMPTS, SAMPLING, TARGET
 from test_distribution import accept_everything
-from toy import TrigramBackend
+from toy import CostedBackend, FakeClock, TrigramBackend, chi_square_p_value
 
-pytestmark = pytest.mark.system
+pytestmark = pytest.mark.pure
 
 rounds_module = importlib.import_module("specsample.rounds")
 
+# Per prompt, the chance that a correct sampler's counts fit worse than this; three
+# prompts, so a false alarm rate of at most 3e-6 over the seeds such a run could draw
+# (the seeds here are fixed, so the outcome is too).
+ALPHA = 1e-6
 
-class Sleepy(TrigramBackend):
-    """Calls that take real time, the same for 1 or 5 tokens: drafting pays."""
 
-    def __init__(self, table, seconds, name="sleepy"):
-        super().__init__(table, name=name)
-        self.seconds = seconds
-
-    def score(self, token_ids, num_logits):
-        time.sleep(self.seconds)
-        return super().score(token_ids, num_logits)
+def fit_p_values(result) -> list[float]:
+    """Each prompt's goodness of fit of the sampled (x1, x2) pairs to the exact ones."""
+    out = []
+    for prompt in result.prompts:
+        exact = {cell.tokens: cell.exact for cell in prompt.cells}
+        counts = {cell.tokens: round(cell.observed * prompt.samples) for cell in prompt.cells}
+        out.append(chi_square_p_value(counts, exact, prompt.samples))
+    return out
 
 
 @pytest.mark.parametrize("wrong_verify", [None, accept_everything])
-def test_auto_checks_the_controllers_own_draft_lengths(monkeypatch, wrong_verify):
-    """-k auto: the adaptive controller drafts (up to k_max) as it would in use, the
-    reference scores the second token in a one-token call; a wrong sampler still fails."""
+def test_auto_checks_the_planners_own_draft_lengths(monkeypatch, wrong_verify):
+    """-k auto: the planner drafts (up to k_max) as it would in use, where target calls
+    cost the same for 1 to 5 tokens and the draft a tenth of one; the reference scores
+    the second token in a one-token call; a wrong sampler fails."""
     if wrong_verify is not None:
         monkeypatch.setattr(rounds_module, "verify", wrong_verify)
+    clock = FakeClock()
+    target = CostedBackend(TrigramBackend(TARGET), clock, lambda n: 1.0)
+    drafter = ModelDrafter(CostedBackend(TrigramBackend(DRAFT, name="draft"), clock, lambda n: 0.1), SAMPLING)
+    drafter.clock = clock
     config = CheckConfig(samples=1500, k="auto", k_max=4, sampling=SAMPLING)
-    result = check(Sleepy(TARGET, 0.001), ModelDrafter(Sleepy(DRAFT, 0.0001, name="draft"), SAMPLING), PROMPTS, config)
-    assert any(p.acceptance_rate is not None for p in result.prompts)  # it drafted
-    assert result.passed == (wrong_verify is None)
+    result = check(target, drafter, PROMPTS, config, clock=clock)
+    assert all(p.acceptance_rate is not None for p in result.prompts)  # it drafted for every prompt
+    p_values = fit_p_values(result)
+    if wrong_verify is None:
+        assert min(p_values) > ALPHA, p_values
+    else:
+        assert min(p_values) < ALPHA, p_values

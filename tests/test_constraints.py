@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from specsample.constraints import Constraint, ConstraintError, constrained_logits, start
-from specsample.control import AdaptiveController, make_policy
+from specsample.control import Planner, make_policy
 from specsample.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.plans import FORCED, MODEL
 from specsample.generate import GenerationConfig, generate
@@ -350,7 +350,7 @@ def test_greedy_constrained_speculative_equals_greedy_constrained_autoregressive
         if drafter == "ngram":
             d, k, policy = NgramDrafter(max_ngram=2), 3, None
         elif drafter == "hybrid-auto":
-            d, k, policy = HybridDrafter(model_drafter("close", GREEDY)), "auto", AdaptiveController(4)
+            d, k, policy = HybridDrafter(model_drafter("close", GREEDY)), "auto", Planner(4).seat()
         else:
             d, k, policy = model_drafter(drafter, GREEDY), 3, None
         result = generate(backend(TARGET), prompt, config(k, GREEDY, max_new_tokens=12), d, policy)
@@ -390,7 +390,7 @@ def test_a_draft_with_no_mass_on_allowed_tokens_drafts_nothing_there():
 
 
 def test_the_adaptive_controller_counts_forced_tokens_as_a_source_of_their_own():
-    policy = AdaptiveController(4)
+    policy = Planner(4).seat()
     drafter = HybridDrafter(model_drafter("close", GREEDY))
     generate(backend(TARGET), PROMPT, config("auto", GREEDY, max_new_tokens=20), drafter, policy)
     assert policy.sources[FORCED].at(0).value == 1.0 and policy.sources[FORCED].at(0).trials > 0

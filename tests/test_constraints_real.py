@@ -7,7 +7,7 @@ import pytest
 
 from specsample.bench.structured import SCHEMA, is_valid, prompt_text, structured_docs
 from specsample.constraints import Constraint, start
-from specsample.control import AdaptiveController
+from specsample.control import Planner
 from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig
@@ -49,7 +49,7 @@ def test_greedy_constrained_speculation_equals_constrained_decoding_and_validate
     plain = generate(target, ids, GenerationConfig(k=1, **config))
     assert plain.stop_reason == "grammar" and is_valid(plain.text, SCHEMA)
     assert plain.stats.forced_tokens > len(plain.token_ids) // 5
-    policy = AdaptiveController(k_max=6)
+    policy = Planner(k_max=6).seat()
     for drafter, k, p in ((ModelDrafter(draft, GREEDY), 3, None),
                           (HybridDrafter(ModelDrafter(draft, GREEDY), NgramDrafter()), "auto", policy)):
         result = generate(target, ids, GenerationConfig(k=k, **config), drafter, p)

@@ -50,7 +50,7 @@ def test_a_bad_entry_is_measured_again_with_one_line(tmp_path, caplog, name):
     with caplog.at_level(logging.WARNING):
         policy = make_policy("auto", 3, target, draft, context=[1, 2, 3], cost_cache=cache, clock=clock)
     assert target.calls > 0  # measured
-    assert policy.costs.target_call(3) == pytest.approx(2.0) and policy.costs.draft_step.value == pytest.approx(0.2)
+    assert policy.planner.prices.target(3) == pytest.approx(2.0) and policy.planner.prices.draft(1) == pytest.approx(0.2)
     written = json.loads(cache.read_text())  # the bad entry replaced
     assert written.keys() == GOOD.keys() and written["target"] == pytest.approx(GOOD["target"])
     assert all(written[key] == pytest.approx(GOOD[key]) for key in GOOD if key != "target")
@@ -64,7 +64,7 @@ def test_a_good_entry_is_used_as_it_is_without_a_word(tmp_path, caplog):
     cache.write_text(json.dumps(dict(GOOD, target=[2.0, 2.2, 2.4, 2.6], draft_token=0.0)))  # catching up may be free
     with caplog.at_level(logging.WARNING):
         policy = make_policy("auto", 3, target, draft, context=[1, 2, 3], cost_cache=cache, clock=clock)
-    assert target.calls == 0 and policy.costs.target_call(2) == pytest.approx(2.2)
+    assert target.calls == 0 and policy.planner.prices.target(2) == pytest.approx(2.2)
     assert not caplog.records
 
 
@@ -129,7 +129,7 @@ def test_a_cache_measured_for_fewer_sequences_is_extended_with_the_larger_calls(
     alone = make_policy("auto", 3, target, draft, context=[1, 2, 3], cost_cache=cache, clock=clock)
     first = json.loads(cache.read_text())
     assert "target_wide" not in first
-    assert alone.costs.target_call(16) != pytest.approx(cost(16))  # extrapolated from 3 and 4 tokens
+    assert alone.planner.prices.target(16) != pytest.approx(cost(16))  # extrapolated from 3 and 4 tokens
 
     calls, draft_calls = target.calls, draft.calls
     with caplog.at_level(logging.WARNING):
@@ -138,8 +138,8 @@ def test_a_cache_measured_for_fewer_sequences_is_extended_with_the_larger_calls(
     written = json.loads(cache.read_text())
     assert written["target_wide"] == pytest.approx({str(n): cost(n) for n in (8, 12, 16)})
     assert {k: v for k, v in written.items() if k != "target_wide"} == first  # kept, not measured again
-    assert [four.costs.target_call(n) for n in (12, 16)] == pytest.approx([cost(12), cost(16)])
-    assert four.costs.target_call(10) == pytest.approx((cost(8) + cost(12)) / 2)
+    assert [four.planner.prices.target(n) for n in (12, 16)] == pytest.approx([cost(12), cost(16)])
+    assert four.planner.prices.target(10) == pytest.approx((cost(8) + cost(12)) / 2)
     assert not caplog.records
 
     calls = target.calls

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specsample.control import AdaptiveController
+from specsample.control import Planner
+from specsample.estimates import Curve, Prices
 from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig
@@ -98,14 +99,11 @@ def assert_same_or_flipped_at_a_near_tie(target, ids, got, reference, tolerance=
 
 
 def forced_speculation():
-    """An adaptive controller told that verification is nearly free, so that it
-    drafts on this machine too (where it otherwise, rightly, takes plain steps)."""
-    policy = AdaptiveController(k_max=6)
-    policy.costs.warm_start([1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12], 0.05, 0.01)
-    policy.costs.single.weight = policy.costs.draft_step.weight = 0.0  # keep these costs whatever is measured
-    for shape in policy.costs.shape[1:]:
-        shape.weight = 0.0
-    return policy
+    """A planner told that verification is nearly free, so that it drafts on this
+    machine too (where it otherwise, rightly, takes plain steps)."""
+    prices = Prices(Curve({1: 1.0, 7: 1.12}), Curve({1: 0.05, 16: 0.2}))
+    prices.target.observe = prices.draft.observe = lambda n, seconds: None  # keep these costs whatever is measured
+    return Planner(6, prices).seat()
 
 
 @pytest.mark.parametrize("k", [1, 3, 5, "auto"])

@@ -1,11 +1,11 @@
-"""What the loop tells the policy: the call behind each round (a batched call's size
-and time, where the backend reports it), and when a sequence is over."""
+"""What the loop tells the policy: each round's calls as its own clock timed them,
+and when a sequence is over."""
 
 import gc
 
 import pytest
 
-from specsample.backends.base import BackendError, CallRecord
+from specsample.backends.base import BackendError
 from specsample.control import FixedK
 from specsample.drafters import ModelDrafter
 from specsample.generate import GenerationConfig, generate, stream
@@ -36,19 +36,15 @@ class CountingPolicy(FixedK):
         self.ended += 1
 
 
-class BatchedBackend(TrigramBackend):
-    """Each score() is served by a call that also scored `others` tokens of other
-    sequences and took `seconds`; the clock around score() moves `waited`. With
-    `record` False it says nothing of the call, as today's backends."""
+class SlowBackend(TrigramBackend):
+    """Each score() moves the clock by `seconds`."""
 
-    def __init__(self, table, clock, others=5, seconds=0.25, waited=1.0, record=True):
-        super().__init__(table, name="batched")
-        self.clock, self.others, self.seconds, self.waited, self.record = clock, others, seconds, waited, record
+    def __init__(self, table, clock, seconds=1.0):
+        super().__init__(table, name="slow")
+        self.clock, self.seconds = clock, seconds
 
     def score(self, token_ids, num_logits):
-        self.clock.now += self.waited
-        if self.record:
-            self.last_call = CallRecord(len(token_ids) + self.others, self.seconds)
+        self.clock.now += self.seconds
         return super().score(token_ids, num_logits)
 
 
@@ -56,37 +52,26 @@ def drafter():
     return ModelDrafter(TrigramBackend(TABLE + 0.3 * random_table(8, seed=4), name="draft"), GREEDY)
 
 
-def test_the_policy_is_told_the_backends_call_and_the_stats_keep_the_wait():
+def test_the_policy_is_told_the_tokens_fed_and_the_clock_around_the_call():
     clock = FakeClock()
-    target, policy = BatchedBackend(TABLE, clock), CountingPolicy(3)
-    result = generate(target, [1, 2, 3], GenerationConfig(max_new_tokens=20, k=3, sampling=GREEDY), drafter(), policy,
-                      clock)
-    # Every round after the first feeds its pending token plus its drafts (the first only its drafts).
-    fed = [len(r.sources) + (i > 0) for i, r in enumerate(policy.reports)]
-    assert [r.target_tokens for r in policy.reports] == [n + 5 for n in fed]
-    assert {r.target_seconds for r in policy.reports} == {0.25}
-    assert result.stats.target_seconds == result.stats.target_calls * 1.0  # what this sequence waited
-
-
-def test_a_round_without_a_call_is_not_priced_by_the_prefills_call():
-    # One token to go: no drafts, and the prefill's last row already predicts it, so
-    # no call is made; the backend's last record is the prefill's.
-    clock = FakeClock()
-    target, policy = BatchedBackend(TABLE, clock), CountingPolicy(3)
-    result = generate(target, [1, 2, 3], GenerationConfig(max_new_tokens=1, k=3, sampling=GREEDY), drafter(), policy,
-                      clock)
-    assert target.last_call == CallRecord(3 + 5, 0.25) and result.stats.target_calls == 0
-    [report] = policy.reports
-    assert (report.target_tokens, report.target_seconds) == (0, 0.0)
-
-
-def test_without_a_record_the_policy_is_told_the_tokens_fed_and_the_clock():
-    clock = FakeClock()
-    target, policy = BatchedBackend(TABLE, clock, record=False), CountingPolicy(2)
+    target, policy = SlowBackend(TABLE, clock), CountingPolicy(2)
     generate(target, [1, 2, 3], GenerationConfig(max_new_tokens=12, k=2, sampling=GREEDY), drafter(), policy, clock)
+    # Every round after the first feeds its pending token plus its drafts (the first only its drafts).
     fed = [len(r.sources) + (i > 0) for i, r in enumerate(policy.reports)]
     assert [r.target_tokens for r in policy.reports] == fed
     assert [r.target_seconds for r in policy.reports] == [1.0] * len(fed)
+    assert all(r.round_seconds >= 1.0 for r in policy.reports)
+
+
+def test_a_round_without_a_call_reports_none():
+    # One token to go: no drafts, and the prefill's last row already predicts it, so no call is made.
+    clock = FakeClock()
+    target, policy = SlowBackend(TABLE, clock), CountingPolicy(3)
+    result = generate(target, [1, 2, 3], GenerationConfig(max_new_tokens=1, k=3, sampling=GREEDY), drafter(), policy,
+                      clock)
+    assert result.stats.target_calls == 0
+    [report] = policy.reports
+    assert (report.target_tokens, report.target_seconds) == (0, 0.0)
 
 
 def test_the_policy_hears_the_end_once_when_the_stream_finishes():

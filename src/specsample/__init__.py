@@ -1,14 +1,14 @@
 """Exact speculative sampling (Chen et al. 2023) for Hugging Face and llama.cpp models."""
 
 from .constraints import Constraint
-from .control import AdaptiveController, FixedK, make_policy
+from .control import FixedK, Planner, make_policy
 from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from .generate import GenerationConfig, GenerationResult, GenerationStats, generate, stream
 from .sampling import SamplingConfig, logits_to_probs
 from .verify import verify
 
 __all__ = [
-    "AdaptiveController", "Constraint", "FixedK", "GenerationConfig", "GenerationResult", "GenerationStats",
-    "HybridDrafter", "ModelDrafter", "NgramDrafter", "SamplingConfig", "generate", "logits_to_probs", "make_policy",
+    "Constraint", "FixedK", "GenerationConfig", "GenerationResult", "GenerationStats", "HybridDrafter",
+    "ModelDrafter", "NgramDrafter", "Planner", "SamplingConfig", "generate", "logits_to_probs", "make_policy",
     "stream", "verify",
 ]

@@ -21,7 +21,7 @@ from .backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
 from .calibrate import cached_or_measured, cost_cache_path
 from .context_size import available_memory, choose_context
 from .control import make_policy, probe_context
-from .estimates import Costs
+from .estimates import Curve
 from .drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_dir
 from .plans import Policy
@@ -134,14 +134,12 @@ class Models:
         cache = cost_cache_path(cache_dir(), self.target, self.draft) if k == "auto" and self.drafts else None
         return make_policy(k, k_max, self.target, self.draft, drafts=self.drafts, cost_cache=cache, parallel=parallel)
 
-    def target_costs(self, max_tokens: int) -> Costs:
+    def target_costs(self, max_tokens: int) -> Curve:
         """The target's call costs for 1 .. max_tokens tokens, measured now or read from
         the cache of the target alone (calibrate.py)."""
         cache = cost_cache_path(cache_dir(), self.target, None)
         measured = cached_or_measured(cache, self.target, None, probe_context(self.target), max_tokens)
-        costs = Costs()
-        costs.warm_start(measured["target"])
-        return costs
+        return Curve(dict(enumerate(measured["target"], start=1)))
 
 
 def make_drafter(draft: Backend | None, sampling: SamplingConfig, *, lookup: bool, ngram_max: int = 3) -> Drafter | None:

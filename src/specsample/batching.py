@@ -15,8 +15,10 @@ it, and wakes each with its own rows:
 Draft-model requests go first: a sequence that drafts reaches its target request a
 few draft steps later, and the target call waits for every live sequence, so that
 one call serves them all (the slack of a memory-bound call is what batching and
-speculation both spend; control.py decides how much of it each sequence's drafts
-get). Sequences join and leave between calls: a newcomer's prompt is scored in
+speculation both spend). Before that, a sequence about to play a round asks for its
+plan (request_plan), and the scheduler hands every such request to the planner at
+once (control.py), with the prompt chunks in the coming call as fixed load; it then
+records every call it makes to that planner, once. Sequences join and leave between calls: a newcomer's prompt is scored in
 chunks (`prefill_chunk` tokens per call), so it does not stall the others for long.
 
 Why greenlets rather than a loop that steps every sequence: the loop's round (draft,
@@ -43,7 +45,8 @@ from dataclasses import dataclass, field
 import greenlet
 import torch
 
-from .backends.base import Backend, CallRecord, take_model_attributes
+from .backends.base import Backend, take_model_attributes
+from .plans import ModelCall, Offer, Plan
 
 PREFILL_CHUNK = 128  # prompt tokens a newcomer adds to one call while others decode
 
@@ -57,7 +60,6 @@ class Slot(Backend):
         self.shared, self.seq = shared, seq
         self.name = shared.name if shared.sequences == 1 else f"{shared.name}[{seq}]"
         take_model_attributes(self, shared)
-        self.last_call: CallRecord | None = None
 
     @property
     def length(self) -> int:
@@ -66,10 +68,7 @@ class Slot(Backend):
     def score(self, token_ids: list[int], num_logits: int) -> torch.Tensor:
         current = greenlet.getcurrent()
         if not isinstance(current, _Sequence):
-            started = time.perf_counter()
-            rows = self.shared.score_many([(self.seq, token_ids, num_logits)])[0]
-            self.last_call = CallRecord(len(token_ids), time.perf_counter() - started)
-            return rows
+            return self.shared.score_many([(self.seq, token_ids, num_logits)])[0]
         if not token_ids:
             return torch.empty(0, self.vocab_size)
         # A long prompt goes in chunks, one per call, so the others keep decoding; each
@@ -80,15 +79,8 @@ class Slot(Backend):
         for start in range(0, len(token_ids), chunk):
             piece = token_ids[start : start + chunk]
             wanted = max(0, start + len(piece) - max(first_wanted, start))
-            asleep = time.perf_counter()
             rows.append(current.parent.switch(_Request(self, piece, wanted)))
-            current.asleep += time.perf_counter() - asleep
         return torch.cat(rows) if len(rows) > 1 else rows[0]
-
-    @property
-    def waited_seconds(self) -> float:
-        current = greenlet.getcurrent()
-        return current.asleep if isinstance(current, _Sequence) else 0.0
 
     def rollback(self, length: int) -> None:
         self.shared.rollback_sequence(self.seq, length)
@@ -109,13 +101,32 @@ class _Request:
     num_logits: int
 
 
+@dataclass
+class _PlanRequest:
+    seat: object  # control.Seat
+    offer: Offer
+
+
+def request_plan(seat, offer: Offer) -> Plan:
+    """A seat's plan for its coming round: decided with every other sequence's at the
+    scheduler when it runs in one, else by its planner for it alone."""
+    current = greenlet.getcurrent()
+    if isinstance(current, _Sequence):
+        return current.parent.switch(_PlanRequest(seat, offer))
+    return seat.planner.plan({seat: offer})[seat]
+
+
+def in_batch() -> bool:
+    """Whether the caller runs as a sequence of a scheduler (which times its calls)."""
+    return isinstance(greenlet.getcurrent(), _Sequence)
+
+
 class _Sequence(greenlet.greenlet):
     """A greenlet that runs one sequence's work; `scheduler` is the one it belongs to."""
 
     def __init__(self, run: Callable[[], object], scheduler: "Scheduler"):
         super().__init__(run)
         self.scheduler = scheduler
-        self.asleep = 0.0  # seconds spent waiting for calls (its own and others') and others' work
 
 
 @dataclass
@@ -167,8 +178,9 @@ class Scheduler:
         # it fed some sequence text to take in rather than to score (prompt_work).
         self.on_call = on_call
         self.stats = BatchStats()
-        self._waiting: dict[_Sequence, _Request] = {}  # live sequences, each asleep on its request
+        self._waiting: dict[_Sequence, _Request | _PlanRequest] = {}  # live sequences, each asleep on its request
         self._jobs: dict[_Sequence, Job] = {}
+        self.planners: dict[int, object] = {}  # the planners of the seats it has planned for: they hear every call
 
     @property
     def live(self) -> int:
@@ -188,6 +200,10 @@ class Scheduler:
         the target call that serves every live sequence. False: nothing was waiting."""
         if not self._waiting:
             return False
+        planning = {s: r for s, r in self._waiting.items() if isinstance(r, _PlanRequest)}
+        if planning:
+            self._plan(planning)
+            return True
         others = {s: r for s, r in self._waiting.items() if r.slot.shared is not self.target}
         if others:
             by_backend: dict[int, dict[_Sequence, _Request]] = {}
@@ -206,6 +222,22 @@ class Scheduler:
         while self.step():
             pass
 
+    def _plan(self, planning: dict[_Sequence, _PlanRequest]) -> None:
+        """Every round about to be played planned together, by each seat's planner (one
+        for all, as a server makes them), with the prompts read in the same call."""
+        load = sum(len(r.token_ids) for r in self._waiting.values()
+                   if isinstance(r, _Request) and r.slot.shared is self.target)
+        by_planner: dict[int, dict[_Sequence, _PlanRequest]] = {}
+        for sequence, request in planning.items():
+            by_planner.setdefault(id(request.seat.planner), {})[sequence] = request
+            del self._waiting[sequence]
+        for group in by_planner.values():
+            planner = next(iter(group.values())).seat.planner
+            self.planners[id(planner)] = planner
+            plans = planner.plan({r.seat: r.offer for r in group.values()}, load)
+            for sequence, request in group.items():
+                self._resume(sequence, plans[request.seat])
+
     def _call(self, group: dict[_Sequence, _Request], target: bool) -> None:
         requests = list(group.values())
         shared = requests[0].slot.shared
@@ -219,13 +251,15 @@ class Scheduler:
             for sequence in group:
                 self._resume(sequence, None, error)
             return
-        seconds = self.clock() - started
+        ended = self.clock()
+        seconds = ended - started
         self.stats.record(target, len(requests), tokens, seconds)
         prompt = prompt_work(requests, target)
         if self.on_call is not None:
             self.on_call(target, len(requests), tokens, seconds, prompt)
-        for sequence, request, logits in zip(group, requests, rows):
-            request.slot.last_call = CallRecord(tokens, seconds, prompt)
+        for planner in self.planners.values():
+            planner.record(ModelCall(target, tokens, len(requests), seconds, prompt), ended)
+        for sequence, logits in zip(group, rows):
             self._resume(sequence, logits)
 
     def _resume(self, sequence: _Sequence, value, error: BaseException | None = None) -> None:
@@ -259,58 +293,3 @@ def _capture(job: Job) -> None:
 def _bump(histogram: list[int], index: int) -> None:
     histogram.extend([0] * (index + 1 - len(histogram)))
     histogram[index] += 1
-
-
-def generate_many(target, prompts: list[list[int]], configs, draft=None,
-                  make_drafter: Callable[[Backend], object] | None = None, policy=None,
-                  prefill_chunk: int = PREFILL_CHUNK) -> tuple[list, BatchStats]:
-    """Generate for every prompt, up to `target.sequences` at once: a prompt joins as
-    soon as an earlier one finishes (continuous batching).
-
-    `target` (and `draft`, when given) hold several sequences (a llama.cpp backend
-    loaded with `sequences=N`, or SeparateSequences); `configs` is one
-    GenerationConfig or one per prompt; `make_drafter(draft_slot)` builds a sequence's
-    drafter on its slot of the draft model (the draft is None for lookup alone);
-    `policy` is forked for each sequence (control.py; default: the first config's
-    k, made by control.make_policy for this many sequences). Returns the GenerationResults
-    in the prompts' order, and the batch's statistics. A prompt that fails raises
-    after the others are done.
-    """
-    from .control import make_policy
-    from .generate import generate
-
-    configs = list(configs) if isinstance(configs, (list, tuple)) else [configs] * len(prompts)
-    if len(configs) != len(prompts):
-        raise ValueError(f"{len(prompts)} prompts but {len(configs)} configurations")
-    if draft is not None and draft.sequences < target.sequences:
-        raise ValueError(f"the draft model holds {draft.sequences} sequences, the target {target.sequences}")
-    if policy is None:  # one, timed now and alone, rather than one per sequence timed inside the batch
-        policy = make_policy(configs[0].k, configs[0].k_max, target, draft, drafts=make_drafter is not None,
-                             parallel=target.sequences)
-    target_slots = slots(target)
-    draft_slots = slots(draft) if draft is not None else [None] * len(target_slots)
-    free = list(range(len(target_slots)))
-    scheduler = Scheduler(target, prefill_chunk)
-    jobs = [None] * len(prompts)
-
-    def job(i: int, seq: int) -> Callable[[], object]:
-        def run():
-            try:
-                drafter = None if make_drafter is None else make_drafter(draft_slots[seq])
-                own = None if policy is None else policy.fork()
-                return generate(target_slots[seq], prompts[i], configs[i], drafter, own)
-            finally:
-                free.append(seq)
-        return run
-
-    waiting = list(range(len(prompts)))
-    while waiting or scheduler.live:
-        while waiting and free:
-            i = waiting.pop(0)
-            jobs[i] = scheduler.add(job(i, free.pop(0)))
-        if not scheduler.step() and not (waiting and free):
-            break
-    for j in jobs:
-        if j.error is not None:
-            raise j.error
-    return [j.result for j in jobs], scheduler.stats

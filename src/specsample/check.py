@@ -32,6 +32,7 @@ off by up to about the floor elsewhere.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -107,23 +108,25 @@ class CheckResult:
 
 
 def check(target: Backend, drafter: Drafter, prompts: list[list[int]], config: CheckConfig,
-          progress: Callable[[int, int], None] | None = None, policy: Policy | None = None) -> CheckResult:
+          progress: Callable[[int, int], None] | None = None, policy: Policy | None = None,
+          clock=time.perf_counter) -> CheckResult:
     """Sample, compute the exact reference, compare. `progress(done, total)` is called
     after every sample. `policy`: the one to draw with (by default, for -k auto, a new
-    controller timed on the first prompt, which then learns across all the samples,
-    as a server's does)."""
+    planner timed on the first prompt, which then learns across all the samples, as
+    a server's does); `clock` times the calls it prices."""
     if not prompts:
         raise ValueError("check needs at least one prompt")
     if policy is None:
         draft = None if drafter is None else drafter.model_backend
-        policy = make_policy(config.k, config.k_max, target, draft, drafts=drafter is not None, context=prompts[0])
+        policy = make_policy(config.k, config.k_max, target, draft, drafts=drafter is not None, context=prompts[0],
+                             clock=clock)
     n = max(1, config.samples // len(prompts))
     generator = torch.Generator().manual_seed(config.seed)
     checks = []
     for i, prompt in enumerate(prompts):
         done = (lambda j, start=i * n: progress(start + j, n * len(prompts))) if progress else None
         checks.append(check_prompt(target, drafter, prompt, n, config, generator, seed_offset=i * n, progress=done,
-                                   policy=policy))
+                                   policy=policy, clock=clock))
     exact = [torch.tensor([cell.exact for cell in c.cells], dtype=torch.float64) for c in checks]
     simulated = perfect_sampler_tv(exact, [n] * len(checks), config.simulations, generator)
     mean_tv = sum(c.tv for c in checks) / len(checks)
@@ -132,9 +135,9 @@ def check(target: Backend, drafter: Drafter, prompts: list[list[int]], config: C
 
 
 def check_prompt(target, drafter, prompt, n, config: CheckConfig, generator, seed_offset=0, progress=None,
-                 policy: Policy | None = None) -> PromptCheck:
+                 policy: Policy | None = None, clock=time.perf_counter) -> PromptCheck:
     cells = exact_cells(target, prompt, config)
-    counts, acceptance = sample_pairs(target, drafter, prompt, n, config, seed_offset, progress, policy)
+    counts, acceptance = sample_pairs(target, drafter, prompt, n, config, seed_offset, progress, policy, clock)
     keys = [t for t, _ in cells] + [None]
     exact = torch.tensor([p for _, p in cells] + [0.0], dtype=torch.float64)  # [cells + 1]
     exact[-1] = (1.0 - exact.sum()).clamp_min(0.0)
@@ -172,7 +175,7 @@ def exact_cells(target: Backend, prompt: list[int], config: CheckConfig) -> list
 
 
 def sample_pairs(target, drafter, prompt, n, config: CheckConfig, seed_offset: int = 0, progress=None,
-                 policy: Policy | None = None):
+                 policy: Policy | None = None, clock=time.perf_counter):
     """Counts of the first two tokens of n speculative samples, and the acceptance rate."""
     counts: dict[tuple[int, int], int] = {}
     drafted = accepted = 0
@@ -184,7 +187,7 @@ def sample_pairs(target, drafter, prompt, n, config: CheckConfig, seed_offset: i
         run = GenerationConfig(max_new_tokens=length, k=config.k, k_max=config.k_max, sampling=config.sampling,
                                seed=config.seed * 1_000_003 + seed_offset + i, eos_token_ids=frozenset(),
                                verifier=config.verifier)
-        result = generate(target, prompt, run, drafter, policy)
+        result = generate(target, prompt, run, drafter, policy, clock)
         pair = tuple(result.token_ids[:2])
         counts[pair] = counts.get(pair, 0) + 1
         drafted += result.stats.drafted

@@ -1,7 +1,7 @@
 """Drafters propose the next tokens; the target decides which to keep.
 
 How many tokens a round drafts, and from which source, is the policy's decision
-(control.py: a fixed K or the adaptive controller). A drafter offers what it could
+(control.py: a fixed K or the planner). A drafter offers what it could
 draft, carries out the plan it is handed and is told how many of its drafts the
 target accepted (plans.py); it never sees the policy.
 """
@@ -187,6 +187,8 @@ class ModelDrafter:
         extent revises it; with a grammar, each drawn from the draft's distribution
         masked by the grammar state after the drafts before it, and followed by the
         tokens it forces."""
+        if plan.catch_up and not plan.length:
+            return self._catch_up(context, plan.catch_up)
         if plan.source != MODEL or not plan.length:
             return Draft.empty()
         planned, limit = plan.length, plan.limit
@@ -203,11 +205,7 @@ class ModelDrafter:
         while i < min(planned, limit) and (grammar is None or grammar.room > 0 and not grammar.done):
             t0 = self.clock()
             logits = finite_logits(self.backend.score(feed, num_logits=1), self.name)  # [1, vocab]
-            # A batched call (batching.Slot) is timed by the call itself: a clock here
-            # would also count the other sequences' work before this one resumes.
-            call = self.backend.last_call
-            calls.append(DraftCall(len(feed), call.seconds, call.tokens) if call is not None
-                         else DraftCall(len(feed), self.clock() - t0))
+            calls.append(DraftCall(len(feed), self.clock() - t0))
             self.calls += 1
             self._cached += feed
             if grammar is not None:
@@ -240,6 +238,24 @@ class ModelDrafter:
         if not tokens:
             return Draft.empty(calls)
         return Draft(torch.tensor(tokens), torch.cat(rows), sources, confidences, calls)  # rows: [m, vocab]
+
+    def _catch_up(self, context: list[int], most: int) -> Draft:
+        """Read up to `most` tokens of the text the draft has not read, drafting none
+        (all but the last: the round that drafts feeds that one for its logits)."""
+        start, common = self._view(context)
+        if not holds_cache(self.backend, self._claim, len(self._cached)):
+            self._claim = claim_cache(self.backend)
+        self.backend.rollback(common)
+        view = self._tokens(context, start)
+        feed = view[common : min(common + most, len(view) - 1)]
+        self._start, self._cached = start, view[:common]
+        if not feed:
+            return Draft.empty()
+        t0 = self.clock()
+        self.backend.score(feed, num_logits=1)
+        self.calls += 1
+        self._cached += feed
+        return Draft.empty([DraftCall(len(feed), self.clock() - t0)])
 
     def accept(self, num_accepted: int) -> None:
         """Drop the rejected drafts from the cache now. The next round checks the
@@ -363,7 +379,7 @@ class HybridDrafter:
         return Offer({**model.available, **lookup.available}, model.lag, lookup.lookup)
 
     def draft(self, context, plan, sampler, grammar=None) -> Draft:
-        drafter = self.model if plan.source == MODEL else self.ngram
+        drafter = self.model if plan.source == MODEL or plan.catch_up else self.ngram
         return drafter.draft(context, plan, sampler, grammar)
 
     def accept(self, num_accepted: int) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -11,6 +11,7 @@ import torch
 from .backends.base import Backend, check_cache, check_same_vocabulary, claim_cache, common_prefix_length
 from .constraints import Constraint
 from .constraints import start as start_grammar
+from .batching import PREFILL_CHUNK, BatchStats, Scheduler, slots
 from .context_fit import new_token_room
 from .control import make_policy
 from .detokenize import TextTracker
@@ -289,7 +290,6 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
             # The target must still hold this stream's text (all but the pending token):
             # another stream on the same backend may have run in between.
             check_cache(target, claim, len(out.context) - (carried is None))
-            waited = target.waited_seconds
             played = play_round(target, drafter, policy, sampler, config.sampling, grammar, out.context, carried,
                                 out.room, clock)
             carried = None
@@ -297,8 +297,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
             # Tell the drafter how its drafts fared, and the policy what the round cost.
             if drafter is not None:
                 tell(drafter, played.draft, played.verdict.num_accepted)
-                policy.observe(played.report(chunk.token_ids, clock() - played.started,
-                                             target.waited_seconds - waited))
+                policy.observe(played.report(chunk.token_ids, clock() - played.started))
             out.stats.total_seconds = clock() - start
             yield chunk
         yield from out.flush()
@@ -376,3 +375,56 @@ class Emitter:
 def _bump(histogram: list[int], index: int) -> None:
     histogram.extend([0] * (index + 1 - len(histogram)))
     histogram[index] += 1
+
+
+def generate_many(target, prompts: list[list[int]], configs, draft=None,
+                  make_drafter: Callable[[Backend], object] | None = None, policy=None,
+                  prefill_chunk: int = PREFILL_CHUNK, clock=time.perf_counter) -> tuple[list, BatchStats]:
+    """Generate for every prompt, up to `target.sequences` at once: a prompt joins as
+    soon as an earlier one finishes (continuous batching).
+
+    `target` (and `draft`, when given) hold several sequences (a llama.cpp backend
+    loaded with `sequences=N`, or SeparateSequences); `configs` is one
+    GenerationConfig or one per prompt; `make_drafter(draft_slot)` builds a sequence's
+    drafter on its slot of the draft model (the draft is None for lookup alone);
+    `policy` is forked for each sequence (control.py: the seats of one planner; by
+    default the first config's k, made by control.make_policy for this many
+    sequences); `clock` times the calls. Returns the GenerationResults
+    in the prompts' order, and the batch's statistics. A prompt that fails raises
+    after the others are done.
+    """
+    configs = list(configs) if isinstance(configs, (list, tuple)) else [configs] * len(prompts)
+    if len(configs) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(configs)} configurations")
+    if draft is not None and draft.sequences < target.sequences:
+        raise ValueError(f"the draft model holds {draft.sequences} sequences, the target {target.sequences}")
+    if policy is None:  # one, timed now and alone, rather than one per sequence timed inside the batch
+        policy = make_policy(configs[0].k, configs[0].k_max, target, draft, drafts=make_drafter is not None,
+                             parallel=target.sequences)
+    target_slots = slots(target)
+    draft_slots = slots(draft) if draft is not None else [None] * len(target_slots)
+    free = list(range(len(target_slots)))
+    scheduler = Scheduler(target, prefill_chunk, clock)
+    jobs = [None] * len(prompts)
+
+    def job(i: int, seq: int) -> Callable[[], object]:
+        def run():
+            try:
+                drafter = None if make_drafter is None else make_drafter(draft_slots[seq])
+                own = None if policy is None else policy.fork()
+                return generate(target_slots[seq], prompts[i], configs[i], drafter, own)
+            finally:
+                free.append(seq)
+        return run
+
+    waiting = list(range(len(prompts)))
+    while waiting or scheduler.live:
+        while waiting and free:
+            i = waiting.pop(0)
+            jobs[i] = scheduler.add(job(i, free.pop(0)))
+        if not scheduler.step() and not (waiting and free):
+            break
+    for j in jobs:
+        if j.error is not None:
+            raise j.error
+    return [j.result for j in jobs], scheduler.stats

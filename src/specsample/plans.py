@@ -15,7 +15,7 @@ CandidateGenerator.update_candidate_strategy).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -66,6 +66,9 @@ class Plan:
     length: int  # drafts planned (0: none)
     limit: int = 0  # the most drafts the round may end with
     extent: Extent | None = None  # None: exactly `length`
+    # Tokens of unread text the draft model reads this round without drafting (a long
+    # prompt read in pieces while plain steps stream on); only with no drafts.
+    catch_up: int = 0
 
     def extent_at(self, i: int, confidence: float) -> int:
         return self.length if self.extent is None else self.extent(i, confidence)
@@ -77,14 +80,19 @@ NO_DRAFTS = Plan(None, 0)
 @dataclass
 class DraftCall:
     tokens_fed: int  # tokens the draft model consumed in this call
-    seconds: float
-    # Tokens the whole model call scored: other sequences' too where a batch shared it
-    # (batching.py); 0: this sequence's alone.
-    call_tokens: int = 0
+    seconds: float  # by the clock around it (alone: the call; in a batch, also the wait)
 
-    @property
-    def width(self) -> int:
-        return max(self.call_tokens, self.tokens_fed)
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One call of a model, as whoever made it timed it: the scheduler in a batch,
+    the sequence's own round alone."""
+
+    target: bool  # the target's call, else the draft model's
+    tokens: int  # tokens it scored or fed, every sequence's
+    sequences: int
+    seconds: float
+    prompt: bool = False  # it read text without scoring it: a prompt, or a draft catching up
 
 
 @dataclass
@@ -94,19 +102,16 @@ class RoundReport:
     sources: list[Source]  # source of each drafted position
     confidences: list[float | None]  # draft confidence per position (None: no distribution)
     num_accepted: int
-    target_tokens: int  # tokens the verify call scored (0: no call)
-    target_seconds: float
-    draft_calls: list[DraftCall]
-    round_seconds: float  # wall time of the whole round
     emitted_tokens: tuple[int, ...]
     # [emitted, vocab] or more rows: the target's distributions at the round's positions;
     # row j follows the text emitted before it (so it exists for every emitted token).
     target_probs: object = None
-    # Of round_seconds, the time the sequence slept while a batch's calls (its own
-    # among them) and the other sequences' work ran; 0 alone (Backend.waited_seconds).
-    waited_seconds: float = 0.0
-    # The verify call also took in another sequence's prompt (a newcomer's prefill).
-    shared_prompt: bool = False
+    # The round's calls by its own clock (meaningful alone; in a batch the scheduler
+    # times the shared calls), and its wall time.
+    target_tokens: int = 0  # tokens the verify call scored for this sequence (0: no call)
+    target_seconds: float = 0.0
+    draft_calls: list[DraftCall] = field(default_factory=list)
+    round_seconds: float = 0.0
 
 
 class Policy(Protocol):
@@ -125,7 +130,6 @@ class Policy(Protocol):
         ...
 
     def fork(self) -> Policy:
-        """The policy of another sequence decoded together with this one: one policy
-        per sequence of a batch (control.py says what they share)."""
+        """The policy of another sequence decoded beside this one (control.py says
+        what they share)."""
         ...
-

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends.base import Backend, CallRecord, finite_logits
+from .backends.base import Backend, finite_logits
 from .constraints import GrammarState, constrained_logits
 from .drafters import Draft, Drafter, draft_round
 from .plans import Policy, RoundReport
@@ -29,12 +29,10 @@ class Round:
     started: float  # the clock when the round began
     draft_seconds: float
     target_seconds: float  # the clock around score(): what this sequence waited for its rows
-    call: CallRecord  # the verify call as the policy prices it: its size and time
 
-    def report(self, emitted: list[int], round_seconds: float, waited_seconds: float = 0.0) -> RoundReport:
-        return RoundReport(self.draft.sources, self.draft.confidences, self.verdict.num_accepted, self.call.tokens,
-                           self.call.seconds, self.draft.calls, round_seconds, tuple(emitted), self.target_probs,
-                           waited_seconds, self.call.prompt)
+    def report(self, emitted: list[int], round_seconds: float) -> RoundReport:
+        return RoundReport(self.draft.sources, self.draft.confidences, self.verdict.num_accepted, tuple(emitted),
+                           self.target_probs, len(self.fed), self.target_seconds, self.draft.calls, round_seconds)
 
 
 def play_round(target: Backend, drafter: Drafter | None, policy: Policy, sampler: Sampler, sampling: SamplingConfig,
@@ -63,10 +61,6 @@ def play_round(target: Backend, drafter: Drafter | None, policy: Policy, sampler
     pending = [context[-1]] if carried is None else []
     fed = pending + draft.tokens.tolist()
     logits = target.score(fed, num_logits=len(fed)) if fed else None  # [len(fed), vocab]
-    # The backend may know the call behind this score() better than a clock around it:
-    # a batched call scored every sequence's tokens, and the clock also counts the wait
-    # for the others. Read now, and only after a call of this round's (else stale).
-    reported = target.last_call if fed else None
     if carried is not None:
         logits = carried if logits is None else torch.cat([carried, logits])
     t2 = clock()
@@ -85,5 +79,4 @@ def play_round(target: Backend, drafter: Drafter | None, policy: Policy, sampler
         verdict = verify(draft.tokens, draft.probs, target_probs, sampler.generator)
     # 4. Keep pending + accepted drafts; the new last token is fed next round.
     target.rollback(base + len(pending) + verdict.num_accepted)
-    call = reported if reported is not None else CallRecord(len(fed), t2 - t1)
-    return Round(draft, verdict, fed, logits, target_probs, draft_calls, t0, t1 - t0, t2 - t1, call)
+    return Round(draft, verdict, fed, logits, target_probs, draft_calls, t0, t1 - t0, t2 - t1)

@@ -6,22 +6,11 @@ marks on the backend object who filled the cache last (claim_cache).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from ..fim import FimFormat
-
-
-@dataclass(frozen=True)
-class CallRecord:
-    """The model call that served a score(): the tokens it scored in all (every
-    sequence's, when several were batched into it) and how long it took."""
-
-    tokens: int
-    seconds: float
-    prompt: bool = False  # it also took in some sequence's prompt (batching.prompt_work)
 
 
 class Tokenizer(Protocol):
@@ -63,20 +52,8 @@ class Backend(Protocol):
     # Identifies engine, model file and thread count in the adaptive controller's cost
     # cache (calibrate.py); None: no stable identity, nothing is cached.
     cost_key: str | None = None
-    # The call behind the last score(), where the backend knows better than a clock
-    # around score() (a batched call: its size is everyone's tokens, and a clock around
-    # score() would also count the wait for the others); None: time score() itself.
-    last_call: CallRecord | None = None
     # The model's fill-in-the-middle tokens, read from its vocabulary; None: it has none.
     fim: FimFormat | None = None
-
-    @property
-    def waited_seconds(self) -> float:
-        """Seconds the sequence calling this backend has spent asleep while a batch's
-        calls (its own among them) and the other sequences' work ran (batching.py);
-        0 for a backend that makes its own calls. The loop takes it out of a round's
-        time to price its own work."""
-        return 0.0
 
     @property
     def length(self) -> int:

@@ -99,6 +99,9 @@ def add_bench_parser(subparsers) -> None:
     b.add_argument("--contention", action="store_true",
                    help="measure instead how two model processes at once slow each other, with and without "
                         "specsample's core sharing, writing contention.md")
+    b.add_argument("--neighbour", type=int, default=0, metavar="N",
+                   help="run N busy processes (one spinning thread each) beside the whole benchmark, as a user's "
+                        "other programs would; the report's machine line says so")
     b.add_argument("--rpc-delay-ms", type=float, default=None, metavar="MS",
                    help="with --target-rpc: reach each worker through a local relay that delays every message by "
                         "MS one way (a network's latency on one machine; docs/distributed.md)")
@@ -188,6 +191,15 @@ def delayed_workers(args):
 
 
 def bench_command(args) -> int:
+    from .neighbour import busy_neighbours
+
+    if args.neighbour < 0:
+        raise UsageError(f"--neighbour must be >= 0, got {args.neighbour}")
+    with busy_neighbours(args.neighbour):
+        return _bench_command(args)
+
+
+def _bench_command(args) -> int:
     from .bandwidth import measure_read_bandwidth
 
     if args.contention and args.target_quants:
@@ -224,6 +236,8 @@ def bench_command(args) -> int:
     machine = machine_description(engine, _threads(args))
     # Other work on the machine skews every timing: say how busy it was.
     machine += f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
+    if args.neighbour:
+        machine += f"; {args.neighbour} busy neighbour process(es) spinning beside the run (--neighbour)"
     table = write_report(args.out, runs, command=_command(), machine=machine, notes=notes, plots=args.plots,
                          read_bandwidth=read_bandwidth)
     print(table)
@@ -339,6 +353,8 @@ def cmd_serve_load(args) -> int:
         notes += [f"{label}: {n}" if len(types) > 1 else n for n in run_notes]
     machine = machine_description("gguf" if files[0] else args.dtype, _threads(args))
     machine += f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
+    if args.neighbour:
+        machine += f"; {args.neighbour} busy neighbour process(es) spinning beside the run (--neighbour)"
     sections, printed = serve_sections(records, splits)
     write_serve_report(args.out, records, sections, command=_command(), machine=machine, notes=notes, splits=splits)
     print(printed)

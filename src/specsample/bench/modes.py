@@ -48,8 +48,8 @@ class Outcome:
 
 class OurMode:
     """specsample's own loop: autoregressive, model draft, n-gram draft, or the
-    default `-k auto` (the adaptive controller over the hybrid drafter, or over
-    lookup alone without a draft model). The adaptive controller lives as long as
+    default `-k auto` (the planner over the hybrid drafter, or over
+    lookup alone without a draft model). The planner lives as long as
     the mode, as it would in a server: its measurements carry across prompts."""
 
     structured = True

@@ -127,7 +127,7 @@ def cmd_serve(args) -> int:
     if parallel is None:
         costs = models.target_costs(MOST_SLOTS)
         parallel = min(slots_that_pay(costs, MOST_SLOTS), models.target.sequences)
-        curve = ", ".join(f"{n}: {costs.ratio(n):.2f}x" for n in (2, 4, MOST_SLOTS))
+        curve = ", ".join(f"{n}: {costs(n) / costs(1):.2f}x" for n in (2, 4, MOST_SLOTS))
         print(f"specsample serve: --parallel auto: {parallel} request(s) at once (a target call of n tokens costs, "
               f"against one: {curve})", flush=True)
     settings = Settings(model_name=models.target.name, k=args.k, k_max=args.k_max, parallel=parallel,

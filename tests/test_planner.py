@@ -1,0 +1,211 @@
+"""The planner (control.py) on its own: what it plans from given prices and
+acceptance, how its prices follow the calls of the run, the goodput guard, the
+catch-up of a draft that has not read a long prompt, and plain steps that cost what
+plain decoding's do."""
+
+import pytest
+
+from specsample.control import PLAIN, Planner
+from specsample.drafters import ModelDrafter
+from specsample.estimates import Curve, Goodput, Prices
+from specsample.generate import GenerationConfig, generate, stream
+from specsample.plans import MODEL, ModelCall, Offer, lookup_source
+from specsample.sampling import SamplingConfig
+
+from toy import CostedBackend, FakeClock, TrigramBackend, random_table
+
+pytestmark = pytest.mark.pure
+
+GREEDY = SamplingConfig(temperature=0)
+TABLE = random_table(8, seed=3)
+
+
+def prices(target, draft=0.1):
+    """Target calls costing target(n), draft calls 0.1 + 0.01 per extra token."""
+    return Prices(Curve({n: target(n) for n in (1, 2, 3, 4, 5, 8, 16, 32)}), Curve({1: draft, 16: draft + 0.15}))
+
+
+def flat(n):  # memory-bound: a call of a few more tokens costs little more
+    return 1.0 + 0.02 * (n - 1)
+
+
+def linear(n):  # compute-bound: every token costs as much as the first
+    return 1.0 * n
+
+
+def solo(planner, lag=1, available=6, tokens=200):
+    seat = planner.seat()
+    seat.begin([1] * 10, tokens)
+    return seat, seat.plan(Offer({MODEL: available}, lag))
+
+
+def test_one_sequence_drafts_where_calls_cost_the_same_and_steps_plain_where_they_cost_by_the_token():
+    _, drafting = solo(Planner(6, prices(flat)))
+    assert drafting.source == MODEL and drafting.length >= 3 and drafting.extent is not None
+    _, plain = solo(Planner(6, prices(linear)))
+    assert plain.source is None and plain.length == 0 and plain.catch_up == 0
+
+
+def test_a_lookup_is_chosen_over_the_model_when_its_acceptance_is_higher():
+    planner = Planner(6, prices(flat, draft=0.3))
+    seat = planner.seat()
+    seat.begin([1] * 10, 200)
+    source = lookup_source(3)
+    for _ in range(30):  # a lookup that has always been right
+        seat.acceptance[source].at(0).update(True, 0.9)
+        seat.acceptance[source].at(1).update(True, 0.9)
+    plan = seat.plan(Offer({MODEL: 6, source: 5}, 1))
+    assert plan.source == source and plan.length == 5
+
+
+def test_prices_follow_the_calls_of_the_run_within_a_few_calls():
+    """A busy neighbour makes every draft call 8x dearer: within RECENT calls the
+    planner prices them so and steps plain; once it leaves, drafting comes back."""
+    planner = Planner(6, prices(flat))
+    seat, first = solo(planner)
+    assert first.source == MODEL
+    for _ in range(6):
+        planner.record(ModelCall(False, 1, 1, 0.8))
+        planner.record(ModelCall(False, 2, 1, 0.8))
+    assert seat.plan(Offer({MODEL: 6}, 1)).source is None
+    for _ in range(6):
+        planner.record(ModelCall(False, 1, 1, 0.1))
+        planner.record(ModelCall(False, 2, 1, 0.1))
+    assert seat.plan(Offer({MODEL: 6}, 1)).source == MODEL
+
+
+def test_a_lone_spike_does_not_move_a_price():
+    curve = Curve({1: 1.0, 8: 2.0})
+    for seconds in (1.0, 1.0, 1.0, 30.0, 1.0):
+        curve.observe(1, seconds)
+    assert curve(1) == pytest.approx(1.0) and curve(8) == pytest.approx(2.0)
+
+
+def test_without_a_calibration_each_size_is_learnt_from_its_first_call():
+    curve = Curve()
+    curve.observe(1, 0.5)
+    curve.observe(4, 1.0)
+    assert curve(1) == pytest.approx(0.5) and curve(4) == pytest.approx(1.0) and curve(2) == pytest.approx(2 / 3)
+
+
+def test_the_goodput_guard_bars_drafting_where_it_realised_less_then_tries_again():
+    guard = Goodput()
+    for _ in range(4):
+        guard.add(1, False, 1, 1.0)  # plain: 1 token/s
+        guard.add(1, True, 2, 3.0)  # drafting: 0.67 token/s
+    assert guard.barred(1) and not guard.barred(2)
+    rounds = 0
+    while guard.barred(1):
+        guard.add(1, False, 1, 1.0)
+        rounds += 1
+    assert 20 < rounds < 100  # tried again once its evidence is stale
+    for _ in range(4):
+        guard.add(1, True, 3, 1.0)  # now drafting pays: no bar
+    assert not guard.barred(1)
+
+
+def test_a_barred_batch_size_plans_plain_steps():
+    planner = Planner(6, prices(flat))
+    for _ in range(4):
+        planner.goodput.add(1, False, 1, 1.0)
+        planner.goodput.add(1, True, 1, 2.0)
+    assert solo(planner)[1].source is None
+
+
+def test_the_planner_records_round_windows_into_goodput_and_own_work():
+    clock = FakeClock()
+    planner = Planner(6, prices(flat), clock)
+    for i in range(6):  # rounds of 1.2 s: a 1 s target call, 0.2 s of own work, 2 tokens each
+        clock.now += 1.2
+        planner.record(ModelCall(True, 1, 1, 1.0))
+        planner.emitted(2)
+    assert planner.prices.work[False].value == pytest.approx(0.2)
+    assert planner.goodput._sums[1][False][0] > 0
+
+
+def test_a_draft_behind_a_long_prompt_is_not_offered_and_catches_up_in_chunks_after_the_second_token():
+    planner = Planner(6, prices(flat))
+    seat, first = solo(planner, lag=4000, tokens=2000)
+    assert first.source is None and first.catch_up == 0  # the second token is not held back
+    seat.length.generated = 2
+    later = seat.plan(Offer({MODEL: 6}, 4000))
+    assert later.source is None and later.catch_up >= 16
+    assert planner.prices.draft(later.catch_up) <= planner.prices.target(1) or later.catch_up == 16
+    # An answer expected to end before the reading pays back: no catch-up at all.
+    seat.length.begin(8)
+    seat.length.generated = 2
+    assert seat.plan(Offer({MODEL: 6}, 4000)).catch_up == 0
+
+
+def test_a_long_prompt_streams_plain_steps_while_the_draft_reads_it_in_chunks():
+    clock = FakeClock()
+    target = CostedBackend(TrigramBackend(TABLE), clock, flat)
+    draft = CostedBackend(TrigramBackend(TABLE, name="draft"), clock, lambda n: 0.05 + 0.005 * (n - 1))
+    drafter = ModelDrafter(draft, GREEDY)
+    drafter.clock = clock
+    planner = Planner(6, prices(flat, draft=0.05), clock)
+    prompt = [i % 8 for i in range(3000)]
+    s = stream(target, prompt, GenerationConfig(max_new_tokens=400, sampling=GREEDY), drafter, planner.seat(), clock)
+    chunks = iter(s)
+    next(chunks)  # the first token: the prompt's last row
+    draft_calls = draft.calls
+    next(chunks)  # the second: one plain target call, no draft call
+    assert draft.calls == draft_calls
+    for _ in chunks:
+        pass
+    stats = s.result.stats
+    assert stats.plain_rounds > 0 and sum(stats.draft_length_histogram[1:]) > 0  # it caught up, then drafted
+    plain = generate(TrigramBackend(TABLE), prompt, GenerationConfig(max_new_tokens=400, sampling=GREEDY))
+    assert s.result.token_ids == plain.token_ids
+
+
+def test_plain_steps_under_auto_make_the_calls_plain_decoding_makes():
+    """Where drafting does not pay, -k auto's rounds are plain decoding's: one
+    1-token target call each, no draft call."""
+    clock = FakeClock()
+    target = CostedBackend(TrigramBackend(TABLE), clock, linear)
+    draft = CostedBackend(TrigramBackend(TABLE, name="draft"), clock, lambda n: 0.3)
+    drafter = ModelDrafter(draft, GREEDY)
+    planner = Planner(6, prices(linear, draft=0.3), clock)
+    result = generate(target, [1, 2, 3], GenerationConfig(max_new_tokens=30, sampling=GREEDY), drafter,
+                      planner.seat(), clock)
+    assert draft.calls == 0 and target.calls == 1 + 29  # the prefill, then one call per token
+    assert result.stats.plain_rounds == 30
+
+
+def _batch_plan(curve, n=4, available=4):
+    planner = Planner(available, prices(curve, draft=0.1))
+    seats = [planner.seat() for _ in range(n)]
+    for seat in seats:
+        seat.begin([1] * 10, 200)
+    return planner.plan({seat: Offer({MODEL: available}, 1) for seat in seats})
+
+
+def test_a_batch_where_a_call_costs_by_the_token_steps_plain_together():
+    plans = _batch_plan(linear)
+    assert all(p.source is None for p in plans.values())
+
+
+def test_a_batch_on_a_memory_bound_target_drafts_together():
+    plans = _batch_plan(flat)
+    assert all(p.source == MODEL and p.length >= 1 for p in plans.values())
+
+
+def test_a_batch_plans_with_the_prompts_in_its_call():
+    """Four sequences beside a 128-token prompt chunk on a compute-bound curve: the
+    chunk's cost is the same whatever they draft, and what each draft adds is priced
+    at the call's size."""
+    planner = Planner(4, prices(lambda n: 1.0 + 0.1 * n))
+    seats = [planner.seat() for _ in range(2)]
+    for seat in seats:
+        seat.begin([1] * 10, 200)
+    plans = planner.plan({seat: Offer({MODEL: 4}, 1) for seat in seats}, load=128)
+    assert set(plans) == set(seats)
+
+
+def test_the_plain_option_is_first_in_every_menu():
+    planner = Planner(4, prices(flat))
+    seat = planner.seat()
+    seat.begin([1], 10)
+    assert seat.menu(Offer({MODEL: 4}, 1), barred=False)[0] == PLAIN
+    assert seat.menu(Offer({MODEL: 4}, 1), barred=True) == [PLAIN]

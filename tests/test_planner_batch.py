@@ -1,0 +1,121 @@
+"""-k auto on a batch: four sequences with mixed settings share each call and one
+planner decides their rounds together, and each still follows its own target
+distribution; a negative control whose drafter peeks at the current round's
+verdict fails the same check."""
+
+import pytest
+import torch
+
+from specsample.generate import generate_many
+from specsample.control import Planner
+from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
+from specsample.estimates import Curve, Prices
+from specsample.generate import GenerationConfig
+from specsample.sampling import SamplingConfig, logits_to_probs
+
+from test_distribution import LENGTH, MIXED_DRAFT, MIXED_PROMPT, MIXED_TARGET, _Truncating
+from toy import FakeClock, TrigramBackend, TrigramSequences, chi_square_p_value, exact_distribution
+
+pytestmark = pytest.mark.pure
+
+SAMPLED = SamplingConfig(temperature=1.0)
+NUCLEUS = SamplingConfig(temperature=0.8, top_k=4, top_p=0.9)
+GREEDY = SamplingConfig(temperature=0.0)
+# Each batch counts two sampled sequences (pooled): 2 x 1,200 samples, tested on the
+# whole 4-token sequences and on their first two tokens (36 cells, where a bias in
+# the first drafted position shows most). A correct sampler fails either with
+# probability ALPHA; the peeking drafter failed the two-token fit with p ~ 1e-22 here.
+N, ALPHA = 1200, 1e-6
+
+
+class CostedSequences(TrigramSequences):
+    """Sequences whose every call takes cost(tokens in the call) of a fake clock."""
+
+    def __init__(self, table, sequences, clock, cost, name="trigram"):
+        super().__init__(table, sequences, name)
+        self.clock, self.cost = clock, cost
+
+    def score_many(self, requests):
+        self.clock.now += self.cost(sum(len(ids) for _, ids, _ in requests))
+        return super().score_many(requests)
+
+
+def target_cost(n):  # a memory-bound target: more tokens cost little more
+    return 1.0 + 0.05 * (n - 1)
+
+
+def draft_cost(n):
+    return 0.1 + 0.005 * (n - 1)
+
+
+def adaptive_batches(n, wrap=None, draft_table=MIXED_DRAFT):
+    clock = FakeClock()
+    target = CostedSequences(MIXED_TARGET, 4, clock, target_cost)
+    draft = CostedSequences(draft_table, 4, clock, draft_cost, name="draft")
+    prices = Prices(Curve({1: target_cost(1), 32: target_cost(32)}), Curve({1: draft_cost(1), 16: draft_cost(16)}))
+    policy = Planner(4, prices, clock).seat()
+    counts, lengths = {}, {}
+    for i in range(n):
+        configs = [GenerationConfig(max_new_tokens=LENGTH, k="auto", k_max=4, sampling=SAMPLED, seed=4 * i,
+                                    verifier="rejection"),
+                   GenerationConfig(max_new_tokens=6, k="auto", k_max=4, sampling=GREEDY),
+                   GenerationConfig(max_new_tokens=LENGTH, k="auto", k_max=4, sampling=NUCLEUS, seed=4 * i + 2),
+                   GenerationConfig(max_new_tokens=LENGTH, k="auto", k_max=4, sampling=SAMPLED, seed=4 * i + 3,
+                                    verifier="rejection")]
+        queue = list(configs)
+
+        def make_drafter(slot):
+            sampling = queue.pop(0).sampling
+            model = ModelDrafter(slot, sampling)
+            model.clock = clock
+            drafter = HybridDrafter(model, NgramDrafter(max_ngram=2))
+            return wrap(drafter, sampling) if wrap is not None else drafter
+
+        prompts = [MIXED_PROMPT, [3, 4, 5], MIXED_PROMPT, MIXED_PROMPT]
+        results, _ = generate_many(target, prompts, configs, draft, make_drafter, policy, clock=clock)
+        for j in (0, 3):
+            key = tuple(results[j].token_ids)
+            counts[key] = counts.get(key, 0) + 1
+        for result in results:
+            for m, c in enumerate(result.stats.draft_length_histogram):
+                lengths[m] = lengths.get(m, 0) + c
+    return counts, lengths
+
+
+def prefix(distribution: dict, k: int) -> dict:
+    out = {}
+    for sequence, value in distribution.items():
+        out[sequence[:k]] = out.get(sequence[:k], 0) + value
+    return out
+
+
+def keeps_only_drafts_it_predicts_rejected(drafter, sampling):
+    """Wrong: a draw made ahead of verification predicts the target's verdict on the
+    first draft, and the round proposes it only where the prediction is a rejection:
+    the draft length depends on the current round's verdict."""
+    rng = torch.Generator().manual_seed(99)
+
+    def cut_at(context, d):
+        if not len(d):
+            return 0
+        token = int(d.tokens[0])
+        target = logits_to_probs(TrigramBackend(MIXED_TARGET).next_logits(list(context))[None], sampling)[0]
+        draft = 1.0 if d.probs is None else float(d.probs[0, token])
+        return int(float(torch.rand(1, generator=rng)) * draft >= float(target[token]))
+
+    return _Truncating(drafter, cut_at)
+
+
+def test_four_sequences_planned_together_each_follow_the_target():
+    counts, lengths = adaptive_batches(N)
+    exact = exact_distribution(TrigramBackend(MIXED_TARGET), MIXED_PROMPT, LENGTH, SAMPLED)
+    assert lengths.get(0, 0) > N // 20  # plain steps
+    assert sum(1 for m, c in lengths.items() if m > 0 and c > N // 100) >= 2  # several draft lengths
+    assert chi_square_p_value(counts, exact, 2 * N) > ALPHA
+    assert chi_square_p_value(prefix(counts, 2), prefix(exact, 2), 2 * N) > ALPHA
+
+
+def test_negative_control_a_drafter_that_peeks_at_the_verdict_fails_in_a_batch():
+    counts, _ = adaptive_batches(N, wrap=keeps_only_drafts_it_predicts_rejected)
+    exact = exact_distribution(TrigramBackend(MIXED_TARGET), MIXED_PROMPT, LENGTH, SAMPLED)
+    assert chi_square_p_value(prefix(counts, 2), prefix(exact, 2), 2 * N) < ALPHA
