@@ -130,6 +130,7 @@ class Planner:
         barred = self.goodput.barred(len(seats) + (load > 0))
         menus = [seat.menu(offers[seat], barred) for seat in seats]
         chosen = self._search(menus, load)
+        self._window[2] |= any(o.m for o in chosen)  # the coming round drafts: the goodput guard counts it so
         rate = sum(o.expected for o in chosen) / self.seconds(chosen, load)
         tokens = load + sum(o.m + 1 for o in chosen)
         plans = {}
@@ -142,12 +143,19 @@ class Planner:
     def seconds(self, chosen: list[Option], load: int) -> float:
         p = self.prices
         seconds = p.target(load + sum(o.m + 1 for o in chosen))
-        for j in range(max(o.steps for o in chosen)):
-            seconds += p.draft(sum(o.steps > j for o in chosen))
-        seconds += sum(o.extra + (p.work[o.m > 0].value or 0.0) for o in chosen)
+        # The draft steps: with runs sorted longest first, k sequences step together
+        # for as many steps as the k-th longest run exceeds the (k+1)-th.
+        runs = sorted((o.steps for o in chosen if o.steps), reverse=True) + [0]
+        for k in range(1, len(runs)):
+            seconds += (runs[k - 1] - runs[k]) * p.draft(k)
+        work = p.work
+        plain, drafting = work[False].value or 0.0, work[True].value or 0.0
+        seconds += sum(o.extra + (drafting if o.m else plain) for o in chosen)
         return max(seconds, 1e-9)
 
     def _search(self, menus: list[list[Option]], load: int) -> list[Option]:
+        if len(menus) == 1:  # one sequence: its best option
+            return [max(menus[0], key=lambda o: self._rate([o], load))]
         starts = [[menu[0] for menu in menus]]
         if len(menus) > 1:
             starts += [[max((o for o in menu if o.steps <= length), key=lambda o: o.steps) for menu in menus]
@@ -182,7 +190,6 @@ class Planner:
         window[1] += call.seconds
         window[3] |= call.prompt
         if not call.target:
-            window[2] |= not call.prompt
             return
         ended = self.clock() if ended is None else ended
         if self._closed is not None and self._tokens:
@@ -199,8 +206,9 @@ class Planner:
 
     def restart(self) -> None:
         """Open no round window until the next target call. A window: since the last
-        target call, [its end, the seconds of calls in it, whether a draft stepped,
-        whether a prompt was read, sequences]; the last closed one waits for its tokens."""
+        target call, [its end, the seconds of calls in it, whether the round it holds
+        drafted, whether a prompt was read, sequences]; the last closed one waits for
+        its tokens."""
         self._window, self._closed, self._tokens = [None, 0.0, False, False, 0], None, 0
 
     def emitted(self, tokens: int) -> None:

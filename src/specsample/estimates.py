@@ -110,6 +110,7 @@ class Curve:
         self.learning = not self.prior  # no calibration: each size's first call becomes its prior
         self._ratios: dict[int, deque] = {}
         self._all: deque = deque(maxlen=RECENT)
+        self._prices: dict[int, float] = {}
 
     def base(self, n: int) -> float:
         return interpolated(self.prior, n) if self.prior else 0.0
@@ -117,13 +118,17 @@ class Curve:
     def __call__(self, n: int) -> float:
         if n <= 0:
             return 0.0
-        band = self._ratios.get(_band(n), ())
-        recent = band if len(band) >= 3 else self._all
-        return self.base(n) * (statistics.median(recent) if recent else 1.0)
+        price = self._prices.get(n)
+        if price is None:  # priced once between two calls observed: the planner asks many times a round
+            band = self._ratios.get(_band(n), ())
+            recent = band if len(band) >= 3 else self._all
+            price = self._prices[n] = self.base(n) * (statistics.median(recent) if recent else 1.0)
+        return price
 
     def observe(self, n: int, seconds: float) -> None:
         if n <= 0:
             return
+        self._prices.clear()
         if self.learning and n not in dict(self.prior) or self.base(n) <= 0:
             self.prior = sorted((dict(self.prior) | {n: seconds}).items())
         ratio = seconds / self.base(n)
