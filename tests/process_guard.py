@@ -7,11 +7,18 @@ session's end); and when the session ends, however it ends short of SIGKILL, eve
 process still descending from pytest is ended: asked to terminate, then killed after
 GRACE seconds. With pytest-xdist the controller's session ends last and its workers
 and everything they started are its descendants.
+
+A test that starts a process itself does so through `popen`: the process leads a
+process group of its own, which `end_group` ends whole (a server and whatever it
+started, even one whose parent has died and that is no longer anyone's descendant),
+and which the session's end ends too if the test could not.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import threading
 
 import psutil
@@ -42,6 +49,41 @@ def end(processes: list[psutil.Process], grace: float = GRACE) -> None:
     psutil.wait_procs(alive, timeout=grace)
 
 
+_groups: set[int] = set()  # process groups that tests started in this process
+
+
+def popen(args, **kwargs) -> subprocess.Popen:
+    """subprocess.Popen, leading a process group of its own that the run ends."""
+    process = subprocess.Popen(args, start_new_session=True, **kwargs)
+    _groups.add(process.pid)
+    return process
+
+
+def end_group(process: subprocess.Popen, grace: float = GRACE) -> None:
+    """`process` and everything in its group: terminated, then killed after `grace` s."""
+    _signal_group(process.pid, signal.SIGTERM)
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(process.pid, signal.SIGKILL)  # what ignored SIGTERM, and children left in the group
+    process.wait()
+    _groups.discard(process.pid)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _end_groups() -> None:
+    for pgid in list(_groups):
+        _signal_group(pgid, signal.SIGKILL)
+        _groups.discard(pgid)
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -53,8 +95,10 @@ def pytest_configure(config):
 
 def pytest_sessionfinish(session, exitstatus):
     end(descendants())
+    _end_groups()
 
 
 def pytest_unconfigure(config):
     # A run interrupted before its session ended (during collection, say) ends here.
     end(descendants())
+    _end_groups()

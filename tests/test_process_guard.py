@@ -73,3 +73,21 @@ def test_a_stopped_run_leaves_nothing_behind(tmp_path, how, workers):
     finally:
         if run.poll() is None:
             run.kill()
+
+
+def test_ending_a_group_ends_what_its_leader_started_even_once_orphaned():
+    """A server's own children are in its group: ended with it, even one whose parent
+    is already gone (no longer a descendant of pytest for the session's sweep)."""
+    from process_guard import end_group, popen
+
+    script = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']);"
+              "print(p.pid, flush=True)")  # the leader exits at once, orphaning its child
+    leader = popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    orphan = int(leader.stdout.readline())
+    leader.wait(30)
+    assert not gone(orphan) and orphan not in [p.pid for p in psutil.Process().children(recursive=True)]
+    end_group(leader)
+    deadline = time.monotonic() + 10
+    while not gone(orphan) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(orphan)
