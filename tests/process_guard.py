@@ -88,9 +88,24 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _become_subreaper() -> None:
+    """Orphans below this process are re-parented to it, not to init (Linux's
+    PR_SET_CHILD_SUBREAPER), so they stay its descendants for the session's sweep: an
+    xdist worker killed outright, or a server whose own parent died, leaves nothing
+    that the sweep cannot see."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass  # not Linux: the sweep still sees every descendant whose parent lives
+
+
 def pytest_configure(config):
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
+    if not hasattr(config, "workerinput"):  # the run's own process, not an xdist worker
+        _become_subreaper()
 
 
 def pytest_sessionfinish(session, exitstatus):
