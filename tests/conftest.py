@@ -26,15 +26,32 @@ from specsample.models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, cac
 PLACES = ("pure", "system", "real")
 
 
+_SHARED: dict[tuple, object] = {}  # (role, engine, options) -> a backend loaded once this session
+
+
 class RealPair(NamedTuple):
     target: str  # model names, as load_backend takes them
     draft: str
 
     def load(self, backend: str):
-        """Both models on `backend`, as shipped: (target, draft)."""
+        """Both models on `backend`, as shipped, loaded afresh: (target, draft)."""
         from specsample.backends import load_backend
 
         return load_backend(self.target, backend), load_backend(self.draft, backend)
+
+    def shared(self, role: str, engine: str = "llamacpp", **options):
+        """The `role` model ("target" or "draft") on `engine` with load_backend's
+        `options`, loaded once for the whole session and shared by every test that
+        asks for the same: a generation starts from its prompt whatever an earlier
+        one left in the cache (cache_prompt is off by default; the newest claim on a
+        cache wins), so tests that only score and generate need no copy of their own.
+        A test that changes a backend's setup, or hands it to a server, loads its own."""
+        key = (role, engine, tuple(sorted(options.items())))
+        if key not in _SHARED:
+            from specsample.backends import load_backend
+
+            _SHARED[key] = load_backend(getattr(self, role), engine, **options)
+        return _SHARED[key]
 
 
 @pytest.fixture(scope="session")
