@@ -15,9 +15,7 @@ pytestmark = pytest.mark.real
 def qwen(real_pair):
     """The real draft's tokenizer (Qwen2.5's vocabulary and ChatML template)."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    from specsample.backends import load_backend
-
-    return load_backend(real_pair.draft, "llamacpp").tokenizer
+    return real_pair.shared("draft").tokenizer
 
 
 def test_chat_content_cannot_open_a_role_of_its_own_on_the_real_tokenizer(qwen):

@@ -3,7 +3,6 @@ and a client that leaves mid-generation frees the model at the next round."""
 
 import contextlib
 import threading
-import time
 
 import httpx
 import pytest
@@ -44,10 +43,10 @@ def test_full_queue_answers_429_at_once_and_the_rest_complete():
         worker = app.state.server.worker
         threads = [first] + [post_in_background(url, results) for _ in range(2)]
         wait_until(lambda: worker.depth == 2, what="two waiting requests")
-        start = time.monotonic()
         r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
         assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
-        assert time.monotonic() - start < 2  # at once, not after the queue drains
+        # At once, not after the queue drains: the gate is still shut, so nothing has.
+        assert worker.depth == 2 and results == []
         target.gate.set()
         for t in threads:
             t.join(timeout=30)
@@ -67,7 +66,7 @@ def test_waiting_too_long_gets_a_timeout_error_and_the_worker_goes_on():
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_leaving_mid_generation_frees_the_model(stream):
     app, target = toy_app(eos=False, k=2, context_length=4096)  # the draft's context is checked too
-    target.delay = 0.01  # about 1,000 tokens in 500+ rounds: 5+ s if nobody stopped it
+    target.delay = 0.01  # 1,000 tokens take 334+ rounds (k = 2) if nobody stops them
     long = {**BODY, "max_tokens": 1000, "stream": stream}
     with running(app) as url:
         if stream:
@@ -76,12 +75,13 @@ def test_a_client_leaving_mid_generation_frees_the_model(stream):
         else:
             with pytest.raises(httpx.ReadTimeout):
                 httpx.post(url + "/v1/completions", json=long, timeout=0.5)
-        start = time.monotonic()
         r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
         assert r.status_code == 200
-        assert time.monotonic() - start < 2.5
         wait_until(lambda: "specsample_cancelled_generations_total 1.0" in httpx.get(url + "/metrics").text,
                    what="the cancellation to be counted")
+        # Freed by the cancellation, not by the long answer ending: counted in the
+        # target's calls, not in seconds, so a slow machine cannot make it pass or fail.
+        assert target.calls < 334
 
 
 def test_requests_that_gave_up_waiting_hold_no_place_in_the_queue():
@@ -106,7 +106,8 @@ def test_erasing_the_slot_a_request_is_generated_on_answers_409_and_the_request_
         erased = []
         eraser = threading.Thread(target=lambda: erased.append(httpx.post(url + "/slots/0?action=erase", timeout=30)))
         eraser.start()
-        time.sleep(0.2)  # asked while the first request's call is held: done after that call, mid-generation
+        # asked while the first request's call is held: done after that call, mid-generation
+        wait_until(lambda: app.state.server.worker._erasing, what="the erase to be asked")
         target.gate.set()
         eraser.join(timeout=30)
         first.join(timeout=30)

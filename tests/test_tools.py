@@ -24,7 +24,7 @@ from specsample.sampling import SamplingConfig
 from specsample.tools import (HERMES, Arguments, CallStart, Content, Tool, ToolParser, parse_tool_calls,
                               special_markers, tool_constraint, tool_format)
 
-from toy import (TOOL_TEMPLATE, PieceTokenizer, TrigramBackend, byte_backend, chi_square_p_value,
+from toy import (TOOL_TEMPLATE, PieceTokenizer, TrigramBackend, byte_backend, assert_fits, assert_misfits,
                  exact_constrained_distribution, random_table)
 
 pytestmark = pytest.mark.pure
@@ -176,7 +176,7 @@ def test_greedy_speculation_under_the_tool_grammar_equals_greedy_decoding():
 
 PIECES = [b"a", b"b", b"<tool_call>", b"\n", b'{"name": "f", "arguments": ', b"{}", b"}", b"</tool_call>", b"<eos>"]
 TRIGGER, CLOSE, EOS = 2, len(PIECES) - 2, len(PIECES) - 1
-N, CONTROL_N, LENGTH, ALPHA = 1_500, 500, 3, 1e-3
+N, CONTROL_N, LENGTH = 1_500, 500, 3
 PROMPT = [0, 1]
 
 
@@ -225,11 +225,11 @@ def empirical(choice: str, n: int = N, special: bool = False) -> dict[tuple[int,
 def test_auto_leaves_the_text_before_a_call_to_the_target(special):
     exact = exact_text(special)
     assert exact[(TRIGGER,)] > 0.05  # calls do start here
-    assert chi_square_p_value(empirical("auto", special=special), exact, N) > ALPHA
+    assert_fits(empirical("auto", special=special), exact, N)
 
 
 def test_negative_control_a_grammar_that_holds_text_back_fails():
-    assert chi_square_p_value(empirical("none", CONTROL_N), exact_text(), CONTROL_N) < 1e-12
+    assert_misfits(empirical("none", CONTROL_N), exact_text(), CONTROL_N, alpha=1e-12)
 
 
 @pytest.mark.parametrize("special", [False, True])
