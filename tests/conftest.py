@@ -123,7 +123,7 @@ def pytest_terminal_summary(terminalreporter):
     """The bound on this run's false-alarm rate from its statistical tests (toy.py)."""
     if _fits["checks"]:
         terminalreporter.write_line(
-            f"{_fits['checks']} goodness-of-fit checks, each at its stated false-alarm rate: a correct sampler "
+            f"{_fits['checks']} statistical checks, each at its stated false-alarm rate: a correct sampler "
             f"fails this run with probability at most {_fits['alpha']:.1e} (budget 1e-4; docs/testing.md)")
     if _fits["unaccounted"]:
         terminalreporter.write_line(

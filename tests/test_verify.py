@@ -6,7 +6,7 @@ import torch
 from specsample.sampling import sample
 from specsample.verify import residual_distribution, verify
 
-from toy import assert_fits
+from toy import assert_fits, counted
 
 pytestmark = pytest.mark.pure
 
@@ -59,7 +59,8 @@ def test_acceptance_probability_is_min_one_ratio():
     g = torch.Generator().manual_seed(0)
     n = 20_000
     accepted = sum(verify(torch.tensor([0]), draft, target, g).num_accepted for _ in range(n))
-    # binomial sd = sqrt(.25 * .75 / n) ~ .0031; allow 5 sd
+    # binomial sd = sqrt(.25 * .75 / n) ~ .0031; allow 5 sd (two-sided: a false alarm 5.7e-7)
+    counted(5.7e-7)
     assert abs(accepted / n - 0.25) < 5 * (0.25 * 0.75 / n) ** 0.5
 
 

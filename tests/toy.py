@@ -128,6 +128,13 @@ ALPHA = 1e-6
 FITS = {"checks": 0, "alpha": 0.0, "unaccounted": 0}  # in this process; conftest.py reports them
 
 
+def counted(alpha: float) -> None:
+    """Count a statistical assertion made some other way (a binomial frequency within
+    z standard deviations, say) at its false-alarm rate `alpha`, in the suite's bound."""
+    FITS["checks"] += 1
+    FITS["alpha"] += alpha
+
+
 def assert_fits(counts: dict, exact: dict[tuple, float], n: int, alpha: float = ALPHA) -> float:
     """Assert that `counts` (n draws) fit `exact` at false-alarm rate `alpha`; the p-value."""
     p = _p_value(counts, exact, n)
