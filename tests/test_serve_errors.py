@@ -35,11 +35,19 @@ def chat(**changes):
 
 DROP = object()
 
+@pytest.mark.parametrize("path, body", [("/v1/completions", completion(model=DROP)),
+                                        ("/v1/completions", completion(model="")),
+                                        ("/v1/chat/completions", chat(model=""))])
+def test_an_absent_or_empty_model_is_the_one_served(url, path, body):
+    """As llama-server takes it: llama.vim's default config sends "model": ""."""
+    r = httpx.post(url + path, json=body, timeout=30)
+    assert r.status_code == 200, r.text
+
+
 CASES = [  # (path, body, status, param, words in the message)
     ("/v1/completions", b"{not json", 400, None, "not valid JSON"),
     ("/v1/completions", b'{"model": "toy", "prompt": "a", "temperature": NaN}', 400, None, "NaN"),
     ("/v1/completions", b"[1, 2]", 400, None, "JSON object"),
-    ("/v1/completions", completion(model=DROP), 400, "model", "missing"),
     ("/v1/completions", completion(prompt=DROP), 400, "prompt", "missing"),
     ("/v1/completions", completion(model="gpt-4"), 404, "model", "not found"),
     ("/v1/completions", completion(temperature="hot"), 400, "temperature", "number"),

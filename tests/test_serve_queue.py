@@ -104,7 +104,7 @@ def test_requests_that_gave_up_waiting_hold_no_place_in_the_queue():
 def test_erasing_the_slot_a_request_is_generated_on_answers_409_and_the_request_completes():
     with worker_held() as (app, target, url, results, first):
         erased = []
-        eraser = threading.Thread(target=lambda: erased.append(httpx.post(url + "/slots/0?action=erase", timeout=30)))
+        eraser = threading.Thread(target=lambda: erased.append(httpx.post(url + "/slots/0?action=erase", json={}, timeout=30)))
         eraser.start()
         time.sleep(0.2)  # asked while the first request's call is held: done after that call, mid-generation
         target.gate.set()
@@ -112,7 +112,7 @@ def test_erasing_the_slot_a_request_is_generated_on_answers_409_and_the_request_
         first.join(timeout=30)
         assert erased[0].status_code == 409 and erased[0].json()["error"]["param"] == "id_slot", erased[0].text
         assert results == [200]
-        assert httpx.post(url + "/slots/0?action=erase", timeout=30).status_code == 200  # free again
+        assert httpx.post(url + "/slots/0?action=erase", json={}, timeout=30).status_code == 200  # free again
 
 
 def test_an_erase_waiting_when_the_target_is_lost_hears_it():
@@ -143,7 +143,7 @@ def test_erases_and_requests_asked_while_the_server_stops_hear_so():
             worker.erase(0)
         with pytest.raises(ShuttingDown):
             worker.submit(Job([], lambda draft: None, None))
-        r = httpx.post(url + "/slots/0?action=erase", timeout=30)
+        r = httpx.post(url + "/slots/0?action=erase", json={}, timeout=30)
         assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
         r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
         assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text

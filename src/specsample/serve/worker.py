@@ -72,6 +72,9 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.monotonic)
     started: bool = False  # Started was sent
+    # vLLM's cache_salt: a slot's cache is reused only by a request with the same salt
+    # as the one that filled it (None is a salt too: unsalted requests share).
+    cache_salt: str | None = None
 
     def emit(self, event: Event) -> None:
         """Called from the worker thread."""
@@ -117,6 +120,7 @@ class Worker:
         self.max_queue = max_queue
         self.scheduler = Scheduler(target, on_call=on_call)
         self._free = list(range(parallel))  # slots without a request; only the worker thread changes it
+        self._salts: list[str | None] = [None] * parallel  # the cache_salt of what each slot's cache holds
         self._waiting: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}  # slot -> the job being generated on it
         self._erasing: list[tuple[int, concurrent.futures.Future]] = []  # erase(): slots to empty, in order
@@ -146,7 +150,7 @@ class Worker:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 3.0) -> None:
         """Cancel every request, waiting or being generated, and end the thread once
         each generation has stopped at its next call: every request hears its Ended."""
         with self._changed:
@@ -218,10 +222,13 @@ class Worker:
                 _settle(done, error=SlotBusy(f"slot {seq} is generating a request"))
                 continue
             held = self.slots[seq].length
-            for slot in (self.slots[seq], self.draft_slots[seq]):
-                if slot is not None:
-                    slot.rollback(0)
+            self._empty(seq)
             _settle(done, held)
+
+    def _empty(self, seq: int) -> None:
+        for slot in (self.slots[seq], self.draft_slots[seq]):
+            if slot is not None:
+                slot.rollback(0)
 
     def _drop_cancelled(self) -> None:
         for job in [j for j in self._waiting if j.cancelled.is_set()]:
@@ -263,14 +270,20 @@ class Worker:
         first = job.tasks[0]
         if not first.cache_prompt:
             return self._free[0]
-        return max(self._free, key=lambda seq: common_prefix_length(self.slots[seq].cached_tokens() or [],
-                                                                    first.prompt_ids))
+        # Only a slot filled under the job's own salt may be reused (-1: any other is emptied first).
+        return max(self._free, key=lambda seq: -1 if self._salts[seq] != job.cache_salt else
+                   common_prefix_length(self.slots[seq].cached_tokens() or [], first.prompt_ids))
 
     def _serve(self, job: Job, seq: int) -> None:
         with self._changed:
             self._running[seq] = job
             if self._stopping:  # admitted as stop() began
                 job.cancel()
+        if self._salts[seq] != job.cache_salt:
+            # Another salt's text: nothing of it may be reused, or cached_tokens (and the
+            # time to the first token) would tell this request how much of it it guessed.
+            self._empty(seq)
+            self._salts[seq] = job.cache_salt
         try:
             self._generate(job, seq)
         finally:
