@@ -28,6 +28,8 @@ def is_loopback(host: str) -> bool:
     host = host.strip().rstrip(".").lower()
     if host == "localhost":
         return True
+    if host.startswith("[") != host.endswith("]"):  # "[::1" or "::1]": no address
+        return False
     try:
         return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
     except ValueError:
