@@ -22,6 +22,7 @@ import torch
 
 from specsample.control import make_policy
 from specsample.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
+from specsample.estimates import Goodput
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig, logits_to_probs, sample
 from specsample.verify import Verdict, verify
@@ -282,7 +283,10 @@ def peeks_at_the_verdict(drafter, sampling):
 
 
 @pytest.mark.parametrize("wrong", ["drop-unlikely", "peek-verdict"])
-def test_negative_control_wrong_draft_length_rules_fail_the_check(wrong):
+def test_negative_control_wrong_draft_length_rules_fail_the_check(monkeypatch, wrong):
+    # The goodput guard is off: a drafter that throws drafts away realises less and
+    # would be barred from drafting, hiding the bias this control must show.
+    monkeypatch.setattr(Goodput, "wants_plain", lambda self, size: False)
     sampling = SamplingConfig(1.0)
     exact = exact_distribution(TrigramBackend(MIXED_TARGET), MIXED_PROMPT, LENGTH, sampling)
     wrap = drops_unlikely_drawn_tokens if wrong == "drop-unlikely" else lambda d: peeks_at_the_verdict(d, sampling)

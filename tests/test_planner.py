@@ -74,11 +74,27 @@ def test_prices_follow_the_calls_of_the_run_within_a_few_calls():
     assert seat.plan(Offer({MODEL: 6}, 1)).source == MODEL
 
 
-def test_a_lone_spike_does_not_move_a_price():
+def test_a_lone_spike_moves_a_price_a_little_and_a_lasting_slowdown_fully():
     curve = Curve({1: 1.0, 8: 2.0})
-    for seconds in (1.0, 1.0, 1.0, 30.0, 1.0):
-        curve.observe(1, seconds)
-    assert curve(1) == pytest.approx(1.0) and curve(8) == pytest.approx(2.0)
+    for _ in range(8):
+        curve.observe(1, 1.0)
+    curve.observe(1, 30.0)  # descheduled once
+    assert 1.0 < curve(1) <= 1.0 + 3.0 / 8 and curve(8) <= 2.0 * (1 + 3.0 / 8)
+    for _ in range(8):
+        curve.observe(1, 1.0)
+    assert curve(1) == pytest.approx(1.0)
+    for _ in range(6):  # a neighbour takes the cores: every call 3x
+        curve.observe(1, 3.0)
+    assert curve(1) > 2.4 and curve(8) > 4.8  # every size moves with the machine
+
+
+def test_a_size_not_called_lately_is_priced_by_the_recent_calls_of_any_size():
+    curve = Curve({1: 1.0, 8: 2.0})
+    for _ in range(4):
+        curve.observe(1, 1.0)
+    for _ in range(20):  # only 8-token calls, at twice their prior
+        curve.observe(8, 4.0)
+    assert curve(1) == pytest.approx(2.0)
 
 
 def test_without_a_calibration_each_size_is_learnt_from_its_first_call():
@@ -102,6 +118,18 @@ def test_the_goodput_guard_bars_drafting_where_it_realised_less_then_tries_again
     for _ in range(4):
         guard.add(1, True, 3, 1.0)  # now drafting pays: no bar
     assert not guard.barred(1)
+
+
+def test_where_drafting_is_all_a_size_plays_a_plain_round_is_asked_for_now_and_then():
+    guard = Goodput()
+    rounds = []
+    for i in range(200):
+        if guard.wants_plain(1):
+            rounds.append(i)
+            guard.add(1, False, 1, 1.0)
+        else:
+            guard.add(1, True, 3, 1.0)  # drafting pays: it is never barred
+    assert not guard.barred(1) and 2 <= len(rounds) <= 6 and rounds[0] == 4
 
 
 def test_a_barred_batch_size_plans_plain_steps():

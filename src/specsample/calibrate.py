@@ -1,4 +1,4 @@
-"""A short measurement of call costs, to warm-start the adaptive controller, cached
+"""A short measurement of call costs, the priors of the planner's prices, cached
 per machine, engine, model file and thread count.
 
 Target: one call scoring n tokens for n = 1 .. max_tokens, on top of the real context
@@ -11,9 +11,8 @@ pushed out of the CPU caches), and one 16-token call on a short context (the
 per-token cost of catching up on unseen text). Each target size is the median of
 REPS timed calls, after a warm-up of both a 1-token and a many-token call (llama.cpp
 runs 1 token and more on different kernels, and the first call of each pays one-off
-costs: one timed call per size once priced 2 tokens at 1.9x 3 on a BF16 target). The
-controller keeps refining the estimates of the sizes real rounds use; the others stay
-as measured here.
+costs). These are the planner's priors only: every call of a run moves its prices
+(estimates.Curve).
 """
 
 from __future__ import annotations

@@ -30,10 +30,10 @@ confidence there (`Extent`), with E - R* T, R* the rate the plan promised, the s
 cost of drafts already made left out.
 
 A draft model that has not read a long text (a prompt of thousands of tokens) does
-not hold the stream back: while its unread text is longer than one catch-up chunk
-it is not offered, plain steps stream, and where drafting is expected to pay back
-the reading before the answer is likely to end, each plain round feeds it a chunk
-that costs about one plain round (never before the second token).
+not hold the stream back: while reading its unread text would cost more than STALL
+plain steps it is not offered, plain steps stream, and where drafting is expected to
+pay back the reading before the answer is likely to end, each plain round feeds it
+a chunk that costs about one plain round (never before the second token).
 
 Why the output is exactly the target's
 --------------------------------------
@@ -105,6 +105,7 @@ class Option(NamedTuple):
 PLAIN = Option(None, 0, 1.0, 0, 0.0)
 JOINT_LENGTHS = (1, 2, 4)  # "every sequence drafts L": the joint moves the search also starts from
 CHUNKS = (16, 32, 64, 128, 256, 512)  # catch-up chunk sizes, the largest that costs about a plain round
+STALL = 4.0  # a draft reads its unread text in a drafting round when that costs at most this many plain steps
 
 
 class Planner:
@@ -127,7 +128,7 @@ class Planner:
         """Every offering seat's plan for the coming round; `load`: tokens of other
         sequences (prompts being read) in the same target call."""
         seats = list(offers)
-        barred = self.goodput.barred(len(seats) + (load > 0))
+        barred = self.goodput.wants_plain(len(seats) + (load > 0))
         menus = [seat.menu(offers[seat], barred) for seat in seats]
         chosen = self._search(menus, load)
         self._window[2] |= any(o.m for o in chosen)  # the coming round drafts: the goodput guard counts it so
@@ -263,18 +264,18 @@ class Seat:
         options = [PLAIN]
         if barred:
             return options
-        prices, chunk = self.planner.prices, self.planner.catch_up_chunk(0)
-        horizon = self.length.expected_remaining()
+        prices, horizon = self.planner.prices, self.length.expected_remaining()
+        lag = prices.draft(offer.lag + 1) - prices.draft(1) if offer.lag > 2 else 0.0
         for source, available in offer.available.items():
-            if source == MODEL and offer.lag > chunk:
+            if source == MODEL and lag > STALL * prices.target(1):
                 continue  # the draft reads that text in plain rounds first (catch_up)
             expected, reach = 1.0, 1.0
-            lag = prices.draft(offer.lag + 1) - prices.draft(1) if source == MODEL and offer.lag > 2 else 0.0
             for m in range(1, min(available, self.k_max) + 1):
                 reach *= self.acceptance[source].at(m - 1).value
                 expected += reach
                 steps = m if source == MODEL else 0
-                options.append(Option(source, m, expected, steps, lag * expected / max(expected, horizon)))
+                extra = lag * expected / max(expected, horizon) if source == MODEL else 0.0
+                options.append(Option(source, m, expected, steps, extra))
         return options
 
     def to_plan(self, option: Option, offer: Offer, rate: float, others: int, widths: list[int]) -> Plan:
@@ -289,10 +290,10 @@ class Seat:
         """Tokens the draft reads in this plain round: a chunk, where its unread text is
         too long to read in a drafting round and reading it all is expected to pay back
         before the answer ends (priced as for this sequence alone); else none."""
-        chunk = self.planner.catch_up_chunk(load)
-        if MODEL not in offer.available or offer.lag <= chunk or self.length.generated < 2:
+        prices, chunk = self.planner.prices, self.planner.catch_up_chunk(load)
+        reading = prices.draft(offer.lag + 1) - prices.draft(1)
+        if MODEL not in offer.available or reading <= STALL * prices.target(1) or self.length.generated < 2:
             return 0
-        prices = self.planner.prices
         ready = self.menu(Offer({MODEL: offer.available[MODEL]}), barred=False)
         best = max(self.planner._rate([o], 0) for o in ready)
         plain = self.planner._rate([PLAIN], 0)

@@ -98,19 +98,22 @@ def interpolated(points: list[tuple[int, float]], x: int) -> float:
 class Curve:
     """Seconds of a model call by its size (tokens scored or fed): a prior, the
     calibration's timings interpolated between the sizes it measured, times how far
-    the calls of this run have moved from it. Each call adds its ratio to the prior;
-    a size is priced at the median of the last RECENT ratios of calls in its band
-    (1, 2-4, 5-8, 9-16, 17+ tokens) once it holds three, else of the last RECENT calls
-    of any size. A median ignores a lone spike (a call descheduled once) and follows a
-    lasting change (a busy neighbour, a slower clock) within a few calls. Without a
+    the calls of this run have moved from it. Each call adds its ratio to the prior. A
+    size is priced by the last RECENT ratios of its band (1, 2-4, 5-8, 9-16, 17+
+    tokens) where three of them are among the last FRESH calls, else by the last
+    RECENT calls of any size (a machine slows every size alike; a size not called
+    lately would keep an old price). The price is their mean with each ratio held to
+    SPIKE times their median: a call descheduled once moves it by a fraction, a
+    neighbour that keeps taking the cores moves it fully within a few calls. Without a
     calibration, the first call of each size becomes its prior."""
 
     def __init__(self, prior: dict[int, float] | None = None):
         self.prior = sorted((prior or {}).items())
         self.learning = not self.prior  # no calibration: each size's first call becomes its prior
-        self._ratios: dict[int, deque] = {}
+        self._ratios: dict[int, deque] = {}  # band -> (call number, ratio)
         self._all: deque = deque(maxlen=RECENT)
         self._prices: dict[int, float] = {}
+        self._calls = 0
 
     def base(self, n: int) -> float:
         return interpolated(self.prior, n) if self.prior else 0.0
@@ -120,23 +123,30 @@ class Curve:
             return 0.0
         price = self._prices.get(n)
         if price is None:  # priced once between two calls observed: the planner asks many times a round
-            band = self._ratios.get(_band(n), ())
-            recent = band if len(band) >= 3 else self._all
-            price = self._prices[n] = self.base(n) * (statistics.median(recent) if recent else 1.0)
+            band = [r for i, r in self._ratios.get(_band(n), ()) if i > self._calls - FRESH]
+            price = self._prices[n] = self.base(n) * _scale(band if len(band) >= 3 else self._all)
         return price
 
     def observe(self, n: int, seconds: float) -> None:
         if n <= 0:
             return
         self._prices.clear()
+        self._calls += 1
         if self.learning and n not in dict(self.prior) or self.base(n) <= 0:
             self.prior = sorted((dict(self.prior) | {n: seconds}).items())
         ratio = seconds / self.base(n)
-        self._ratios.setdefault(_band(n), deque(maxlen=RECENT)).append(ratio)
+        self._ratios.setdefault(_band(n), deque(maxlen=RECENT)).append((self._calls, ratio))
         self._all.append(ratio)
 
 
-RECENT = 8
+RECENT, FRESH, SPIKE = 8, 16, 4.0
+
+
+def _scale(ratios) -> float:
+    if not ratios:
+        return 1.0
+    cap = SPIKE * statistics.median(ratios)
+    return sum(min(r, cap) for r in ratios) / len(ratios)
 
 
 def _band(n: int) -> int:
@@ -158,14 +168,17 @@ class Prices:
 
 class Goodput:
     """Tokens per second that rounds realised, by the number of sequences sharing
-    their target call, with and without drafts: the guard against a cost model whose
-    sums fall short (Nightjar's and AdaSpec's switch). Drafting is barred for a size
-    where both modes hold EVIDENCE rounds and drafting realised less; while barred its
-    evidence decays (DECAY a round), so after about fifty rounds it is tried again.
-    Rounds whose calls also read a prompt or caught a draft up are left out: that
-    work is the same whatever the round drafts."""
+    their target call, with and without drafts: the guard against prices whose sums
+    fall short (Nightjar's and AdaSpec's switch). Each mode's tokens, seconds and
+    rounds are sums decayed by DECAY a round. Drafting is barred for a size where it
+    holds EVIDENCE rounds, plain steps at least one recent one, and drafting realised
+    less; while barred its evidence decays, so after about fifty rounds it is tried
+    again. Where drafting is all a size plays, a plain round is asked for once plain
+    evidence has decayed below PROBE (about one round in sixty), so that there is
+    always a plain rate to hold drafting to. Rounds whose calls also read a prompt or
+    caught a draft up are left out: that work is the same whatever the round drafts."""
 
-    EVIDENCE, STALE, DECAY = 4.0, 1.5, 0.98
+    EVIDENCE, STALE, RECENT_PLAIN, PROBE, DECAY = 3.5, 1.5, 0.5, 0.3, 0.98
 
     def __init__(self):
         self._sums: dict[int, dict[bool, list[float]]] = {}  # size -> drafted -> [tokens, seconds, rounds]
@@ -179,14 +192,20 @@ class Goodput:
         sums[drafted][1] += seconds
         sums[drafted][2] += 1
         plain, drafting = sums[False], sums[True]
-        both = min(plain[2], drafting[2]) >= self.EVIDENCE - 0.5
-        if both and drafting[0] * plain[1] < plain[0] * drafting[1]:
+        evidence = drafting[2] >= self.EVIDENCE and plain[2] >= self.RECENT_PLAIN
+        if evidence and drafting[0] * plain[1] < plain[0] * drafting[1]:
             self._barred.add(size)
         elif drafting[2] < self.STALE:
             self._barred.discard(size)
 
     def barred(self, size: int) -> bool:
         return size in self._barred
+
+    def wants_plain(self, size: int) -> bool:
+        """Whether the coming round should be plain: barred, or a probe."""
+        sums = self._sums.get(size)
+        probe = sums is not None and sums[True][2] >= self.EVIDENCE and sums[False][2] < self.PROBE
+        return probe or self.barred(size)
 
 
 # (first position, later positions): a later draft is only reached when the earlier
