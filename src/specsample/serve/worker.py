@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..backends.base import Backend, common_prefix_length
-from ..batching import Scheduler, slots
+from ..batching import Cancelled, Scheduler, slots
 from ..drafters import Drafter
 from ..generate import GenerationConfig, GenerationResult, GenerationStats, stream
 from ..logprobs import score_prompt
@@ -259,7 +259,7 @@ class Worker:
             for job in admitted:
                 seq = self._slot_for(job)
                 self._free.remove(seq)
-                self.scheduler.add(lambda job=job, seq=seq: self._serve(job, seq))
+                self.scheduler.add(lambda job=job, seq=seq: self._serve(job, seq), cancelled=job.cancelled.is_set)
             self.scheduler.step()  # one round of calls; then newcomers are admitted
             self.busy_seconds += time.perf_counter() - started
 
@@ -329,7 +329,7 @@ class Worker:
                     # with a rollback: nothing to clean up.
                     _stop_if_cancelled(job)
                 job.emit(Finished(task.index, s.result))
-        except _Cancelled:
+        except (_Cancelled, Cancelled):  # Cancelled: between a prompt's chunks
             job.emit(Ended(End.CANCELLED))
             return
         except Exception as e:  # reported to the request; the worker keeps serving
