@@ -56,8 +56,8 @@ def plan(request: GenerationRequest, settings: Settings, vocab_size: int, tools:
         requested = request.max_completion_tokens
     echo = isinstance(request, CompletionRequest) and request.echo
     try:
-        if isinstance(request, InfillRequest):
-            requested = infill_max_tokens(request, settings)
+        if isinstance(request, (InfillRequest, ChatRequest)):
+            requested = editor_max_tokens(request, requested, settings)
         return _plan(request, requested, echo, settings, vocab_size, tools)
     except InvalidSetting as e:
         param = {"max_new_tokens": "max_tokens", "stop_strings": "stop",
@@ -72,7 +72,8 @@ def _plan(request: GenerationRequest, requested: int | None, echo: bool, setting
     if request.temperature is not None:
         check_range("temperature", request.temperature, 0, MAX_TEMPERATURE)
     if requested is not None:  # 0: nothing generated (echo's prompt scores; /infill's n_predict 0)
-        check_range("max_tokens", requested, 0 if echo or isinstance(request, InfillRequest) else 1,
+        warm_up = isinstance(request, InfillRequest) or isinstance(request, ChatRequest) and request.n_predict == 0
+        check_range("max_tokens", requested, 0 if echo or warm_up else 1,
                     settings.max_tokens)
     if request.n is not None:
         check_range("n", request.n, 1, MAX_CHOICES)
@@ -241,14 +242,14 @@ def require_fim(target: Backend, param: str) -> FimFormat:
     return target.fim
 
 
-def infill_max_tokens(request: InfillRequest, settings: Settings) -> int | None:
-    """max_tokens as /infill asks it: n_predict is llama-server's name for it, -1 (its
-    default) as many as fit; and one answer only, as llama-server's shape has room for."""
-    if request.n is not None and request.n != 1:
+def editor_max_tokens(request: InfillRequest | ChatRequest, requested: int | None, settings: Settings) -> int | None:
+    """max_tokens as llama-server's clients ask it: n_predict is its name for it, -1 (its
+    default) as many as fit; /infill gives one answer only, as its shape has room for."""
+    if isinstance(request, InfillRequest) and request.n is not None and request.n != 1:
         raise APIError(400, "/infill gives one answer: n must be 1", param="n", code="invalid_value")
     if request.n_predict is None or request.n_predict == -1:
-        return request.max_tokens
-    if request.max_tokens is not None and request.max_tokens != request.n_predict:
+        return requested
+    if requested is not None and requested != request.n_predict:
         raise APIError(400, "n_predict and max_tokens are one setting; give one", param="n_predict",
                        code="invalid_value")
     check_range("n_predict", request.n_predict, 0, settings.max_tokens)  # 0: the prompt alone

@@ -78,7 +78,7 @@ async def _answer_body(request: Request, kind: type[GenerationRequest], body: Ge
                        param="stream_options", code="unsupported_parameter")
     tools = await off_the_loop(server, tool_plan, body, server.target) if chat else None
     asked = plan(body, settings, server.target.vocab_size, tools)
-    if kind is InfillRequest:
+    if kind is not CompletionRequest:  # llama.vim's samplers and text rules, on /infill and chat
         asked.config = editor_config(body, asked.config, server.target)
     make_prompts, param = KINDS[kind]
     prompts = await off_the_loop(server, make_prompts, body, server.target, left.is_set)

@@ -134,7 +134,22 @@ class ExtraChunk(_Strict):
     time: list[float] | float | None = None  # llama.vim's: when it took the chunk (read by nobody, as in llama-server)
 
 
-class InfillRequest(GenerationRequest):
+class EditorFields(_Strict):
+    """llama-server's fields that editors send (serve/editor.py): llama.vim's /infill
+    requests, and its instruction requests to /v1/chat/completions."""
+
+    model_config = ConfigDict(strict=True, extra="allow")  # as GenerationRequest's, which it joins
+
+    n_predict: int | None = None  # llama-server's max_tokens (-1: as many as fit; 0: the prompt only, a warm-up)
+    id_slot: int | None = None  # the slot to run on: a hint; the worker takes a free one
+    n_indent: int | None = None  # lines after the first indented at least this much, or the text ends
+    t_max_prompt_ms: int | None = None  # accepted, as llama-server accepts it: it sets no limit either
+    t_max_predict_ms: int | None = None  # after this long, end at the next newline
+    samplers: list[str] | str | None = None  # llama.cpp's sampler names in order, or its letter codes ("kpi")
+    response_fields: list[str] | None = None  # /infill's answer fields to send ("timings/prompt_n": nested)
+
+
+class InfillRequest(GenerationRequest, EditorFields):
     """llama-server's /infill: the text around the cursor, other files as context, and
     its name for max_tokens (n_predict, -1: as many as fit)."""
 
@@ -144,17 +159,13 @@ class InfillRequest(GenerationRequest):
     # tokenizing, so a body of 340,000 empty chunks is a 400 at once.
     input_extra: list[ExtraChunk] = Field(default_factory=list, max_length=MAX_EXTRA_CHUNKS)
     prompt: str = ""  # typed after input_prefix (llama-server's place for it)
-    n_predict: int | None = None  # 0: the prompt only (llama.vim warms the cache so)
-    # What llama.vim sends besides (serve/editor.py).
-    id_slot: int | None = None  # the slot to run on: a hint; the worker takes a free one
-    n_indent: int | None = None  # lines after the first indented at least this much, or the text ends
-    t_max_prompt_ms: int | None = None  # accepted, as llama-server accepts it: it sets no limit either
-    t_max_predict_ms: int | None = None  # after this long, end at the next newline
-    samplers: list[str] | str | None = None  # llama.cpp's sampler names in order, or its letter codes ("kpi")
-    response_fields: list[str] | None = None  # the answer's fields to send ("timings/prompt_n": nested)
 
 
-class ChatRequest(GenerationRequest):
+class ChatRequest(GenerationRequest, EditorFields):
+    """OpenAI's chat, with llama-server's editor fields (llama.vim's instruction requests:
+    samplers, n_predict 0 warm-ups; response_fields is taken and, as llama-server does on
+    this route, not applied)."""
+
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
