@@ -104,7 +104,7 @@ class HFTokenizer:
         if not special:
             return self._text_only(text)
         with self._lock:
-            return list(self.hf(text, add_special_tokens=False).input_ids)
+            return list(self.hf(text, add_special_tokens=False, split_special_tokens=False).input_ids)
 
     def __len__(self) -> int:
         return len(self.hf)
