@@ -75,7 +75,7 @@ def test_an_erased_slot_holds_nothing_for_the_next_request():
 def test_a_slot_action_it_cannot_do_is_refused_with_the_field_that_is_wrong(path, param):
     app, _ = toy_app(drafter="none", parallel=2)
     with running(app) as url:
-        r = httpx.post(url + path, timeout=30)
+        r = httpx.post(url + path, json={}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 

@@ -78,7 +78,7 @@ class Job:
     # The worker thread's own: tasks handed out, slots serving it, and its end if one
     # of them ended it early (the others are cancelled, and it is sent once all stop).
     taken: int = 0
-    parts: int = 0
+    parts: int = 1  # set by the worker as it admits the job
     outcome: Ended | None = None
 
     def take(self) -> Task | None:
