@@ -104,7 +104,7 @@ def test_requests_that_gave_up_waiting_hold_no_place_in_the_queue():
 def test_erasing_the_slot_a_request_is_generated_on_answers_409_and_the_request_completes():
     with worker_held() as (app, target, url, results, first):
         erased = []
-        eraser = threading.Thread(target=lambda: erased.append(httpx.post(url + "/slots/0?action=erase", timeout=30)))
+        eraser = threading.Thread(target=lambda: erased.append(httpx.post(url + "/slots/0?action=erase", json={}, timeout=30)))
         eraser.start()
         # asked while the first request's call is held: done after that call, mid-generation
         wait_until(lambda: app.state.server.worker._erasing, what="the erase to be asked")
@@ -113,7 +113,7 @@ def test_erasing_the_slot_a_request_is_generated_on_answers_409_and_the_request_
         first.join(timeout=30)
         assert erased[0].status_code == 409 and erased[0].json()["error"]["param"] == "id_slot", erased[0].text
         assert results == [200]
-        assert httpx.post(url + "/slots/0?action=erase", timeout=30).status_code == 200  # free again
+        assert httpx.post(url + "/slots/0?action=erase", json={}, timeout=30).status_code == 200  # free again
 
 
 def test_an_erase_waiting_when_the_target_is_lost_hears_it():
@@ -144,7 +144,7 @@ def test_erases_and_requests_asked_while_the_server_stops_hear_so():
             worker.erase(0)
         with pytest.raises(ShuttingDown):
             worker.submit(Job([], lambda draft: None, None))
-        r = httpx.post(url + "/slots/0?action=erase", timeout=30)
+        r = httpx.post(url + "/slots/0?action=erase", json={}, timeout=30)
         assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
         r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
         assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
@@ -164,3 +164,29 @@ def test_an_erase_whose_asker_left_does_not_stop_the_worker():
         assert results == [200]
         assert httpx.post(url + "/v1/completions", json=BODY, timeout=10).status_code == 200
         assert worker._thread.is_alive()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_leaving_during_its_long_prompt_stops_its_prompt_chunks(stream):
+    """A 1,651-token prompt whose client left after 1 s was scored chunk by chunk for
+    minutes: the worker only looked between rounds. Here 1,500 tokens in chunks of 8,
+    0.05 s each (about 10 s): the chunks stop within a call or two of the leaving."""
+    app, target = toy_app(drafter="none", parallel=2, context_length=4096)
+    app.state.server.worker.scheduler.prefill_chunk = 8
+    calls = []
+    score_many = target.score_many
+    target.score_many = lambda requests: calls.append(len(requests)) or score_many(requests)
+    target.delay = 0.05
+    long = {**BODY, "prompt": " ".join(["the cat sat on a mat"] * 250), "max_tokens": 4, "stream": stream}
+    with running(app) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            if stream:
+                with httpx.stream("POST", url + "/v1/completions", json=long, timeout=0.7) as r:
+                    list(r.iter_lines())
+            else:
+                httpx.post(url + "/v1/completions", json=long, timeout=0.7)
+        wait_until(lambda: "specsample_cancelled_generations_total 1.0" in httpx.get(url + "/metrics").text,
+                   what="the cancellation to be counted", timeout=5)
+        scored = len(calls)
+        time.sleep(0.5)
+        assert len(calls) == scored < 40  # of the 188 chunks; none after the cancellation

@@ -247,3 +247,40 @@ def test_after_the_trigger_the_call_is_held(special):
             assert after[: len(call)] == call[: len(after)]
             calls += 1
     assert calls > 20
+
+
+CUT_AFTER_A_CALL = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}\n</tool_call>\n'
+                    '<tool_call>\n{"name": "get_weather", "')  # max_tokens came inside a second call's head
+CUT_AFTER_THE_BODY = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}\n'
+
+
+@pytest.mark.parametrize("text", [CUT_AFTER_A_CALL, CUT_AFTER_THE_BODY, CUT_AFTER_THE_BODY + "</tool"])
+def test_a_call_cut_off_by_max_tokens_leaves_no_markup_in_content_and_no_brace_in_arguments(text):
+    """Both leaked: the second call's head came back as content, and a call whose
+    closing tag was cut off kept its body's `}` (and the newline) in its arguments."""
+    content, calls = parse_tool_calls(text, HERMES, NAMES)
+    assert content == "" and [(c.name, c.arguments, c.finished) for c in calls] == [
+        ("get_weather", '{"city": "Paris", "days": 1}', True)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_cut_inside_a_further_call_ends_in_tool_calls_with_the_whole_ones(stream):
+    from specsample.generate import GenerationResult, GenerationStats
+    from specsample.serve.replies import Choice, Reply
+
+    reply = Reply(True, "m", 5, None, tools=HERMES, tool_names=NAMES)
+    results = {0: GenerationResult([], CUT_AFTER_A_CALL, GenerationStats(), "length")}
+    if stream:
+        chunks = reply.chunks(Choice(0, CUT_AFTER_A_CALL)) + reply.end_chunks(0, "length", results)
+        deltas = [c["choices"][0]["delta"] for c in chunks]
+        assert not any(d.get("content") for d in deltas)
+        assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        return
+    (choice,) = reply.whole({0: Choice(0, CUT_AFTER_A_CALL)}, results)["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert [json.loads(c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == [
+        {"city": "Paris", "days": 1}]
+    # Cut inside the arguments: nothing to answer but what was written, as "length"
+    results = {0: GenerationResult([], OUTPUTS[3], GenerationStats(), "length")}
+    (choice,) = Reply(True, "m", 5, None, tools=HERMES).whole({0: Choice(0, OUTPUTS[3])}, results)["choices"]
+    assert choice["finish_reason"] == "length" and "tool_call" not in (choice["message"]["content"] or "")
