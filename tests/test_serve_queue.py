@@ -3,6 +3,7 @@ and a client that leaves mid-generation frees the model at the next round."""
 
 import contextlib
 import threading
+import time
 
 import httpx
 import pytest
