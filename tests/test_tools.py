@@ -254,7 +254,11 @@ CUT_AFTER_A_CALL = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": 
 CUT_AFTER_THE_BODY = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}\n'
 
 
-@pytest.mark.parametrize("text", [CUT_AFTER_A_CALL, CUT_AFTER_THE_BODY, CUT_AFTER_THE_BODY + "</tool"])
+CUT_BETWEEN_CALLS = CUT_AFTER_THE_BODY + "</tool_call>\n"
+
+
+@pytest.mark.parametrize("text", [CUT_AFTER_A_CALL, CUT_AFTER_THE_BODY, CUT_AFTER_THE_BODY + "</tool",
+                                  CUT_BETWEEN_CALLS, CUT_BETWEEN_CALLS + "<tool_"])
 def test_a_call_cut_off_by_max_tokens_leaves_no_markup_in_content_and_no_brace_in_arguments(text):
     """Both leaked: the second call's head came back as content, and a call whose
     closing tag was cut off kept its body's `}` (and the newline) in its arguments."""
@@ -268,6 +272,9 @@ def test_an_answer_cut_inside_a_further_call_ends_in_tool_calls_with_the_whole_o
     from specsample.generate import GenerationResult, GenerationStats
     from specsample.serve.replies import Choice, Reply
 
+    between = Reply(True, "m", 5, None, tools=HERMES, tool_names=NAMES).whole(
+        {0: Choice(0, CUT_BETWEEN_CALLS)}, {0: GenerationResult([], CUT_BETWEEN_CALLS, GenerationStats(), "length")})
+    assert between["choices"][0]["finish_reason"] == "tool_calls"  # the greedy default pair's three calls in 64 tokens
     reply = Reply(True, "m", 5, None, tools=HERMES, tool_names=NAMES)
     results = {0: GenerationResult([], CUT_AFTER_A_CALL, GenerationStats(), "length")}
     if stream:

@@ -264,6 +264,10 @@ class ToolParser:
         content or a brace in the arguments. `cut` says the text ended inside a call."""
         out: list[Delta] = []
         self.cut = self._state != "text"
+        if self._state == "text" and self.calls and self._after_call and self.fmt.trigger.startswith(self._buffer.strip()):
+            # Only layout after the last call, or the start of the next one's trigger: cut
+            # off between calls, with nothing of the next one to tell.
+            self._buffer, self.cut = "", True
         if self._state == "head":
             if _may_open(self._buffer, self.names, _HEAD_STEPS):  # a call whose name never came whole
                 self._buffer = ""
