@@ -32,10 +32,11 @@ demo: fetch
 # Every test is marked pure, system or real (tests/conftest.py refuses one that is not).
 # The pure ones (toy and tiny models, no clock, process or real model) run on every core
 # at once, one thread each; then the rest, alone: processes, servers and timings must
-# not be crowded, and the real models need the cores.
+# not be crowded, and the real models need the cores. Each part prints its 20 slowest
+# tests (docs/testing.md: where the time goes).
 test: fetch
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m pure -n auto
-	$(BIN)/python -m pytest -q -m "not pure"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m pure -n auto --dist worksteal --durations=20
+	$(BIN)/python -m pytest -q -m "not pure" --durations=20
 
 bench: fetch
 	$(BIN)/specsample bench --out results/bench

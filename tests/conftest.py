@@ -19,9 +19,14 @@ from typing import NamedTuple
 
 import pytest
 
+pytest_plugins = ["process_guard"]  # nothing a test starts outlives the run
+
 from specsample.models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, cache_dir
 
 PLACES = ("pure", "system", "real")
+
+
+_SHARED: dict[tuple, object] = {}  # (role, engine, options) -> a backend loaded once this session
 
 
 class RealPair(NamedTuple):
@@ -29,10 +34,24 @@ class RealPair(NamedTuple):
     draft: str
 
     def load(self, backend: str):
-        """Both models on `backend`, as shipped: (target, draft)."""
+        """Both models on `backend`, as shipped, loaded afresh: (target, draft)."""
         from specsample.backends import load_backend
 
         return load_backend(self.target, backend), load_backend(self.draft, backend)
+
+    def shared(self, role: str, engine: str = "llamacpp", **options):
+        """The `role` model ("target" or "draft") on `engine` with load_backend's
+        `options`, loaded once for the whole session and shared by every test that
+        asks for the same: a generation starts from its prompt whatever an earlier
+        one left in the cache (cache_prompt is off by default; the newest claim on a
+        cache wins), so tests that only score and generate need no copy of their own.
+        A test that changes a backend's setup, or hands it to a server, loads its own."""
+        key = (role, engine, tuple(sorted(options.items())))
+        if key not in _SHARED:
+            from specsample.backends import load_backend
+
+            _SHARED[key] = load_backend(getattr(self, role), engine, **options)
+        return _SHARED[key]
 
 
 @pytest.fixture(scope="session")
@@ -73,3 +92,40 @@ def pytest_make_collect_report(collector):
         report.longrepr = "tests that do not say where they run:\n" + "\n".join(
             f"  {problem}: {', '.join(names[:3])}" + (f" and {len(names) - 3} more" if len(names) > 3 else "")
             for problem, names in problems.items())
+
+
+@pytest.fixture(autouse=True)
+def _fit_checks(request):
+    """Each test's goodness-of-fit checks (toy.assert_fits), for the run's summary."""
+    from toy import FITS
+
+    before = dict(FITS)
+    yield
+    spent = {key: FITS[key] - before[key] for key in FITS}
+    if any(spent.values()):
+        request.node.user_properties.append(("fits", spent))
+
+
+_fits = {"checks": 0, "alpha": 0.0, "unaccounted": 0}
+
+
+def pytest_runtest_logreport(report):
+    # Fixtures' teardowns end in the teardown report; pytest-xdist hands the workers'
+    # reports, properties and all, to the controller, which sums them here.
+    if report.when == "teardown":
+        for name, spent in report.user_properties:
+            if name == "fits":
+                for key in _fits:
+                    _fits[key] += spent[key]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The bound on this run's false-alarm rate from its statistical tests (toy.py)."""
+    if _fits["checks"]:
+        terminalreporter.write_line(
+            f"{_fits['checks']} statistical checks, each at its stated false-alarm rate: a correct sampler "
+            f"fails this run with probability at most {_fits['alpha']:.1e} (budget 1e-4; docs/testing.md)")
+    if _fits["unaccounted"]:
+        terminalreporter.write_line(
+            f"and {_fits['unaccounted']} p-values computed by tests that set their own level (toy.chi_square_p_value: "
+            f"not in the bound above; docs/testing.md lists them)")

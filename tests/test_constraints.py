@@ -31,7 +31,7 @@ from specsample.sampling import SamplingConfig, logits_to_probs
 from specsample.verify import Verdict
 
 from toy import (CostedBackend, DrafterWrapper, FakeClock, PieceTokenizer, TrigramBackend, byte_backend,
-                 chi_square_p_value, exact_constrained_distribution, random_table)
+                 assert_fits, assert_misfits, exact_constrained_distribution, random_table)
 
 pytestmark = pytest.mark.pure
 
@@ -45,7 +45,7 @@ REGEX = "<(a|b)*c=>"
 PREFIX = re.compile("(<((a|b)*(c(=>?)?)?)?)?")  # every prefix of a word of REGEX
 CONSTRAINT = Constraint.regex(REGEX)
 
-N, LENGTH, ALPHA = 5_000, 5, 1e-3
+N, LENGTH = 5_000, 5
 PROMPT = [A, B]
 TARGET = random_table(len(PIECES), seed=10)
 DRAFTS = {
@@ -206,7 +206,7 @@ def model_drafter(kind, sampling):
 def test_constrained_speculative_sampling_follows_the_masked_target(kind, k, temperature, top_p):
     sampling = SamplingConfig(temperature, 0, top_p)
     counts = empirical(model_drafter(kind, sampling), sampling, k)
-    assert chi_square_p_value(counts, exact(sampling), N) > ALPHA
+    assert_fits(counts, exact(sampling), N)
 
 
 def test_constrained_coupled_sampling_follows_the_masked_target():
@@ -214,7 +214,7 @@ def test_constrained_coupled_sampling_follows_the_masked_target():
     the draft model races over its own masked row with the same noise."""
     sampling = SamplingConfig(0.9)
     counts = empirical(model_drafter("close", sampling), sampling, 3, verifier="coupled")
-    assert chi_square_p_value(counts, exact(sampling), N) > ALPHA
+    assert_fits(counts, exact(sampling), N)
 
 
 def test_constrained_lookup_and_adaptive_policy_follow_the_masked_target():
@@ -227,13 +227,13 @@ def test_constrained_lookup_and_adaptive_policy_follow_the_masked_target():
     timed_target = CostedBackend(backend(TARGET), clock, lambda m: 1.0 + 0.1 * (m - 1))  # as empirical() times it
     policy = make_policy("auto", 4, timed_target, draft, context=PROMPT, clock=clock)
     counts = empirical(drafter, sampling, "auto", policy=policy, clock=clock)
-    assert chi_square_p_value(counts, exact(sampling), N) > ALPHA
+    assert_fits(counts, exact(sampling), N)
 
 
 def test_constrained_autoregressive_follows_the_masked_target():
     sampling = SamplingConfig(0.9)
     counts = empirical(None, sampling, 1)
-    assert chi_square_p_value(counts, exact(sampling), N) > ALPHA
+    assert_fits(counts, exact(sampling), N)
 
 
 class Unconstrained(DrafterWrapper):
@@ -256,7 +256,7 @@ def test_the_mask_on_the_target_alone_is_exact_and_the_drafts_mask_is_for_accept
     alone is exact; the draft's mask only saves rejected drafts."""
     sampling = SamplingConfig(1.0)
     counts = empirical(Unconstrained(model_drafter("far", sampling)), sampling, 3)
-    assert chi_square_p_value(counts, exact(sampling), N) > ALPHA
+    assert_fits(counts, exact(sampling), N)
 
 
 def mask_target_rows_not(monkeypatch):
@@ -326,7 +326,7 @@ def test_forced_drafts_are_verified_so_a_wrong_forced_source_stays_exact(monkeyp
     forced_tokens_from_the_unmasked_draft(monkeypatch, trusted=False)
     sampling = SamplingConfig(1.0)
     counts = empirical(model_drafter("far", sampling), sampling, 3)
-    assert chi_square_p_value(counts, exact(sampling), N) > ALPHA
+    assert_fits(counts, exact(sampling), N)
 
 
 @pytest.mark.parametrize("wrong", [mask_target_rows_not, verify_against_unmasked_draft_rows,
@@ -335,7 +335,7 @@ def test_negative_control_wrong_constrained_samplers_fail_the_check(monkeypatch,
     wrong(monkeypatch)
     sampling = SamplingConfig(1.0)
     counts = empirical(model_drafter("far", sampling), sampling, 3)
-    assert chi_square_p_value(counts, exact(sampling), N) < ALPHA
+    assert_misfits(counts, exact(sampling), N)
 
 
 # ---- greedy identity, forced tokens for free, the end of the grammar -------------------

@@ -20,10 +20,7 @@ GREEDY = SamplingConfig(temperature=0)
 
 @pytest.fixture(scope="module")
 def pair(real_pair):
-    from specsample.backends import load_backend
-
-    return (load_backend(real_pair.target, "llamacpp", batch_invariant=True),
-            load_backend(real_pair.draft, "llamacpp", quant="q4_0"))
+    return real_pair.shared("target", batch_invariant=True), real_pair.shared("draft", quant="q4_0")
 
 
 def test_the_engine_reads_the_gguf_vocabulary(pair):

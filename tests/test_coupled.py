@@ -20,13 +20,13 @@ from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig, race_noise
 from specsample.verify import verify_coupled
 
-from toy import CostedBackend, FakeClock, TrigramBackend, chi_square_p_value, exact_distribution, mixed_tables, random_table
+from toy import CostedBackend, FakeClock, TrigramBackend, assert_fits, assert_misfits, exact_distribution, mixed_tables, random_table
 
 pytestmark = pytest.mark.pure
 
 sampling_module = importlib.import_module("specsample.sampling")
 
-VOCAB, LENGTH, N, ALPHA = 6, 3, 8_000, 1e-3
+VOCAB, LENGTH, N = 6, 3, 8_000
 PROMPT = [1, 2]
 TARGET = random_table(VOCAB, seed=0)
 FAR = random_table(VOCAB, seed=2)
@@ -50,7 +50,7 @@ def test_coupled_output_follows_the_target(sampling, kind, k):
     model = ModelDrafter(TrigramBackend(FAR, name="far"), sampling)
     drafter = model if kind == "model" else HybridDrafter(model, NgramDrafter(max_ngram=2))
     exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, sampling)
-    assert chi_square_p_value(empirical(sampling, drafter, k), exact, N) > ALPHA
+    assert_fits(empirical(sampling, drafter, k), exact, N)
 
 
 def test_negative_control_noise_reused_at_the_next_position_fails(monkeypatch):
@@ -58,7 +58,7 @@ def test_negative_control_noise_reused_at_the_next_position_fails(monkeypatch):
     sampling = SamplingConfig(1.0)
     exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, sampling)
     counts = empirical(sampling, ModelDrafter(TrigramBackend(FAR, name="far"), sampling), 3)
-    assert chi_square_p_value(counts, exact, N) < ALPHA
+    assert_misfits(counts, exact, N)
 
 
 def TARGET_COST(m):  # seconds of a target call scoring m tokens, on the adaptive policy's fake clock

@@ -14,7 +14,7 @@ from specsample.generate import GenerationConfig, generate
 from specsample.infill_sampler import InfillVocab, infill_filter, infill_keep
 from specsample.sampling import InvalidSetting, SamplingConfig, logits_to_probs
 
-from toy import TrigramBackend, chi_square_p_value, exact_distribution, random_table
+from toy import TrigramBackend, assert_fits, assert_misfits, exact_distribution, random_table
 
 pytestmark = pytest.mark.pure
 
@@ -108,7 +108,7 @@ def test_a_config_names_its_order_and_refuses_what_it_cannot_take():
         assert torch.allclose(logits_to_probs(logits, plain), logits_to_probs(logits, named), atol=1e-6)
 
 
-VOCAB, LENGTH, N, ALPHA = 6, 3, 3_000, 1e-3  # 12 sequences, the least likely ~100 times
+VOCAB, LENGTH, N = 6, 3, 3_000  # 12 sequences, the least likely ~100 times
 PROMPT = [1, 2]
 TARGET, FAR = random_table(VOCAB, seed=0), random_table(VOCAB, seed=2)
 # "a" is a prefix of "ab"; no end token (its branch collapses this table to two sequences:
@@ -131,10 +131,10 @@ def empirical(target_sampling, draft_sampling):
 def test_speculative_sampling_under_the_infill_sampler_is_exact():
     exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, INFILL)
     assert 8 <= len(exact) < VOCAB ** LENGTH  # the filter removed sequences, and left several
-    assert chi_square_p_value(empirical(INFILL, INFILL), exact, N) > ALPHA
+    assert_fits(empirical(INFILL, INFILL), exact, N)
 
 
 def test_negative_control_a_drafter_that_filters_and_a_target_that_does_not_fails():
     plain = SamplingConfig(top_k=4, logit_bias={5: -2.0})
     exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, INFILL)
-    assert chi_square_p_value(empirical(plain, INFILL), exact, N) < ALPHA
+    assert_misfits(empirical(plain, INFILL), exact, N)

@@ -131,3 +131,20 @@ def test_tools_and_earlier_calls_cannot_smuggle_special_tokens():
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"x": INJECTION}}}
     with pytest.raises(ChatTemplateError, match="earlier tool call holds special-token text"):
         stub.chat_messages(chat("hi") + [{"role": "assistant", "content": "", "tool_calls": [call]}], [TOOL])
+
+
+def test_added_tokens_that_are_not_special_stay_text_on_the_hf_tokenizer_too():
+    """Qwen's <tool_call> is an added token with special: false, which HF matches even
+    with split_special_tokens: a completion prompt, FIM text and chat content keep it as text."""
+    from specsample.backends.hf import HFTokenizer
+
+    from tiny_hf import tiny_chat_tokenizer
+
+    hf = tiny_chat_tokenizer()
+    hf.add_tokens(["<tool_call>"])  # special=False, as in Qwen's tokenizer_config
+    marker = hf.convert_tokens_to_ids("<tool_call>")
+    tokenizer = HFTokenizer(hf)
+    text = "a <tool_call> b"
+    for ids in (tokenizer.encode(text), tokenizer.text_ids(text),
+                tokenizer.chat_messages([{"role": "user", "content": text}])):
+        assert marker not in ids and text in tokenizer.decode(ids)

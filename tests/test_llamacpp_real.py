@@ -14,7 +14,7 @@ from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig
 
-from toy import chi_square_p_value
+from toy import assert_fits
 
 pytestmark = pytest.mark.real
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specsample[llamacpp]')")
@@ -25,7 +25,7 @@ PROMPT = "Write a Python function `fizzbuzz(n)` returning the list of FizzBuzz s
 
 @pytest.fixture(scope="module")
 def pair(real_pair):
-    return real_pair.load("llamacpp")
+    return real_pair.shared("target"), real_pair.shared("draft")
 
 
 def test_vocabulary_and_eos(pair):
@@ -141,9 +141,7 @@ def test_default_auto_on_this_machine_equals_autoregressive(pair, greedy_referen
 def q4_0_draft(real_pair):
     """The 0.5B re-encoded as Q4_0, as `--draft-quant` gives it: its calls take half the
     time of the shipped Q4_K_M file's, which the sampling checks below make thousands of."""
-    from specsample.backends import load_backend
-
-    return load_backend(real_pair.draft, "llamacpp", quant="q4_0")
+    return real_pair.shared("draft", quant="q4_0")
 
 
 def test_sampling_through_llamacpp_scoring_follows_exact_target(real_pair, q4_0_draft):
@@ -194,16 +192,14 @@ def assert_samples_follow_exact_target(model, drafter_backend, sampling, n):
         two_drafted_rounds += sum(result.stats.draft_length_histogram[1:]) >= 2
     assert 0.05 < sum(rates) / n < 0.95  # both accept and reject paths are exercised
     assert two_drafted_rounds > n // 10  # and rounds after a rollback
-    assert chi_square_p_value(counts, exact, n) > 1e-3
+    assert_fits(counts, exact, n)
 
 
 @pytest.fixture(scope="module")
 def bf16_target(real_pair):
     """A re-encoded target small enough for the suite: the 0.5B as bf16 (made once,
     cached), the encoding `--target-quant bf16` gives the default 1.5B."""
-    from specsample.backends import load_backend
-
-    return load_backend(real_pair.draft, "llamacpp", quant="bf16")
+    return real_pair.shared("draft", quant="bf16")
 
 
 def test_a_reencoded_file_says_its_type(pair, bf16_target):
@@ -252,9 +248,7 @@ def test_tokenizer_keeps_its_model_alive_after_the_backend_is_gone(real_pair):
 
 @pytest.fixture(scope="module")
 def invariant_target(real_pair):
-    from specsample.backends import load_backend
-
-    return load_backend(real_pair.target, "llamacpp", batch_invariant=True)
+    return real_pair.shared("target", batch_invariant=True)
 
 
 def test_batch_invariant_logits_do_not_depend_on_the_call_size(pair, invariant_target):

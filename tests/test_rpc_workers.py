@@ -12,6 +12,8 @@ import pytest
 
 from specsample.rpc import PROTOCOL, WorkerError, probe
 
+from process_guard import end_group, popen
+
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specsample[llamacpp]')")
 
 
@@ -54,7 +56,7 @@ def test_probe_says_why_a_worker_cannot_serve_unreachable_another_protocol_or_no
 def start_workers(n: int = 2):
     """n workers of one thread each on free local ports, once each answers the probe."""
     ports = [free_port() for _ in range(n)]
-    procs = [subprocess.Popen([sys.executable, "-m", "specsample", "rpc-worker", "--port", str(p), "--threads", "1"],
+    procs = [popen([sys.executable, "-m", "specsample", "rpc-worker", "--port", str(p), "--threads", "1"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for p in ports]
     deadline = time.monotonic() + 60
     for port in ports:
@@ -72,10 +74,7 @@ def start_workers(n: int = 2):
 
 def stop(procs) -> None:
     for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        proc.wait(10)
+        end_group(proc)
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +147,7 @@ def test_a_worker_killed_mid_generation_ends_the_client_with_one_line_not_a_hang
     endpoints, procs = start_workers()
     client = None
     try:
-        client = subprocess.Popen(
+        client = popen(
             [sys.executable, "-m", "specsample", "generate", "--target", real_pair.draft, "--draft", "ngram",
              "--target-rpc", endpoints, "--ctx-size", "1024", "--threads", "1",
              "--prompt", "Count from 1 to 1000, one number per line:", "--max-new-tokens", "900"],
@@ -159,13 +158,13 @@ def test_a_worker_killed_mid_generation_ends_the_client_with_one_line_not_a_hang
         assert client.returncode == 2
         assert b"RPC worker stopped answering" in err and b"Traceback" not in err
     finally:
-        if client is not None and client.poll() is None:
-            client.kill()
+        if client is not None:
+            end_group(client)
         stop(procs)
 
 
 def start_worker(port: int):
-    proc = subprocess.Popen([sys.executable, "-m", "specsample", "rpc-worker", "--port", str(port), "--threads", "1"],
+    proc = popen([sys.executable, "-m", "specsample", "rpc-worker", "--port", str(port), "--threads", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for(lambda: _answers(f"127.0.0.1:{port}"), 60, "the worker")
     return proc
@@ -197,7 +196,7 @@ def test_a_server_outlives_a_worker_killed_mid_generation_and_reloads_in_place_o
     port = free_port()
     model = real_pair.draft.rsplit("/", 1)[-1]
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
+    server = popen(
         [sys.executable, "-m", "specsample", "serve", "--target", real_pair.draft, "--draft", "ngram",
          "--target-rpc", endpoints, "--ctx-size", "1024", "--threads", "1", "--parallel", "1", "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -231,7 +230,7 @@ def test_a_server_outlives_a_worker_killed_mid_generation_and_reloads_in_place_o
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
         assert server.poll() is None  # the same process throughout
     finally:
-        server.kill()
-        _, err = server.communicate(timeout=30)
+        end_group(server)
+        err = server.stderr.read()
         stop(procs)
     assert "reloading the server" in err and "Traceback" not in err

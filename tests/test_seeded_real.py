@@ -18,10 +18,7 @@ QUESTION = "Write a Python function that merges two sorted lists."
 
 @pytest.fixture(scope="module")
 def models(real_pair):
-    from specsample.backends import load_backend
-
-    return (load_backend(real_pair.target, "llamacpp", batch_invariant=True), load_backend(real_pair.target, "llamacpp"),
-            load_backend(real_pair.draft, "llamacpp"))
+    return real_pair.shared("target", batch_invariant=True), real_pair.shared("target"), real_pair.shared("draft")
 
 
 def test_a_seed_gives_the_same_text_whatever_drafts_it(models):

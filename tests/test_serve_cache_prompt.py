@@ -62,11 +62,11 @@ def test_an_erased_slot_holds_nothing_for_the_next_request():
     app, _ = toy_app(drafter="model", parallel=2)
     with running(app) as url:
         complete(url, "the cat sat on")
-        held = [httpx.post(f"{url}/slots/{seq}?action=erase", timeout=30) for seq in (0, 1)]
+        held = [httpx.post(f"{url}/slots/{seq}?action=erase", json={}, timeout=30) for seq in (0, 1)]
         assert [r.status_code for r in held] == [200, 200], [r.text for r in held]
         assert sorted(r.json()["n_erased"] for r in held)[0] == 0 and max(r.json()["n_erased"] for r in held) > 0
         assert cached(complete(url, "the cat sat on a mat")) == 0
-        again = httpx.post(f"{url}/slots/0?action=erase", timeout=30).json()
+        again = httpx.post(f"{url}/slots/0?action=erase", json={}, timeout=30).json()
         assert again["id_slot"] == 0
 
 
@@ -75,7 +75,7 @@ def test_an_erased_slot_holds_nothing_for_the_next_request():
 def test_a_slot_action_it_cannot_do_is_refused_with_the_field_that_is_wrong(path, param):
     app, _ = toy_app(drafter="none", parallel=2)
     with running(app) as url:
-        r = httpx.post(url + path, timeout=30)
+        r = httpx.post(url + path, json={}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
@@ -101,6 +101,25 @@ def test_bad_cache_prompt_is_a_400_naming_it():
 def test_erasing_a_slot_needs_the_api_key():
     app, _ = toy_app(drafter="none", api_key="secret")
     with running(app) as url:
-        assert httpx.post(url + "/slots/0?action=erase", timeout=30).status_code == 401
-        ok = httpx.post(url + "/slots/0?action=erase", headers={"Authorization": "Bearer secret"}, timeout=30)
+        assert httpx.post(url + "/slots/0?action=erase", json={}, timeout=30).status_code == 401
+        ok = httpx.post(url + "/slots/0?action=erase", json={}, headers={"Authorization": "Bearer secret"}, timeout=30)
         assert ok.status_code == 200, ok.text
+
+
+def test_a_slot_is_reused_only_under_the_salt_that_filled_it():
+    """vLLM's cache_salt: without it a client learned, from cached_tokens, how many of a
+    secret's tokens it had guessed. Two slots: a salted request never reuses another
+    salt's cache, nor an unsalted one a salted one's, on any route."""
+    app, _ = toy_app(drafter="none", parallel=2)
+    secret = "the cat sat on a mat and then it ran far away"
+    with running(app) as url:
+        complete(url, secret, cache_salt="alice")
+        assert cached(complete(url, secret, cache_salt="alice")) > 0  # her own
+        assert cached(complete(url, secret, cache_salt="mallory")) == 0
+        assert cached(complete(url, secret)) == 0
+        assert cached(complete(url, secret)) > 0  # unsalted requests share among themselves
+        r = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+            "model": "toy", "messages": CHAT, "max_tokens": 2, "cache_salt": "bob"})
+        assert r.status_code == 200 and cached(r.json()) == 0
+        r = httpx.post(url + "/v1/completions", timeout=30, json={"model": "toy", "prompt": "a", "cache_salt": ""})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"

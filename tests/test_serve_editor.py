@@ -13,6 +13,9 @@ from specsample.fim import ExtraFile, fim_prompt
 from specsample.generate import GenerationConfig, generate
 from specsample.infill_sampler import infill_vocab
 from specsample.sampling import SamplingConfig
+from specsample.serve.errors import APIError, ClientGone
+from specsample.serve.request_config import Pieces
+from specsample.serve.schemas import MAX_EXTRA_CHUNKS
 from specsample.text_stops import IndentStop
 
 from test_serve_fim import PREFIX, SUFFIX, fim_pair, served  # noqa: F401 (served: the fixture)
@@ -23,13 +26,14 @@ TIMINGS = ["timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms
            "timings/predicted_n", "timings/predicted_ms", "timings/predicted_per_token_ms",
            "timings/predicted_per_second"]
 # llama.vim's completion request, field for field (its ring of extra chunks carries a time).
-LLAMA_VIM = {"id_slot": 0, "input_prefix": PREFIX, "input_suffix": SUFFIX,
+# Its default config (model_fim "") sends "model": "", which llama-server serves.
+LLAMA_VIM = {"model": "", "id_slot": 0, "input_prefix": PREFIX, "input_suffix": SUFFIX,
              "input_extra": [{"text": "def sub(a, b):\n    return a - b\n", "time": [1733, 52000], "filename": "m.py"}],
              "prompt": "", "n_predict": 12, "stop": [], "n_indent": 0, "top_k": 40, "top_p": 0.90,
              "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
              "t_max_prompt_ms": 500, "t_max_predict_ms": 1000,
              "response_fields": ["content", *TIMINGS, "truncated", "tokens_cached"]}
-WARM_UP = {"id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": LLAMA_VIM["input_extra"],
+WARM_UP = {"model": "", "id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": LLAMA_VIM["input_extra"],
            "prompt": "", "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": False, "cache_prompt": True,
            "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""]}
 
@@ -104,3 +108,30 @@ def test_llama_vims_warm_up_readies_the_cache_that_its_next_completion_reuses(se
     assert timings["cache_n"] > 0 and timings["prompt_n"] + timings["cache_n"] == answer["tokens_evaluated"]
     cold = infill(url, {**LLAMA_VIM, "cache_prompt": False, "response_fields": None})["timings"]
     assert cold["cache_n"] == 0 and cold["prompt_n"] == answer["tokens_evaluated"]
+
+
+def test_more_extra_chunks_than_the_bound_are_a_400_before_any_tokenizing(served):
+    """340,000 empty chunks (1 MB) held the tokenizer thread for minutes, and with it
+    every /tokenize and prompt behind them."""
+    url, _ = served
+    r = httpx.post(url + "/infill", json={**LLAMA_VIM, "input_extra": [{}] * (MAX_EXTRA_CHUNKS + 1)}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_extra", r.text
+    assert httpx.post(url + "/tokenize", json={"prompt": "hello"}, timeout=10).status_code == 200
+
+
+def test_extra_files_stop_being_tokenized_once_they_overflow_the_context(served):
+    url, target = served
+    calls = []
+    pieces = Pieces(lambda text: calls.append(text) or [1] * len(text), 100, lambda: False, "input_extra")
+    with pytest.raises(APIError) as refused:
+        fim_prompt(target.fim, pieces, "a", "b", [ExtraFile("f.py", "x" * 30)] * 200)
+    assert refused.value.param == "input_extra" and refused.value.code == "context_length_exceeded"
+    assert len(calls) < 12  # not the 400 pieces of 200 files
+    r = httpx.post(url + "/infill", json={**LLAMA_VIM, "input_extra": [{"text": "x = 1\n" * 300}] * 200}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
+def test_a_prompt_being_built_for_a_client_that_left_stops_between_pieces():
+    gone = Pieces(lambda text: [1], 100, lambda: True, "input_extra")
+    with pytest.raises(ClientGone):
+        gone("x")

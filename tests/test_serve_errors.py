@@ -35,11 +35,19 @@ def chat(**changes):
 
 DROP = object()
 
+@pytest.mark.parametrize("path, body", [("/v1/completions", completion(model=DROP)),
+                                        ("/v1/completions", completion(model="")),
+                                        ("/v1/chat/completions", chat(model=""))])
+def test_an_absent_or_empty_model_is_the_one_served(url, path, body):
+    """As llama-server takes it: llama.vim's default config sends "model": ""."""
+    r = httpx.post(url + path, json=body, timeout=30)
+    assert r.status_code == 200, r.text
+
+
 CASES = [  # (path, body, status, param, words in the message)
     ("/v1/completions", b"{not json", 400, None, "not valid JSON"),
     ("/v1/completions", b'{"model": "toy", "prompt": "a", "temperature": NaN}', 400, None, "NaN"),
     ("/v1/completions", b"[1, 2]", 400, None, "JSON object"),
-    ("/v1/completions", completion(model=DROP), 400, "model", "missing"),
     ("/v1/completions", completion(prompt=DROP), 400, "prompt", "missing"),
     ("/v1/completions", completion(model="gpt-4"), 404, "model", "not found"),
     ("/v1/completions", completion(temperature="hot"), 400, "temperature", "number"),
@@ -220,3 +228,17 @@ def test_ctx_size_is_the_limit_models_reports_and_a_longer_prompt_gets_a_400(tmp
         fits = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "a" * 100, "max_tokens": 4},
                           timeout=10)
         assert fits.status_code == 200  # 150 would fit the 256 it was trained for: the limit is --ctx-size
+
+
+def test_llama_vims_instruction_requests_are_served(url):
+    """llama.vim's chat requests (its default config: "model": "", llama-server's fields):
+    a warm-up with n_predict 0 and response_fields, then the instruction, streamed with
+    its samplers. They were 400s (unsupported id_slot, samplers, n_predict)."""
+    warm = {"id_slot": 0, "messages": MESSAGES, "samplers": [], "n_predict": 0, "stream": False,
+            "cache_prompt": True, "response_fields": [""], "model": ""}
+    r = httpx.post(url + "/v1/chat/completions", json=warm, timeout=30)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "", r.text
+    ask = {"id_slot": 0, "messages": MESSAGES, "min_p": 0.1, "temperature": 0.1, "samplers": ["min_p", "temperature"],
+           "stream": True, "cache_prompt": True, "model": "", "n_predict": 4}
+    r = httpx.post(url + "/v1/chat/completions", json=ask, timeout=30)
+    assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"), r.text

@@ -138,3 +138,24 @@ def test_stopping_the_worker_ends_every_request_generating_or_waiting():
             events.append(job.events.get_nowait())
         assert [e for e in events if isinstance(e, Ended)] == [Ended(End.CANCELLED)]
     assert worker.active == 0 and worker.scheduler.live == 0
+
+
+def test_a_requests_n_choices_are_spread_over_the_free_slots():
+    """They took turns on one slot while three others idled: n = 6 on four free slots now
+    shares target calls (four choices at once, then the last two), and each choice is
+    still the library's answer for its seed (seed + i)."""
+    app, target = toy_app(parallel=4)
+    calls = []
+    score_many = target.score_many
+    target.score_many = lambda requests: calls.append(len(requests)) or score_many(requests)
+    with running(app) as url:
+        r = httpx.post(url + "/v1/completions", json={"model": "toy", "prompt": PROMPTS[0], "max_tokens": 6,
+                                                      "seed": 5, "n": 6, "temperature": 1.0}, timeout=30)
+        assert r.status_code == 200, r.text
+        texts = [c["text"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
+        assert texts == [alone(PROMPTS[0], 5 + i, 6, 1.0) for i in range(6)]
+        assert max(calls) == 4
+        streamed = httpx.post(url + "/v1/completions", json={"model": "toy", "prompt": PROMPTS[1], "max_tokens": 4,
+                                                             "seed": 1, "n": 3, "stream": True}, timeout=30)
+        finished = [line for line in streamed.text.splitlines() if '"finish_reason": "' in line]
+        assert len(finished) == 3 and streamed.text.rstrip().endswith("[DONE]")

@@ -44,10 +44,10 @@ def test_full_queue_answers_429_at_once_and_the_rest_complete():
         worker = app.state.server.worker
         threads = [first] + [post_in_background(url, results) for _ in range(2)]
         wait_until(lambda: worker.depth == 2, what="two waiting requests")
-        start = time.monotonic()
         r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
         assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
-        assert time.monotonic() - start < 2  # at once, not after the queue drains
+        # At once, not after the queue drains: the gate is still shut, so nothing has.
+        assert worker.depth == 2 and results == []
         target.gate.set()
         for t in threads:
             t.join(timeout=30)
@@ -67,7 +67,7 @@ def test_waiting_too_long_gets_a_timeout_error_and_the_worker_goes_on():
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_leaving_mid_generation_frees_the_model(stream):
     app, target = toy_app(eos=False, k=2, context_length=4096)  # the draft's context is checked too
-    target.delay = 0.01  # about 1,000 tokens in 500+ rounds: 5+ s if nobody stopped it
+    target.delay = 0.01  # 1,000 tokens take 334+ rounds (k = 2) if nobody stops them
     long = {**BODY, "max_tokens": 1000, "stream": stream}
     with running(app) as url:
         if stream:
@@ -76,12 +76,13 @@ def test_a_client_leaving_mid_generation_frees_the_model(stream):
         else:
             with pytest.raises(httpx.ReadTimeout):
                 httpx.post(url + "/v1/completions", json=long, timeout=0.5)
-        start = time.monotonic()
         r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
         assert r.status_code == 200
-        assert time.monotonic() - start < 2.5
         wait_until(lambda: "specsample_cancelled_generations_total 1.0" in httpx.get(url + "/metrics").text,
                    what="the cancellation to be counted")
+        # Freed by the cancellation, not by the long answer ending: counted in the
+        # target's calls, not in seconds, so a slow machine cannot make it pass or fail.
+        assert target.calls < 334
 
 
 def test_requests_that_gave_up_waiting_hold_no_place_in_the_queue():
@@ -104,15 +105,16 @@ def test_requests_that_gave_up_waiting_hold_no_place_in_the_queue():
 def test_erasing_the_slot_a_request_is_generated_on_answers_409_and_the_request_completes():
     with worker_held() as (app, target, url, results, first):
         erased = []
-        eraser = threading.Thread(target=lambda: erased.append(httpx.post(url + "/slots/0?action=erase", timeout=30)))
+        eraser = threading.Thread(target=lambda: erased.append(httpx.post(url + "/slots/0?action=erase", json={}, timeout=30)))
         eraser.start()
-        time.sleep(0.2)  # asked while the first request's call is held: done after that call, mid-generation
+        # asked while the first request's call is held: done after that call, mid-generation
+        wait_until(lambda: app.state.server.worker._erasing, what="the erase to be asked")
         target.gate.set()
         eraser.join(timeout=30)
         first.join(timeout=30)
         assert erased[0].status_code == 409 and erased[0].json()["error"]["param"] == "id_slot", erased[0].text
         assert results == [200]
-        assert httpx.post(url + "/slots/0?action=erase", timeout=30).status_code == 200  # free again
+        assert httpx.post(url + "/slots/0?action=erase", json={}, timeout=30).status_code == 200  # free again
 
 
 def test_an_erase_waiting_when_the_target_is_lost_hears_it():
@@ -143,7 +145,7 @@ def test_erases_and_requests_asked_while_the_server_stops_hear_so():
             worker.erase(0)
         with pytest.raises(ShuttingDown):
             worker.submit(Job([], lambda draft: None, None))
-        r = httpx.post(url + "/slots/0?action=erase", timeout=30)
+        r = httpx.post(url + "/slots/0?action=erase", json={}, timeout=30)
         assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
         r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
         assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
@@ -163,3 +165,29 @@ def test_an_erase_whose_asker_left_does_not_stop_the_worker():
         assert results == [200]
         assert httpx.post(url + "/v1/completions", json=BODY, timeout=10).status_code == 200
         assert worker._thread.is_alive()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_leaving_during_its_long_prompt_stops_its_prompt_chunks(stream):
+    """A 1,651-token prompt whose client left after 1 s was scored chunk by chunk for
+    minutes: the worker only looked between rounds. Here 1,500 tokens in chunks of 8,
+    0.05 s each (about 10 s): the chunks stop within a call or two of the leaving."""
+    app, target = toy_app(drafter="none", parallel=2, context_length=4096)
+    app.state.server.worker.scheduler.prefill_chunk = 8
+    calls = []
+    score_many = target.score_many
+    target.score_many = lambda requests: calls.append(len(requests)) or score_many(requests)
+    target.delay = 0.05
+    long = {**BODY, "prompt": " ".join(["the cat sat on a mat"] * 250), "max_tokens": 4, "stream": stream}
+    with running(app) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            if stream:
+                with httpx.stream("POST", url + "/v1/completions", json=long, timeout=0.7) as r:
+                    list(r.iter_lines())
+            else:
+                httpx.post(url + "/v1/completions", json=long, timeout=0.7)
+        wait_until(lambda: "specsample_cancelled_generations_total 1.0" in httpx.get(url + "/metrics").text,
+                   what="the cancellation to be counted", timeout=5)
+        scored = len(calls)
+        time.sleep(0.5)
+        assert len(calls) == scored < 40  # of the 188 chunks; none after the cancellation

@@ -4,6 +4,7 @@ bounded body reads and stream sends, clients that leave logged in one line, and
 tokenizing outside the queue in a bounded number of threads."""
 
 import asyncio
+import json
 import logging
 import socket
 import threading
@@ -15,6 +16,7 @@ import pytest
 import uvicorn
 
 from specsample.cli import main
+from specsample.serve import connections
 from specsample.serve.settings import Settings
 
 from serve_helpers import WordTokenizer, running, toy_app, wait_until
@@ -88,6 +90,26 @@ def test_a_json_route_refuses_a_body_that_is_not_declared_json(url, content_type
         assert "application/json" in error["message"]
 
 
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_erasing_a_slot_needs_a_json_content_type_too(content_type):
+    """A cross-site page may POST without a preflight; on a keyless server it would
+    erase the slots (and learn from the answer what they held)."""
+    app, _ = toy_app(drafter="none")
+    with running(app) as url:
+        headers = {"content-type": content_type} if content_type else {}
+        r = httpx.post(url + "/slots/0?action=erase", content=b"", headers=headers, timeout=10)
+        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", r.text
+        assert httpx.post(url + "/slots/0?action=erase", json={}, timeout=10).status_code == 200
+
+
+def test_a_number_too_large_for_a_double_is_a_400_that_says_so(url):
+    schema = {"type": "object", "properties": {"x": {"type": "number", "maximum": 1}}}
+    body = json.dumps({**GOOD, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "s", "schema": schema}}}).replace('"maximum": 1', '"maximum": 1e999')
+    r = httpx.post(url + "/v1/completions", content=body, headers={"content-type": "application/json"}, timeout=10)
+    assert r.status_code == 400 and "1e999 is out of range" in r.json()["error"]["message"], r.text
+
+
 @pytest.mark.parametrize("content_type", ["application/json", "Application/JSON", "application/json; charset=utf-8",
                                           "application/json;charset=UTF-8"])
 def test_json_with_parameters_in_any_case_is_accepted(url, content_type):
@@ -102,7 +124,7 @@ def test_a_loopback_server_answers_loopback_host_names_only(url):
             r = httpx.request(method, url + path, headers={"host": host}, json=GOOD, timeout=10)
             assert r.status_code == 200, (host, path, r.text)
     for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", "localhost.evil.example",
-                 "10.0.0.1", "[::2]"):
+                 "10.0.0.1", "[::2]", "[::1]evil.example", f"[::1]evil.example:{port}", "[::1]:80x", "[::1"):
         for method, path in (("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/completions")):
             r = httpx.request(method, url + path, headers={"host": host}, json=GOOD, timeout=10)
             assert r.status_code == 421, (host, path, r.text)
@@ -226,6 +248,35 @@ def test_a_stream_whose_client_stopped_reading_ends_after_the_send_timeout(serve
     assert record.levelno == logging.INFO and "127.0.0.1:5555" in record.getMessage()
 
 
+def test_connections_that_never_finish_their_headers_are_closed_and_turn_nobody_away():
+    """Sockets that open and send half a request (or nothing) held their places under
+    --max-connections for ever: with 4 places, 4 of them made every request a 503."""
+    app, _ = toy_app(drafter="none")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_level="warning", limit_concurrency=4, timeout_keep_alive=5,
+                            http=connections.protocol(0.5))
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started)
+    url = "http://127.0.0.1:%d" % sock.getsockname()[1]
+    try:
+        idle = [socket.create_connection(sock.getsockname(), timeout=5) for _ in range(4)]
+        for s in idle[:2]:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Le")
+        started = time.monotonic()
+        assert all(s.recv(100) == b"" for s in idle)  # closed by the server
+        assert time.monotonic() - started < 3
+        assert httpx.post(url + "/v1/completions", json=GOOD, timeout=10).status_code == 200
+        with httpx.Client(timeout=10) as client:  # a kept-alive connection still serves its next request
+            assert client.get(url + "/health").status_code == 200
+            assert client.get(url + "/health").status_code == 200
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
 def test_the_serve_flags_bound_connections_and_reach_uvicorn_and_the_settings(monkeypatch):
     started = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(app=app, **kw))
@@ -233,11 +284,13 @@ def test_the_serve_flags_bound_connections_and_reach_uvicorn_and_the_settings(mo
     assert main(["serve", "--draft", "ngram"]) == 0
     settings = started["app"].state.server.settings
     assert (started["limit_concurrency"], started["timeout_keep_alive"]) == (100, 5)
+    assert started["http"].header_timeout == 10 and started["timeout_graceful_shutdown"] == 2
     assert (settings.allowed_hosts, settings.body_timeout, settings.send_timeout) == ((), 30, 30)
     assert main(["serve", "--draft", "ngram", "--max-connections", "7", "--keep-alive-timeout", "2",
                  "--body-timeout", "3", "--send-timeout", "4", "--allowed-hosts", " a.example, b.example:80 "]) == 0
     settings = started["app"].state.server.settings
     assert (started["limit_concurrency"], started["timeout_keep_alive"]) == (7, 2)
+    assert main(["serve", "--draft", "ngram", "--header-timeout", "0.5"]) == 0 and started["http"].header_timeout == 0.5
     assert (settings.allowed_hosts, settings.body_timeout, settings.send_timeout) == (("a.example", "b.example:80"), 3, 4)
     for args, allowed in ((["--host", "0.0.0.0"], None), (["--host", "::1"], ()), (["--host", "localhost"], ()),
                           (["--host", "0.0.0.0", "--allowed-hosts", "a.example"], ("a.example",)),

@@ -24,7 +24,7 @@ from specsample.sampling import SamplingConfig
 from specsample.tools import (HERMES, Arguments, CallStart, Content, Tool, ToolParser, parse_tool_calls,
                               special_markers, tool_constraint, tool_format)
 
-from toy import (TOOL_TEMPLATE, PieceTokenizer, TrigramBackend, byte_backend, chi_square_p_value,
+from toy import (TOOL_TEMPLATE, PieceTokenizer, TrigramBackend, byte_backend, assert_fits, assert_misfits,
                  exact_constrained_distribution, random_table)
 
 pytestmark = pytest.mark.pure
@@ -176,7 +176,7 @@ def test_greedy_speculation_under_the_tool_grammar_equals_greedy_decoding():
 
 PIECES = [b"a", b"b", b"<tool_call>", b"\n", b'{"name": "f", "arguments": ', b"{}", b"}", b"</tool_call>", b"<eos>"]
 TRIGGER, CLOSE, EOS = 2, len(PIECES) - 2, len(PIECES) - 1
-N, CONTROL_N, LENGTH, ALPHA = 1_500, 500, 3, 1e-3
+N, CONTROL_N, LENGTH = 1_500, 500, 3
 PROMPT = [0, 1]
 
 
@@ -225,11 +225,11 @@ def empirical(choice: str, n: int = N, special: bool = False) -> dict[tuple[int,
 def test_auto_leaves_the_text_before_a_call_to_the_target(special):
     exact = exact_text(special)
     assert exact[(TRIGGER,)] > 0.05  # calls do start here
-    assert chi_square_p_value(empirical("auto", special=special), exact, N) > ALPHA
+    assert_fits(empirical("auto", special=special), exact, N)
 
 
 def test_negative_control_a_grammar_that_holds_text_back_fails():
-    assert chi_square_p_value(empirical("none", CONTROL_N), exact_text(), CONTROL_N) < 1e-12
+    assert_misfits(empirical("none", CONTROL_N), exact_text(), CONTROL_N, alpha=1e-12)
 
 
 @pytest.mark.parametrize("special", [False, True])
@@ -247,3 +247,47 @@ def test_after_the_trigger_the_call_is_held(special):
             assert after[: len(call)] == call[: len(after)]
             calls += 1
     assert calls > 20
+
+
+CUT_AFTER_A_CALL = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}\n</tool_call>\n'
+                    '<tool_call>\n{"name": "get_weather", "')  # max_tokens came inside a second call's head
+CUT_AFTER_THE_BODY = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}\n'
+
+
+CUT_BETWEEN_CALLS = CUT_AFTER_THE_BODY + "</tool_call>\n"
+
+
+@pytest.mark.parametrize("text", [CUT_AFTER_A_CALL, CUT_AFTER_THE_BODY, CUT_AFTER_THE_BODY + "</tool",
+                                  CUT_BETWEEN_CALLS, CUT_BETWEEN_CALLS + "<tool_"])
+def test_a_call_cut_off_by_max_tokens_leaves_no_markup_in_content_and_no_brace_in_arguments(text):
+    """Both leaked: the second call's head came back as content, and a call whose
+    closing tag was cut off kept its body's `}` (and the newline) in its arguments."""
+    content, calls = parse_tool_calls(text, HERMES, NAMES)
+    assert content == "" and [(c.name, c.arguments, c.finished) for c in calls] == [
+        ("get_weather", '{"city": "Paris", "days": 1}', True)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_cut_inside_a_further_call_ends_in_tool_calls_with_the_whole_ones(stream):
+    from specsample.generate import GenerationResult, GenerationStats
+    from specsample.serve.replies import Choice, Reply
+
+    between = Reply(True, "m", 5, None, tools=HERMES, tool_names=NAMES).whole(
+        {0: Choice(0, CUT_BETWEEN_CALLS)}, {0: GenerationResult([], CUT_BETWEEN_CALLS, GenerationStats(), "length")})
+    assert between["choices"][0]["finish_reason"] == "tool_calls"  # the greedy default pair's three calls in 64 tokens
+    reply = Reply(True, "m", 5, None, tools=HERMES, tool_names=NAMES)
+    results = {0: GenerationResult([], CUT_AFTER_A_CALL, GenerationStats(), "length")}
+    if stream:
+        chunks = reply.chunks(Choice(0, CUT_AFTER_A_CALL)) + reply.end_chunks(0, "length", results)
+        deltas = [c["choices"][0]["delta"] for c in chunks]
+        assert not any(d.get("content") for d in deltas)
+        assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        return
+    (choice,) = reply.whole({0: Choice(0, CUT_AFTER_A_CALL)}, results)["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert [json.loads(c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == [
+        {"city": "Paris", "days": 1}]
+    # Cut inside the arguments: nothing to answer but what was written, as "length"
+    results = {0: GenerationResult([], OUTPUTS[3], GenerationStats(), "length")}
+    (choice,) = Reply(True, "m", 5, None, tools=HERMES).whole({0: Choice(0, OUTPUTS[3])}, results)["choices"]
+    assert choice["finish_reason"] == "length" and "tool_call" not in (choice["message"]["content"] or "")

@@ -107,7 +107,7 @@ def test_qwens_tags_are_special_tokens_that_the_grammar_names_by_id(real_pair):
     from specsample.constraints import start
     from specsample.tools import HERMES, Tool, special_markers, tool_constraint
 
-    target, _ = real_pair.load("llamacpp")
+    target = real_pair.shared("target")
     markers = special_markers(target, HERMES)
     assert set(markers) == {"<tool_call>", "</tool_call>"}
     required = start(tool_constraint([Tool("get_weather", WEATHER)], HERMES, "required", markers=markers), target, 64)

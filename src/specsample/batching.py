@@ -77,6 +77,8 @@ class Slot(Backend):
         chunk = current.scheduler.prefill_chunk
         first_wanted = len(token_ids) - num_logits
         for start in range(0, len(token_ids), chunk):
+            if current.cancelled is not None and current.cancelled():  # its owner left: no more of its prompt
+                raise Cancelled(f"{self.name}: cancelled after {start} of {len(token_ids)} tokens")
             piece = token_ids[start : start + chunk]
             wanted = max(0, start + len(piece) - max(first_wanted, start))
             rows.append(current.parent.switch(_Request(self, piece, wanted)))
@@ -121,12 +123,17 @@ def in_batch() -> bool:
     return isinstance(greenlet.getcurrent(), _Sequence)
 
 
+class Cancelled(Exception):
+    """Raised in a sequence whose `cancelled()` became true, before its next prompt chunk:
+    a long prompt's owner that left holds the model for one call at most."""
+
+
 class _Sequence(greenlet.greenlet):
     """A greenlet that runs one sequence's work; `scheduler` is the one it belongs to."""
 
-    def __init__(self, run: Callable[[], object], scheduler: "Scheduler"):
+    def __init__(self, run: Callable[[], object], scheduler: "Scheduler", cancelled: Callable[[], bool] | None = None):
         super().__init__(run)
-        self.scheduler = scheduler
+        self.scheduler, self.cancelled = scheduler, cancelled
 
 
 @dataclass
@@ -186,11 +193,12 @@ class Scheduler:
     def live(self) -> int:
         return len(self._jobs)
 
-    def add(self, run: Callable[[], object]) -> Job:
+    def add(self, run: Callable[[], object], cancelled: Callable[[], bool] | None = None) -> Job:
         """Start `run()` in a sequence of its own: it runs until its first model call
-        (or to its end) now, and from then on inside step()."""
+        (or to its end) now, and from then on inside step(). Once `cancelled()` is true,
+        its next prompt chunk raises Cancelled in it instead of being scored."""
         job = Job(run)
-        sequence = _Sequence(lambda *_: _capture(job), self)
+        sequence = _Sequence(lambda *_: _capture(job), self, cancelled)
         self._jobs[sequence] = job
         self._resume(sequence, None)
         return job

@@ -229,6 +229,7 @@ _FENCED_HEAD = re.compile(r'```(?:json)?\n' + _HEAD.pattern)
 _FENCED_STEPS = (("text", FENCE), ("optional", "json"), ("text", "\n"), ("space",), ("text", "{"), ("space",),
                  ("text", '"name"'), ("space",), ("text", ":"), ("space",), ("name",), ("space",), ("text", ","),
                  ("space",), ("text", '"arguments"'), ("space",), ("text", ":"))
+_HEAD_STEPS = _FENCED_STEPS[3:]  # a tagged call's header, after its trigger
 
 
 class ToolParser:
@@ -247,6 +248,7 @@ class ToolParser:
         self._after_call = False  # right after a call: whitespace there is layout, unless content came before
         self._told = False  # some content was told
         self._gap = ""  # the whitespace before the trigger last seen
+        self.cut = False  # set by finish(): the text ended inside a call
 
     def feed(self, text: str) -> list[Delta]:
         self._buffer += text
@@ -256,12 +258,30 @@ class ToolParser:
         return out
 
     def finish(self) -> list[Delta]:
-        """What the text held back tells once no more comes."""
+        """What the text held back tells once no more comes. A call cut off (max_tokens)
+        before its name was whole tells nothing, and one cut off after its body closed
+        (`}}` and part of the closing tag) is whole: neither leaves call markup in the
+        content or a brace in the arguments. `cut` says the text ended inside a call."""
         out: list[Delta] = []
-        if self._state == "head":  # a trigger without a call: it was text after all
-            self._buffer = self._gap + self.fmt.trigger + self._buffer
+        self.cut = self._state != "text"
+        if self._state == "text" and self.calls and self._after_call and self.fmt.trigger.startswith(self._buffer.strip()):
+            # Only layout after the last call, or the start of the next one's trigger: cut
+            # off between calls, with nothing of the next one to tell.
+            self._buffer, self.cut = "", True
+        if self._state == "head":
+            if _may_open(self._buffer, self.names, _HEAD_STEPS):  # a call whose name never came whole
+                self._buffer = ""
+            else:  # a trigger that began no call: it was text after all
+                self.cut = False
+                self._buffer = self._gap + self.fmt.trigger + self._buffer
         elif self._state == "arguments":
-            self._tell_arguments(out, self._buffer)
+            call = self.calls[-1]
+            closed = re.fullmatch(r"\s*\}\s*(.*)", self._buffer, re.S)
+            if closed is not None and self._closer.startswith(closed.group(1)) and _is_json(call.arguments):
+                call.finished = True  # the body's own brace came; its closing tag did not
+            else:
+                self._tell_arguments(out, self._buffer)
+                call.finished = _is_json(call.arguments)  # cut off right after the arguments' own brace
             self._buffer = ""
         if self._buffer.strip() or not self._after_call:
             self._content(out, self._buffer)
@@ -339,11 +359,20 @@ class ToolParser:
             out.append(Arguments(len(self.calls) - 1, text))
 
 
-def _may_open(text: str, names) -> bool:
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _may_open(text: str, names, steps=_FENCED_STEPS) -> bool:
     """Whether text, which begins with a fence, may still become the header of a
-    fenced call of one of `names` (it has not yet, and nothing in it rules that out)."""
+    fenced call of one of `names` (it has not yet, and nothing in it rules that out).
+    With _HEAD_STEPS: text after a trigger, any name when `names` is empty."""
     i = 0
-    for step in _FENCED_STEPS:
+    for step in steps:
         rest = text[i:]
         if step[0] == "space":
             i += len(rest) - len(rest.lstrip())
@@ -352,7 +381,7 @@ def _may_open(text: str, names) -> bool:
                 return not rest
             end = rest.find('"', 1)
             written = rest[1:] if end < 0 else rest[1:end]
-            if not any(n.startswith(written) if end < 0 else n == written for n in names):
+            if names and not any(n.startswith(written) if end < 0 else n == written for n in names):
                 return False
             if end < 0:
                 return True

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from typing import Callable
+from typing import Callable, Iterable
 
 from .base import ChatTemplateError
 
@@ -45,7 +45,10 @@ def chat_token_ids(render: Callable[[list[dict]], str], messages: list[dict], en
     if not any(_spells_special(m.get("content"), encode) for m in messages):
         return encode(render(messages), True)
     nonce = secrets.token_hex(8)
-    marked = [{**m, "content": f"[{nonce}#{i}]"} if isinstance(m.get("content"), str) else m
+    # Only the contents that spell special tokens are kept apart: an empty one (an
+    # assistant turn that only made tool calls, `content: null`) is one a template tests
+    # for ("{% if message.content %}"), and a placeholder there would change the chat.
+    marked = [{**m, "content": f"[{nonce}#{i}]"} if m.get("content") and _spells_special(m["content"], encode) else m
               for i, m in enumerate(messages)]
     pieces = re.split(rf"\[{nonce}#(\d+)\]", render(marked))  # markup, index, markup, index, ..., markup
     contents = [messages[int(i)]["content"] for i in pieces[1::2]]
@@ -65,3 +68,42 @@ def chat_token_ids(render: Callable[[list[dict]], str], messages: list[dict], en
 
 def _spells_special(content, encode: Encode) -> bool:
     return isinstance(content, str) and encode(content, True) != encode(content, False)
+
+
+class TextOnly:
+    """Text tokenized as text where the vocabulary has added tokens that are not control
+    tokens (Qwen's `<tool_call>`, `</tool_call>`): llama.cpp and HF tokenizers match
+    those in any text, special tokens parsed or not, so a user's or a tool result's
+    `<tool_call>` would become the model's own call marker. Each spelling is cut in two
+    where the two halves take the fewest tokens, and the pieces are tokenized apart:
+    `<tool_call>` -> `<tool` + `_call>` -> `<tool`, `_call`, `>`, the tokens the same
+    text gets with no such added token (the cut falls between two of the pre-tokenizer's
+    words).
+
+    `encode(text)` tokenizes with control tokens kept as text; `spellings` are the
+    added tokens' texts that it still matches."""
+
+    def __init__(self, encode: Callable[[str], list[int]], spellings: Iterable[str]):
+        self.encode = encode
+        self.spellings = sorted({s for s in spellings if len(s) > 1}, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, self.spellings))) if self.spellings else None
+        self._cuts: dict[str, int] = {}
+
+    def matches(self, text: str) -> bool:
+        return self._pattern is not None and self._pattern.search(text) is not None
+
+    def __call__(self, text: str) -> list[int]:
+        if self._pattern is None:
+            return self.encode(text)
+        ids, start = [], 0
+        for match in self._pattern.finditer(text):
+            cut = match.start() + self._cut(match.group())
+            ids += self.encode(text[start:cut]) if cut > start else []
+            start = cut
+        return ids + (self.encode(text[start:]) if start < len(text) or not ids else [])
+
+    def _cut(self, spelling: str) -> int:
+        if spelling not in self._cuts:
+            self._cuts[spelling] = min(range(1, len(spelling)),
+                                       key=lambda i: len(self.encode(spelling[:i])) + len(self.encode(spelling[i:])))
+        return self._cuts[spelling]

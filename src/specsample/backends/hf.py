@@ -26,7 +26,7 @@ import torch
 from ..files import build_once
 from ..fim import FimFormat, fim_from_tokens
 from .base import Backend, ChatTemplateError, trim_padding
-from .chat import chat_token_ids
+from .chat import TextOnly, chat_token_ids
 from .cpushare import SHARED
 
 
@@ -47,12 +47,22 @@ class HFTokenizer:
         # until a call asks otherwise, so two threads (the server tokenizes in a pool)
         # could each encode with the other's setting: calls take turns.
         self._lock = threading.Lock()
+        # Added tokens that are not special (Qwen's <tool_call>) are matched even with
+        # split_special_tokens: cut apart so that their spellings stay text (chat.TextOnly).
+        added = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if not t.special]
+        self._text_only = TextOnly(lambda text: self._split(text, add_special_tokens=False), added)
 
     def encode(self, text: str) -> list[int]:
         """A plain prompt's ids: special-token text stays the text it spells, as on
         llama.cpp (only a chat template's own markup makes control tokens)."""
+        if not self._text_only.matches(text):
+            return self._split(text, add_special_tokens=True)
+        first = self._split("", add_special_tokens=True)  # a BOS, for a tokenizer that adds one
+        return first + self._text_only(text)
+
+    def _split(self, text: str, add_special_tokens: bool) -> list[int]:
         with self._lock:
-            return list(self.hf(text, split_special_tokens=True).input_ids)
+            return list(self.hf(text, add_special_tokens=add_special_tokens, split_special_tokens=True).input_ids)
 
     def decode(self, token_ids: list[int]) -> str:
         return self.hf.decode(token_ids, skip_special_tokens=True)
@@ -91,8 +101,10 @@ class HFTokenizer:
     def _tokens(self, text: str, special: bool) -> list[int]:
         """`text`'s ids with no BOS/EOS added; special-token text parsed as those tokens,
         or (special=False) kept as the text it spells."""
+        if not special:
+            return self._text_only(text)
         with self._lock:
-            return list(self.hf(text, add_special_tokens=False, split_special_tokens=not special).input_ids)
+            return list(self.hf(text, add_special_tokens=False, split_special_tokens=False).input_ids)
 
     def __len__(self) -> int:
         return len(self.hf)

@@ -24,7 +24,7 @@ import torch
 
 from ..fim import FimFormat, fim_from_ids
 from .base import Backend, BackendError, ChatTemplateError, trim_padding
-from .chat import chat_token_ids
+from .chat import TextOnly, chat_token_ids
 from .cpushare import SHARED
 
 _quiet_logger = None  # keep the ctypes callback alive for the process's lifetime
@@ -82,10 +82,24 @@ class LlamaCppTokenizer:
         self._add_bos = bool(lib.llama_vocab_get_add_bos(vocab))
         eot = lib.llama_vocab_eot(vocab)
         self.end_of_text = eot if eot >= 0 else lib.llama_vocab_eos(vocab)  # -1: none (infill_sampler.py)
+        self._text_only = TextOnly(lambda text: self._tokenize(text, False), self._user_defined())
         self._special_text = {name: (lib.llama_vocab_get_text(vocab, t) or b"").decode("utf-8", "replace") if t >= 0 else ""
                               for name, t in (("bos_token", self._bos), ("eos_token", lib.llama_vocab_eos(vocab)))}
 
     def encode(self, text: str, special: bool = False) -> list[int]:
+        """`special`: special-token text becomes those tokens (a chat template's markup);
+        else every added token's spelling stays text (chat.TextOnly)."""
+        return self._tokenize(text, True) if special else self._text_only(text)
+
+    def _user_defined(self) -> list[str]:
+        """Added tokens that are not control tokens (Qwen's <tool_call>), which
+        llama_tokenize matches even with special tokens off."""
+        lib, vocab = self._lib, self._vocab
+        flag = 16  # LLAMA_TOKEN_ATTR_USER_DEFINED
+        return [(lib.llama_vocab_get_text(vocab, t) or b"").decode("utf-8", "replace")
+                for t in range(lib.llama_vocab_n_tokens(vocab)) if lib.llama_vocab_get_attr(vocab, t) & flag]
+
+    def _tokenize(self, text: str, special: bool) -> list[int]:
         data = text.encode("utf-8")
         size = len(data) + 8
         buf = (self._lib.llama_token * size)()

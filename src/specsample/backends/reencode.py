@@ -113,13 +113,15 @@ def load_reencoded(source: Path, quant: str, load: Callable[[Path], Loaded]) -> 
 
 
 def _source_key(path: Path) -> str | None:
-    from gguf import GGUFReader
+    """The source key in `path`'s metadata, read from its header alone (gguf_header:
+    GGUFReader parses the whole vocabulary, seconds on every load of a cached copy)."""
+    from .gguf_header import gguf_metadata
 
     try:
-        field = GGUFReader(path).get_field(SOURCE_KEY)
-        return field.contents() if field is not None else None
-    except Exception:  # noqa: BLE001 - a damaged header fails in numpy or struct in many ways; all mean "not this copy"
+        key = gguf_metadata(path).get(SOURCE_KEY)
+    except Exception:  # noqa: BLE001 - a damaged header fails in struct or mmap in many ways; all mean "not this copy"
         return None
+    return key if isinstance(key, str) else None
 
 
 def _copy_with_key(raw: Path, out: Path, key: str) -> None:

@@ -58,6 +58,9 @@ def add_door_arguments(p) -> None:
                    help="open connections (and requests) at once; more get 503 (default 100)")
     p.add_argument("--keep-alive-timeout", type=float, default=5.0,
                    help="seconds an idle connection stays open between requests (default 5)")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a request's headers may take to arrive, from the connection's opening or its first "
+                        "byte after an answer; then the connection is closed (default 10)")
     p.add_argument("--body-timeout", type=float, default=30.0,
                    help="seconds a request body may take to arrive; then 408 (default 30)")
     p.add_argument("--send-timeout", type=float, default=30.0,
@@ -72,7 +75,7 @@ def door_settings(args) -> dict:
         check_api_key(args.api_key)  # before the models load
     except ValueError as e:
         raise UsageError(f"{e} (--api-key or $SPECSAMPLE_API_KEY)") from None
-    for name in ("max_connections", "keep_alive_timeout", "body_timeout", "send_timeout"):
+    for name in ("max_connections", "keep_alive_timeout", "header_timeout", "body_timeout", "send_timeout"):
         value = getattr(args, name)
         if not (value > 0 and math.isfinite(value)):
             raise UsageError(f"--{name.replace('_', '-')} must be positive and finite, got {value}")
@@ -86,6 +89,7 @@ def door_settings(args) -> dict:
     return dict(allowed_hosts=allowed, body_timeout=args.body_timeout, send_timeout=args.send_timeout)
 
 
+SHUTDOWN_SECONDS = 2  # what requests in flight get on SIGINT/SIGTERM before they are cancelled
 MOST_SLOTS = 8  # what --parallel auto loads the models for, and chooses among
 
 
@@ -116,7 +120,7 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from ..rpc import parse_workers
-    from . import recovery
+    from . import connections, recovery
     from .app import create_app
     from .settings import Settings
 
@@ -137,7 +141,10 @@ def cmd_serve(args) -> int:
                         verifier=args.verifier, cache_prompt=args.cache_prompt, **doors)
     app = create_app(models.target, models.drafter, models.drafter_name, settings, models.draft)
     options = dict(host=args.host, port=args.port, log_level="info", limit_concurrency=args.max_connections,
-                   timeout_keep_alive=args.keep_alive_timeout)
+                   timeout_keep_alive=args.keep_alive_timeout, http=connections.protocol(args.header_timeout),
+                   # uvicorn waits for every open connection by default, so a slow client or an idle
+                   # socket held a SIGTERM off for good: requests get this long, then are cancelled.
+                   timeout_graceful_shutdown=SHUTDOWN_SECONDS)
     if args.target_rpc:  # on a socket that a reload after a lost worker keeps
         recovery.run(app, parse_workers(args.target_rpc, args.tensor_split), **options)
     else:

@@ -28,6 +28,8 @@ def is_loopback(host: str) -> bool:
     host = host.strip().rstrip(".").lower()
     if host == "localhost":
         return True
+    if host.startswith("[") != host.endswith("]"):  # "[::1" or "::1]": no address
+        return False
     try:
         return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
     except ValueError:
@@ -35,10 +37,16 @@ def is_loopback(host: str) -> bool:
 
 
 def host_name(header: str) -> str:
-    """The name in a Host header, without its port: "[::1]:8000" -> "[::1]"."""
+    """The name in a Host header, without its port: "[::1]:8000" -> "[::1]". An IPv6
+    literal followed by anything but a port ("[::1]evil.example") is returned whole,
+    which no check takes for a loopback name."""
     header = header.strip().lower()
-    if header.startswith("["):  # an IPv6 literal: the port follows the bracket
-        return header[:header.find("]") + 1] if "]" in header else header
+    if header.startswith("["):  # an IPv6 literal: only ":port" may follow the bracket
+        name, bracket, rest = header.partition("]")
+        port = rest.removeprefix(":")
+        if bracket and (not rest or rest.startswith(":") and port.isascii() and port.isdigit()):
+            return name + bracket
+        return header
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 

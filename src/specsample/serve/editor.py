@@ -16,7 +16,7 @@ from ..infill_sampler import InfillVocab, infill_vocab
 from ..sampling import STEP_OFF, InvalidSetting, SamplingConfig
 from ..text_stops import IndentStop, TimeStop
 from .errors import APIError
-from .schemas import InfillRequest
+from .schemas import EditorFields
 
 # llama.cpp's samplers we apply, and those that do nothing at llama-server's defaults
 # for their own fields, which this server does not take (dry_multiplier, typ_p, ...):
@@ -25,7 +25,7 @@ OURS = ("penalties", "temperature", "min_p", "top_k", "top_p", "infill")
 NO_OPS = ("dry", "top_n_sigma", "typ_p", "xtc")
 
 
-def editor_config(request: InfillRequest, config: GenerationConfig | None, target) -> GenerationConfig | None:
+def editor_config(request: EditorFields, config: GenerationConfig | None, target) -> GenerationConfig | None:
     """The plan's config with the request's samplers and text rules."""
     if request.id_slot is not None and request.id_slot < -1:
         raise APIError(400, f"id_slot must be -1 (any) or a slot number, got {request.id_slot}", param="id_slot",

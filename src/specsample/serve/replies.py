@@ -76,7 +76,9 @@ class Reply:
         if self.tools is not None:
             parser = self._parser(index)
             out = self._delta_chunks(Choice(index), parser.finish())
-            finish_reason = self._finish(finish_reason, parser.calls)
+            # A call whose arguments went out unfinished ends the stream as "length".
+            whole = parser.calls if not parser.calls or parser.calls[-1].finished else []
+            finish_reason = self._finish(finish_reason, whole, parser.cut)
         return out + [self.chunk(Choice(index), finish_reason=finish_reason)]
 
     def _parser(self, index: int) -> ToolParser:
@@ -111,8 +113,11 @@ class Reply:
         return self._call_ids[choice, call]
 
     @staticmethod
-    def _finish(finish_reason: str, calls: list) -> str:
-        return "tool_calls" if calls and finish_reason == "stop" else finish_reason
+    def _finish(finish_reason: str, calls: list, cut: bool = False) -> str:
+        """"tool_calls" for an answer with whole calls that ended after them, or was cut
+        off (max_tokens) inside a further call, which it then leaves out."""
+        return "tool_calls" if calls and (finish_reason == "stop" or finish_reason == "length" and cut) \
+            else finish_reason
 
     def usage_chunk(self, results: dict[int, GenerationResult]) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -126,8 +131,11 @@ class Reply:
             part, finish = parts[index], FINISH_REASONS[results[index].stop_reason]
             logprobs = self._logprobs(part) if self.logprobs is not None else None
             if self.chat:
-                choices.append({"index": index, "message": self._message(index, part.text), "logprobs": logprobs,
-                                "finish_reason": self._finish(finish, self._parser(index).calls if self.tools else [])})
+                message = self._message(index, part.text)
+                parser = self._parser(index) if self.tools else None
+                choices.append({"index": index, "message": message, "logprobs": logprobs,
+                                "finish_reason": self._finish(finish, message.get("tool_calls") or [],
+                                                              parser is not None and parser.cut)})
             else:
                 choices.append({"index": index, "text": part.text, "logprobs": logprobs, "finish_reason": finish})
         return self._wrap("chat.completion" if self.chat else "text_completion", choices, usage=self.usage(results))
@@ -137,10 +145,12 @@ class Reply:
             return {"role": "assistant", "content": text}
         parser = self._parser(index)
         content = "".join(d.text for d in parser.feed(text) + parser.finish() if isinstance(d, Content))
-        if not parser.calls:
+        # A call cut off by max_tokens has no JSON to give: only whole calls are answered.
+        whole = [call for call in parser.calls if call.finished]
+        if not whole:
             return {"role": "assistant", "content": content}
         calls = [{"id": self._call_id(index, j), "type": "function",
-                  "function": {"name": call.name, "arguments": call.arguments}} for j, call in enumerate(parser.calls)]
+                  "function": {"name": call.name, "arguments": call.arguments}} for j, call in enumerate(whole)]
         return {"role": "assistant", "content": content or None, "tool_calls": calls}
 
     def usage(self, results: dict[int, GenerationResult]) -> dict:

@@ -10,6 +10,7 @@ limit, the response_format, and whether each prompt fits the context.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..backends.base import Backend, ChatTemplateError
@@ -18,7 +19,7 @@ from ..context_fit import new_token_room
 from ..fim import ExtraFile, FimFormat, fim_prompt
 from ..generate import GenerationConfig, check_prompt
 from ..sampling import InvalidSetting, SamplingConfig, bias_entry, check_range
-from .errors import APIError
+from .errors import APIError, ClientGone
 from .schemas import ChatRequest, CompletionRequest, GenerationRequest, InfillRequest, ResponseFormat, TokenizeRequest
 from .settings import Settings
 from .tool_requests import ToolPlan, template_messages, template_tools
@@ -55,8 +56,8 @@ def plan(request: GenerationRequest, settings: Settings, vocab_size: int, tools:
         requested = request.max_completion_tokens
     echo = isinstance(request, CompletionRequest) and request.echo
     try:
-        if isinstance(request, InfillRequest):
-            requested = infill_max_tokens(request, settings)
+        if isinstance(request, (InfillRequest, ChatRequest)):
+            requested = editor_max_tokens(request, requested, settings)
         return _plan(request, requested, echo, settings, vocab_size, tools)
     except InvalidSetting as e:
         param = {"max_new_tokens": "max_tokens", "stop_strings": "stop",
@@ -71,7 +72,8 @@ def _plan(request: GenerationRequest, requested: int | None, echo: bool, setting
     if request.temperature is not None:
         check_range("temperature", request.temperature, 0, MAX_TEMPERATURE)
     if requested is not None:  # 0: nothing generated (echo's prompt scores; /infill's n_predict 0)
-        check_range("max_tokens", requested, 0 if echo or isinstance(request, InfillRequest) else 1,
+        warm_up = isinstance(request, InfillRequest) or isinstance(request, ChatRequest) and request.n_predict == 0
+        check_range("max_tokens", requested, 0 if echo or warm_up else 1,
                     settings.max_tokens)
     if request.n is not None:
         check_range("n", request.n, 1, MAX_CHOICES)
@@ -162,7 +164,8 @@ def response_constraint(response_format: ResponseFormat | None) -> Constraint | 
 
 # ---- prompts ----------------------------------------------------------------------
 
-def completion_prompts(request: CompletionRequest, target: Backend) -> list[Prompt]:
+def completion_prompts(request: CompletionRequest, target: Backend, left: Callable[[], bool] = lambda: False
+                       ) -> list[Prompt]:
     """Each prompt's ids; with a non-empty suffix, each text prompt is the prefix of a
     fill-in-the-middle prompt (an empty one too: the cursor at the start of a file)."""
     prompt = request.prompt
@@ -178,6 +181,8 @@ def completion_prompts(request: CompletionRequest, target: Backend) -> list[Prom
         return [(suffix_prompt(request, p, target), None) for p in prompts]
     out = []
     for p in prompts:
+        if left():  # up to 32 prompts of a MiB: stop once nobody waits for them
+            raise ClientGone()
         if isinstance(p, list):  # token ids
             if not p or not all(0 <= t < target.vocab_size for t in p):
                 raise APIError(400, f"prompt token ids must be in [0, {target.vocab_size}), at least one",
@@ -200,12 +205,34 @@ def suffix_prompt(request: CompletionRequest, prompt: str | list[int], target: B
     return fim_prompt(require_fim(target, "suffix"), target.tokenizer.text_ids, prompt, request.suffix)
 
 
-def infill_prompts(request: InfillRequest, target: Backend) -> list[Prompt]:
-    """llama-server's /infill prompt: input_extra, then prefix (and prompt), suffix, middle."""
+def infill_prompts(request: InfillRequest, target: Backend, left: Callable[[], bool] = lambda: False) -> list[Prompt]:
+    """llama-server's /infill prompt: input_extra, then prefix (and prompt), suffix, middle.
+    Its pieces are tokenized one by one, and the building stops as soon as they cannot fit
+    the context or the client has left (`left`): a request of many files holds the
+    tokenizer thread for about a context's worth of text at most."""
     fim = require_fim(target, "input_suffix")
     extra = [ExtraFile(chunk.filename, chunk.text) for chunk in request.input_extra]
-    return [(fim_prompt(fim, target.tokenizer.text_ids, request.input_prefix, request.input_suffix, extra,
-                        request.prompt), None)]
+    pieces = Pieces(target.tokenizer.text_ids, target.context_length, left, "input_extra" if extra else "input_prefix")
+    return [(fim_prompt(fim, pieces, request.input_prefix, request.input_suffix, extra, request.prompt), None)]
+
+
+class Pieces:
+    """text_ids for a prompt built piece by piece, which gives up once the pieces hold
+    more tokens than the context (a 400 naming `param`) or the client has left."""
+
+    def __init__(self, text_ids: Callable[[str], list[int]], context: int, left: Callable[[], bool], param: str):
+        self.text_ids, self.context, self.left, self.param = text_ids, context, left, param
+        self.count = 0
+
+    def __call__(self, text: str) -> list[int]:
+        if self.left():
+            raise ClientGone()
+        ids = self.text_ids(text)
+        self.count += len(ids)
+        if self.count > self.context:
+            raise APIError(400, f"the prompt has more than {self.context} tokens, this model's context",
+                           param=self.param, code="context_length_exceeded")
+        return ids
 
 
 def require_fim(target: Backend, param: str) -> FimFormat:
@@ -215,21 +242,21 @@ def require_fim(target: Backend, param: str) -> FimFormat:
     return target.fim
 
 
-def infill_max_tokens(request: InfillRequest, settings: Settings) -> int | None:
-    """max_tokens as /infill asks it: n_predict is llama-server's name for it, -1 (its
-    default) as many as fit; and one answer only, as llama-server's shape has room for."""
-    if request.n is not None and request.n != 1:
+def editor_max_tokens(request: InfillRequest | ChatRequest, requested: int | None, settings: Settings) -> int | None:
+    """max_tokens as llama-server's clients ask it: n_predict is its name for it, -1 (its
+    default) as many as fit; /infill gives one answer only, as its shape has room for."""
+    if isinstance(request, InfillRequest) and request.n is not None and request.n != 1:
         raise APIError(400, "/infill gives one answer: n must be 1", param="n", code="invalid_value")
     if request.n_predict is None or request.n_predict == -1:
-        return request.max_tokens
-    if request.max_tokens is not None and request.max_tokens != request.n_predict:
+        return requested
+    if requested is not None and requested != request.n_predict:
         raise APIError(400, "n_predict and max_tokens are one setting; give one", param="n_predict",
                        code="invalid_value")
     check_range("n_predict", request.n_predict, 0, settings.max_tokens)  # 0: the prompt alone
     return request.n_predict
 
 
-def chat_prompts(request: ChatRequest, target: Backend) -> list[Prompt]:
+def chat_prompts(request: ChatRequest, target: Backend, left: Callable[[], bool] = lambda: False) -> list[Prompt]:
     return [(chat_prompt(request, target), None)]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from sse_starlette.sse import SendTimeoutError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from .doors import log
+from .doors import log, require_json
 from .editor import editor_config
 from .errors import APIError, ClientGone, ending_error, shutting_down, target_lost
 from .events import Ended, Finished, Generated
@@ -51,10 +52,24 @@ KINDS = {CompletionRequest: (completion_prompts, "prompt"), ChatRequest: (chat_p
 async def _answer(request: Request, kind: type[GenerationRequest]) -> Response:
     arrived = time.monotonic()
     server: Server = request.app.state.server
+    body = await read_request(request, kind, server.settings.max_body_bytes, server.settings.body_timeout)
+    # Set when the client leaves: it stops the prompt's tokenizing between pieces, and
+    # then the job (its `cancelled`).
+    left = threading.Event()
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, left))
+    try:
+        return await _answer_body(request, kind, body, left, arrived)
+    finally:
+        # A stream's disconnects are sse-starlette's to notice from here on.
+        watcher.cancel()
+
+
+async def _answer_body(request: Request, kind: type[GenerationRequest], body: GenerationRequest,
+                       left: threading.Event, arrived: float) -> Response:
+    server: Server = request.app.state.server
     settings = server.settings
     chat = kind is ChatRequest
-    body = await read_request(request, kind, settings.max_body_bytes, settings.body_timeout)
-    if body.model is not None and body.model != settings.model_name:  # only /infill may leave it out
+    if body.model and body.model != settings.model_name:  # none or "": the one model served
         raise APIError(404, f"model {body.model!r} not found; this server serves {settings.model_name!r}",
                        param="model", code="model_not_found")
     include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -63,13 +78,14 @@ async def _answer(request: Request, kind: type[GenerationRequest]) -> Response:
                        param="stream_options", code="unsupported_parameter")
     tools = await off_the_loop(server, tool_plan, body, server.target) if chat else None
     asked = plan(body, settings, server.target.vocab_size, tools)
-    if kind is InfillRequest:
+    if kind is not CompletionRequest:  # llama.vim's samplers and text rules, on /infill and chat
         asked.config = editor_config(body, asked.config, server.target)
     make_prompts, param = KINDS[kind]
-    prompts = await off_the_loop(server, make_prompts, body, server.target)
+    prompts = await off_the_loop(server, make_prompts, body, server.target, left.is_set)
     choices = tasks(asked, prompts, server.target.context_length, param)
     sampling = asked.config.sampling if asked.config is not None else None
-    job = Job(choices, lambda draft: server.make_drafter(sampling, draft), asyncio.get_running_loop())
+    job = Job(choices, lambda draft: server.make_drafter(sampling, draft), asyncio.get_running_loop(), cancelled=left,
+              cache_salt=body.cache_salt)
     try:
         server.worker.submit(job)
     except QueueFull:
@@ -88,19 +104,13 @@ async def _answer(request: Request, kind: type[GenerationRequest]) -> Response:
                       choices_per_prompt=asked.n)
     echoes = {task.index: prompts[task.index // asked.n] for task in choices} if asked.echo else {}
     follower = Follower(server, job, Answer(echoes, server.target.tokenizer), arrived)
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
-    try:
-        await follower.started()
-        if body.stream:
-            return Stream(_stream(follower, reply, include_usage), sep="\n", ping=15,
-                          send_timeout=settings.send_timeout, headers=response_headers(asked))
-        async for _ in follower.steps():
-            pass
-        return JSONResponse(reply.whole(follower.answer.whole, follower.answer.results),
-                            headers=response_headers(asked))
-    finally:
-        # A stream's disconnects are sse-starlette's to notice from here on.
-        watcher.cancel()
+    await follower.started()
+    if body.stream:
+        return Stream(_stream(follower, reply, include_usage), sep="\n", ping=15,
+                      send_timeout=settings.send_timeout, headers=response_headers(asked))
+    async for _ in follower.steps():
+        pass
+    return JSONResponse(reply.whole(follower.answer.whole, follower.answer.results), headers=response_headers(asked))
 
 
 async def off_the_loop(server: Server, tokenizing, *args):
@@ -122,10 +132,10 @@ class Stream(EventSourceResponse):
                      self.send_timeout)
 
 
-async def _cancel_on_disconnect(request: Request, job: Job) -> None:
+async def _cancel_on_disconnect(request: Request, left: threading.Event) -> None:
     while not await request.is_disconnected():
         await asyncio.sleep(0.25)
-    job.cancel()
+    left.set()
 
 
 @dataclass
@@ -273,6 +283,9 @@ async def slot_action(request: Request) -> Response:
     scratch; what benchmarks send between loads of the same prompts. The other actions
     (save, restore) are llama-server's slot files, which this server has none of."""
     server: Server = request.app.state.server
+    # Its body is ignored, but it must be declared JSON: a cross-site page may POST
+    # text/plain (or nothing) here without asking, and would erase a keyless server's slots.
+    require_json(request)
     seq = request.path_params["slot"]
     action = request.query_params.get("action")
     if action != "erase":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -89,7 +90,9 @@ class GenerationRequest(_Strict):
     """What completions and chat completions share."""
 
     model_config = ConfigDict(strict=True, extra="allow")  # extras are checked by name in parse
-    model: str
+    # The served model's id; absent or "" is the one model served, as llama-server takes
+    # it (llama.vim sends "model": "" with its default config).
+    model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = None  # None: OpenAI's default, 1
@@ -110,6 +113,9 @@ class GenerationRequest(_Strict):
     # llama-server's: score only what the request's slot does not hold already of its
     # prompt (GenerationConfig.cache_prompt); None: the server's default (--cache-prompt).
     cache_prompt: bool | None = None
+    # vLLM's: a slot's cache is reused only between requests with the same salt, so a
+    # client cannot learn from cached_tokens (or timing) what another's prompt holds.
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
 
 
 class CompletionRequest(GenerationRequest):
@@ -119,32 +125,47 @@ class CompletionRequest(GenerationRequest):
     suffix: str | None = None  # non-empty: a fill-in-the-middle prompt (fim.py)
 
 
+MAX_EXTRA_CHUNKS = 256  # /infill's input_extra
+
+
 class ExtraChunk(_Strict):
     filename: str = "tmp"  # llama-server's default name
     text: str = ""
     time: list[float] | float | None = None  # llama.vim's: when it took the chunk (read by nobody, as in llama-server)
 
 
-class InfillRequest(GenerationRequest):
-    """llama-server's /infill: the text around the cursor, other files as context, and
-    its name for max_tokens (n_predict, -1: as many as fit)."""
+class EditorFields(_Strict):
+    """llama-server's fields that editors send (serve/editor.py): llama.vim's /infill
+    requests, and its instruction requests to /v1/chat/completions."""
 
-    model: str | None = None  # llama-server's clients send none
-    input_prefix: str = ""
-    input_suffix: str = ""
-    input_extra: list[ExtraChunk] = Field(default_factory=list)
-    prompt: str = ""  # typed after input_prefix (llama-server's place for it)
-    n_predict: int | None = None  # 0: the prompt only (llama.vim warms the cache so)
-    # What llama.vim sends besides (serve/editor.py).
+    model_config = ConfigDict(strict=True, extra="allow")  # as GenerationRequest's, which it joins
+
+    n_predict: int | None = None  # llama-server's max_tokens (-1: as many as fit; 0: the prompt only, a warm-up)
     id_slot: int | None = None  # the slot to run on: a hint; the worker takes a free one
     n_indent: int | None = None  # lines after the first indented at least this much, or the text ends
     t_max_prompt_ms: int | None = None  # accepted, as llama-server accepts it: it sets no limit either
     t_max_predict_ms: int | None = None  # after this long, end at the next newline
     samplers: list[str] | str | None = None  # llama.cpp's sampler names in order, or its letter codes ("kpi")
-    response_fields: list[str] | None = None  # the answer's fields to send ("timings/prompt_n": nested)
+    response_fields: list[str] | None = None  # /infill's answer fields to send ("timings/prompt_n": nested)
 
 
-class ChatRequest(GenerationRequest):
+class InfillRequest(GenerationRequest, EditorFields):
+    """llama-server's /infill: the text around the cursor, other files as context, and
+    its name for max_tokens (n_predict, -1: as many as fit)."""
+
+    input_prefix: str = ""
+    input_suffix: str = ""
+    # llama.vim sends its ring of chunks (16 by default); the bound comes before any
+    # tokenizing, so a body of 340,000 empty chunks is a 400 at once.
+    input_extra: list[ExtraChunk] = Field(default_factory=list, max_length=MAX_EXTRA_CHUNKS)
+    prompt: str = ""  # typed after input_prefix (llama-server's place for it)
+
+
+class ChatRequest(GenerationRequest, EditorFields):
+    """OpenAI's chat, with llama-server's editor fields (llama.vim's instruction requests:
+    samplers, n_predict 0 warm-ups; response_fields is taken and, as llama-server does on
+    this route, not applied)."""
+
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
@@ -231,7 +252,7 @@ async def read_json(request: Request, limit: int, timeout: float):
         log.info("%s left before sending all of its request body", f"{client.host}:{client.port}" if client else "a client")
         raise ClientGone() from None
     try:
-        return json.loads(body, parse_constant=_no_constants)
+        return json.loads(body, parse_constant=_no_constants, parse_float=_finite)
     except (ValueError, RecursionError) as e:
         raise APIError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
 
@@ -247,3 +268,12 @@ async def _read_body(request: Request, limit: int) -> bytearray:
 
 def _no_constants(name: str):
     raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _finite(text: str) -> float:
+    """A number too large for a double (1e999) would become inf, which no parameter
+    takes and a schema's JSON cannot be written back with."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range (larger than a double holds)")
+    return value

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..backends.base import Backend, common_prefix_length
-from ..batching import Scheduler, slots
+from ..batching import Cancelled, Scheduler, slots
 from ..drafters import Drafter
 from ..generate import GenerationConfig, GenerationResult, GenerationStats, stream
 from ..logprobs import score_prompt
@@ -63,7 +63,7 @@ class Task:
 
 @dataclass
 class Job:
-    tasks: list[Task]  # run in turn: n samples of each prompt
+    tasks: list[Task]  # n samples of each prompt, spread over the slots free when it starts, taken in turn
     # make_drafter(draft_slot), built in the worker on the request's slot of the draft
     # model (None: lookup alone or none): a ModelDrafter follows the request's sampling.
     make_drafter: Callable[[Backend | None], Drafter | None]
@@ -72,6 +72,21 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.monotonic)
     started: bool = False  # Started was sent
+    # vLLM's cache_salt: a slot's cache is reused only by a request with the same salt
+    # as the one that filled it (None is a salt too: unsalted requests share).
+    cache_salt: str | None = None
+    # The worker thread's own: tasks handed out, slots serving it, and its end if one
+    # of them ended it early (the others are cancelled, and it is sent once all stop).
+    taken: int = 0
+    parts: int = 1  # set by the worker as it admits the job
+    outcome: Ended | None = None
+
+    def take(self) -> Task | None:
+        """The next task not yet begun on any slot."""
+        if self.taken == len(self.tasks):
+            return None
+        self.taken += 1
+        return self.tasks[self.taken - 1]
 
     def emit(self, event: Event) -> None:
         """Called from the worker thread."""
@@ -117,6 +132,7 @@ class Worker:
         self.max_queue = max_queue
         self.scheduler = Scheduler(target, on_call=on_call)
         self._free = list(range(parallel))  # slots without a request; only the worker thread changes it
+        self._salts: list[str | None] = [None] * parallel  # the cache_salt of what each slot's cache holds
         self._waiting: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}  # slot -> the job being generated on it
         self._erasing: list[tuple[int, concurrent.futures.Future]] = []  # erase(): slots to empty, in order
@@ -146,7 +162,7 @@ class Worker:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 3.0) -> None:
         """Cancel every request, waiting or being generated, and end the thread once
         each generation has stopped at its next call: every request hears its Ended."""
         with self._changed:
@@ -170,7 +186,7 @@ class Worker:
         inside its last model call, which never returns (rpc.guard_aborts)."""
         with self._changed:
             self.lost = error
-            for job in [*self._running.values(), *self._waiting]:
+            for job in {id(j): j for j in [*self._running.values(), *self._waiting]}.values():  # a job on several slots once
                 job.emit(Ended(End.FAILED, error))
             for _, done in self._erasing:  # the thread that would do them never comes back
                 _settle(done, error=error)
@@ -218,10 +234,13 @@ class Worker:
                 _settle(done, error=SlotBusy(f"slot {seq} is generating a request"))
                 continue
             held = self.slots[seq].length
-            for slot in (self.slots[seq], self.draft_slots[seq]):
-                if slot is not None:
-                    slot.rollback(0)
+            self._empty(seq)
             _settle(done, held)
+
+    def _empty(self, seq: int) -> None:
+        for slot in (self.slots[seq], self.draft_slots[seq]):
+            if slot is not None:
+                slot.rollback(0)
 
     def _drop_cancelled(self) -> None:
         for job in [j for j in self._waiting if j.cancelled.is_set()]:
@@ -229,20 +248,22 @@ class Worker:
             job.emit(Ended(End.CANCELLED))
 
     def _admit(self) -> list[Job] | None:
-        """The jobs to start now, one per free slot, waiting for one while nothing is
-        being generated; None once stopped and every generation has ended."""
+        """The jobs to start now, as many as the free slots hold (a job of n choices takes
+        up to n), waiting for one while nothing is being generated; None once stopped and
+        every generation has ended."""
         with self._changed:
             while not self._waiting and not self.scheduler.live and not self._erasing and not self._stopping:
                 self._changed.wait()
             if self._stopping:  # the cancelled generations still run to their next call
                 return [] if self.scheduler.live else None
-            admitted = []
-            while self._waiting and len(admitted) < len(self._free):
+            admitted, free = [], len(self._free)
+            while self._waiting and free:
                 job = self._waiting.popleft()
                 if job.cancelled.is_set():  # timed out or disconnected while waiting
                     job.emit(Ended(End.CANCELLED))
                 else:
                     admitted.append(job)
+                    free -= min(len(job.tasks), free)
             return admitted
 
     def _run(self) -> None:
@@ -250,9 +271,13 @@ class Worker:
             self._erase()  # before the newcomers: they were submitted after the erase was asked
             started = time.perf_counter()
             for job in admitted:
-                seq = self._slot_for(job)
-                self._free.remove(seq)
-                self.scheduler.add(lambda job=job, seq=seq: self._serve(job, seq))
+                # A request's choices go to as many free slots as they fill, as llama-server
+                # and vLLM spread n: each slot takes the job's next choice until none is left.
+                job.parts = min(len(job.tasks), len(self._free))  # all counted before any can end
+                for _ in range(job.parts):
+                    seq = self._slot_for(job)
+                    self._free.remove(seq)
+                    self.scheduler.add(lambda job=job, seq=seq: self._serve(job, seq), cancelled=job.cancelled.is_set)
             self.scheduler.step()  # one round of calls; then newcomers are admitted
             self.busy_seconds += time.perf_counter() - started
 
@@ -263,14 +288,20 @@ class Worker:
         first = job.tasks[0]
         if not first.cache_prompt:
             return self._free[0]
-        return max(self._free, key=lambda seq: common_prefix_length(self.slots[seq].cached_tokens() or [],
-                                                                    first.prompt_ids))
+        # Only a slot filled under the job's own salt may be reused (-1: any other is emptied first).
+        return max(self._free, key=lambda seq: -1 if self._salts[seq] != job.cache_salt else
+                   common_prefix_length(self.slots[seq].cached_tokens() or [], first.prompt_ids))
 
     def _serve(self, job: Job, seq: int) -> None:
         with self._changed:
             self._running[seq] = job
             if self._stopping:  # admitted as stop() began
                 job.cancel()
+        if self._salts[seq] != job.cache_salt:
+            # Another salt's text: nothing of it may be reused, or cached_tokens (and the
+            # time to the first token) would tell this request how much of it it guessed.
+            self._empty(seq)
+            self._salts[seq] = job.cache_salt
         try:
             self._generate(job, seq)
         finally:
@@ -279,13 +310,13 @@ class Worker:
             self._free.append(seq)
 
     def _generate(self, job: Job, seq: int) -> None:
-        # Every job ends with exactly one Ended. A task's checks (stream()'s) come
-        # before any model call for it, so a refusal is told apart by where it was
-        # raised, and the first task's comes before Started, while a stream can still
-        # answer with a 400.
+        # Every job ends with exactly one Ended, sent by the last of its slots to stop
+        # (_end). A task's checks (stream()'s) come before any model call for it, so a
+        # refusal is told apart by where it was raised, and the first task's comes
+        # before Started, while a stream can still answer with a 400.
         try:
             drafter = None
-            for task in job.tasks:
+            while (task := job.take()) is not None:
                 # Asked between tasks, between scoring calls and before a generation
                 # starts as well as between rounds: a client that left holds the
                 # model for one call at most, whatever it asked for.
@@ -296,7 +327,7 @@ class Worker:
                     try:  # checks the request
                         s = stream(self.slots[seq], task.prompt_ids, task.config, drafter, self.policies[seq])
                     except ValueError as e:
-                        job.emit(Ended(End.REFUSED, e))
+                        self._end(job, Ended(End.REFUSED, e))
                         return
                 job.start()
                 if task.prompt_logprobs is not None:
@@ -316,13 +347,24 @@ class Worker:
                     # with a rollback: nothing to clean up.
                     _stop_if_cancelled(job)
                 job.emit(Finished(task.index, s.result))
-        except _Cancelled:
-            job.emit(Ended(End.CANCELLED))
+        except (_Cancelled, Cancelled):  # Cancelled: between a prompt's chunks
+            self._end(job, Ended(End.CANCELLED))
             return
         except Exception as e:  # reported to the request; the worker keeps serving
-            job.emit(Ended(End.FAILED, e))
+            self._end(job, Ended(End.FAILED, e))
             return
-        job.emit(Ended(End.DONE))
+        self._end(job, Ended(End.DONE))
+
+    @staticmethod
+    def _end(job: Job, ended: Ended) -> None:
+        """One slot of the job stopped: the first early end cancels the others, and the
+        last to stop sends the job's one Ended (the early end's, if any)."""
+        job.parts -= 1
+        if ended.end is not End.DONE and job.outcome is None:
+            job.outcome = ended
+            job.cancel()
+        if job.parts == 0:
+            job.emit(job.outcome or ended)
 
 
 def _settle(done: concurrent.futures.Future, result=None, error: BaseException | None = None) -> None:
