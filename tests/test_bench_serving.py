@@ -7,7 +7,8 @@ import pytest
 
 from specsample.arguments import UsageError
 from specsample.bench import serving
-from specsample.bench.cli import draft_lengths, resolve_options, serve_axes, serve_argv
+from specsample.bench.cli import draft_lengths, serve_argv, serve_axes
+from specsample.bench.options import resolve_options
 from specsample.bench.records import RequestTiming
 from specsample.bench.runner import PreparedPrompt
 from specsample.bench.servers import ServerUnavailable

@@ -107,36 +107,45 @@ def test_without_a_calibration_each_size_is_learnt_from_its_first_call():
 def test_the_goodput_guard_bars_drafting_where_it_realised_less_then_tries_again():
     guard = Goodput()
     for _ in range(4):
-        guard.add(1, False, 1, 1.0)  # plain: 1 token/s
-        guard.add(1, True, 2, 3.0)  # drafting: 0.67 token/s
-    assert guard.barred(1) and not guard.barred(2)
+        guard.add(1, None, 1, 1.0)  # plain: 1 token/s
+        guard.add(1, "model", 2, 3.0)  # drafting with the model: 0.67 token/s
+    assert guard.barred(1, "model") and not guard.barred(1, "lookup") and not guard.barred(2, "model")
     rounds = 0
-    while guard.barred(1):
-        guard.add(1, False, 1, 1.0)
+    while guard.barred(1, "model"):
+        guard.add(1, None, 1, 1.0)
         rounds += 1
     assert 20 < rounds < 100  # tried again once its evidence is stale
     for _ in range(4):
-        guard.add(1, True, 3, 1.0)  # now drafting pays: no bar
-    assert not guard.barred(1)
+        guard.add(1, "model", 3, 1.0)  # now drafting pays: no bar
+    assert not guard.barred(1, "model")
+
+
+def test_lookups_that_lose_do_not_bar_the_model():
+    guard = Goodput()
+    for _ in range(4):
+        guard.add(1, None, 1, 1.0)
+        guard.add(1, "lookup", 1, 2.0)
+        guard.add(1, "model", 3, 1.0)
+    assert guard.barred(1, "lookup") and not guard.barred(1, "model")
 
 
 def test_where_drafting_is_all_a_size_plays_a_plain_round_is_asked_for_now_and_then():
     guard = Goodput()
     rounds = []
     for i in range(200):
-        if guard.wants_plain(1):
+        if guard.probe(1):
             rounds.append(i)
-            guard.add(1, False, 1, 1.0)
+            guard.add(1, None, 1, 1.0)
         else:
-            guard.add(1, True, 3, 1.0)  # drafting pays: it is never barred
-    assert not guard.barred(1) and 2 <= len(rounds) <= 6 and rounds[0] == 4
+            guard.add(1, "model", 3, 1.0)  # drafting pays: it is never barred
+    assert not guard.barred(1, "model") and 2 <= len(rounds) <= 6 and rounds[0] == 4
 
 
-def test_a_barred_batch_size_plans_plain_steps():
+def test_a_barred_kind_is_left_out_of_the_plans():
     planner = Planner(6, prices(flat))
     for _ in range(4):
-        planner.goodput.add(1, False, 1, 1.0)
-        planner.goodput.add(1, True, 1, 2.0)
+        planner.goodput.add(1, None, 1, 1.0)
+        planner.goodput.add(1, "model", 1, 2.0)
     assert solo(planner)[1].source is None
 
 
@@ -148,7 +157,7 @@ def test_the_planner_records_round_windows_into_goodput_and_own_work():
         planner.record(ModelCall(True, 1, 1, 1.0))
         planner.emitted(2)
     assert planner.prices.work[False].value == pytest.approx(0.2)
-    assert planner.goodput._sums[1][False][0] > 0
+    assert planner.goodput._sums[1][None][0] > 0
 
 
 def test_a_draft_behind_a_long_prompt_is_not_offered_and_catches_up_in_chunks_after_the_second_token():
@@ -235,5 +244,5 @@ def test_the_plain_option_is_first_in_every_menu():
     planner = Planner(4, prices(flat))
     seat = planner.seat()
     seat.begin([1], 10)
-    assert seat.menu(Offer({MODEL: 4}, 1), barred=False)[0] == PLAIN
-    assert seat.menu(Offer({MODEL: 4}, 1), barred=True) == [PLAIN]
+    assert seat.menu(Offer({MODEL: 4}, 1))[0] == PLAIN
+    assert seat.menu(Offer({MODEL: 4}, 1), barred={"model"}) == [PLAIN]

@@ -14,7 +14,7 @@ from specsample.generate import GenerationConfig
 from specsample.sampling import SamplingConfig, logits_to_probs
 
 from test_distribution import LENGTH, MIXED_DRAFT, MIXED_PROMPT, MIXED_TARGET, _Truncating
-from toy import FakeClock, TrigramBackend, TrigramSequences, chi_square_p_value, exact_distribution
+from toy import FakeClock, TrigramBackend, TrigramSequences, assert_fits, assert_misfits, exact_distribution
 
 pytestmark = pytest.mark.pure
 
@@ -111,14 +111,15 @@ def test_four_sequences_planned_together_each_follow_the_target():
     exact = exact_distribution(TrigramBackend(MIXED_TARGET), MIXED_PROMPT, LENGTH, SAMPLED)
     assert lengths.get(0, 0) > N // 20  # plain steps
     assert sum(1 for m, c in lengths.items() if m > 0 and c > N // 100) >= 2  # several draft lengths
-    assert chi_square_p_value(counts, exact, 2 * N) > ALPHA
-    assert chi_square_p_value(prefix(counts, 2), prefix(exact, 2), 2 * N) > ALPHA
+    assert_fits(counts, exact, 2 * N)
+    assert_fits(prefix(counts, 2), prefix(exact, 2), 2 * N)
 
 
 def test_negative_control_a_drafter_that_peeks_at_the_verdict_fails_in_a_batch(monkeypatch):
     # The goodput guard is off: a drafter that throws drafts away realises less and
     # would be barred from drafting, hiding the bias this control must show.
-    monkeypatch.setattr(Goodput, "wants_plain", lambda self, size: False)
+    monkeypatch.setattr(Goodput, "barred", lambda self, size, kind: False)
+    monkeypatch.setattr(Goodput, "probe", lambda self, size: False)
     counts, _ = adaptive_batches(N, wrap=keeps_only_drafts_it_predicts_rejected)
     exact = exact_distribution(TrigramBackend(MIXED_TARGET), MIXED_PROMPT, LENGTH, SAMPLED)
-    assert chi_square_p_value(prefix(counts, 2), prefix(exact, 2), 2 * N) < ALPHA
+    assert_misfits(prefix(counts, 2), prefix(exact, 2), 2 * N)

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .calibrate import cached_or_measured, wide_costs, wide_sizes
-from .estimates import Acceptance, AnswerLength, Curve, Goodput, Prices, ShadowLookup, SourceModel
+from .estimates import Acceptance, AnswerLength, Curve, Goodput, Prices, ShadowLookup, SourceModel, kind_of
 from .plans import MODEL, NO_DRAFTS, ModelCall, Offer, Plan, Policy, RoundReport, Source
 
 
@@ -128,10 +128,14 @@ class Planner:
         """Every offering seat's plan for the coming round; `load`: tokens of other
         sequences (prompts being read) in the same target call."""
         seats = list(offers)
-        barred = self.goodput.wants_plain(len(seats) + (load > 0))
+        size = len(seats) + (load > 0)
+        guard = self.goodput
+        barred = {kind for kind in guard.KINDS[1:] if guard.barred(size, kind)} | ({"model", "lookup"}
+                                                                                  if guard.probe(size) else set())
         menus = [seat.menu(offers[seat], barred) for seat in seats]
         chosen = self._search(menus, load)
-        self._window[2] |= any(o.m for o in chosen)  # the coming round drafts: the goodput guard counts it so
+        kinds = {kind_of(o.source) for o in chosen if o.m}  # what the coming round drafts, for the goodput guard
+        self._window[2] = "model" if "model" in kinds else kinds.pop() if kinds else None
         rate = sum(o.expected for o in chosen) / self.seconds(chosen, load)
         tokens = load + sum(o.m + 1 for o in chosen)
         plans = {}
@@ -201,16 +205,16 @@ class Planner:
             seconds = ended - window[0]
             own = seconds - window[1]
             if 0 <= own < seconds:
-                self.prices.work[window[2]].update(own / call.sequences)
+                self.prices.work[window[2] is not None].update(own / call.sequences)
                 self._closed = (call.sequences, window[2], seconds)
-        self._window = [ended, 0.0, False, False, call.sequences]
+        self._window = [ended, 0.0, None, False, call.sequences]
 
     def restart(self) -> None:
         """Open no round window until the next target call. A window: since the last
-        target call, [its end, the seconds of calls in it, whether the round it holds
-        drafted, whether a prompt was read, sequences]; the last closed one waits for
-        its tokens."""
-        self._window, self._closed, self._tokens = [None, 0.0, False, False, 0], None, 0
+        target call, [its end, the seconds of calls in it, what the round it holds drafted
+        from (estimates.kind_of), whether a prompt was read, sequences]; the last closed
+        one waits for its tokens."""
+        self._window, self._closed, self._tokens = [None, 0.0, None, False, 0], None, 0
 
     def emitted(self, tokens: int) -> None:
         self._tokens += tokens
@@ -259,16 +263,15 @@ class Seat:
         self.shadow.offered = offer.lookup
         return request_plan(self, offer)
 
-    def menu(self, offer: Offer, barred: bool) -> list[Option]:
-        """Its options this round: a plain step, then each source and length it offers."""
+    def menu(self, offer: Offer, barred: set = frozenset()) -> list[Option]:
+        """Its options this round: a plain step, then each source and length it offers
+        whose goodput kind is not `barred`."""
         options = [PLAIN]
-        if barred:
-            return options
         prices, horizon = self.planner.prices, self.length.expected_remaining()
         lag = prices.draft(offer.lag + 1) - prices.draft(1) if offer.lag > 2 else 0.0
         for source, available in offer.available.items():
-            if source == MODEL and lag > STALL * prices.target(1):
-                continue  # the draft reads that text in plain rounds first (catch_up)
+            if kind_of(source) in barred or source == MODEL and lag > STALL * prices.target(1):
+                continue  # barred, or the draft reads that text in plain rounds first (catch_up)
             expected, reach = 1.0, 1.0
             for m in range(1, min(available, self.k_max) + 1):
                 reach *= self.acceptance[source].at(m - 1).value
@@ -294,7 +297,7 @@ class Seat:
         reading = prices.draft(offer.lag + 1) - prices.draft(1)
         if MODEL not in offer.available or reading <= STALL * prices.target(1) or self.length.generated < 2:
             return 0
-        ready = self.menu(Offer({MODEL: offer.available[MODEL]}), barred=False)
+        ready = self.menu(Offer({MODEL: offer.available[MODEL]}))
         best = max(self.planner._rate([o], 0) for o in ready)
         plain = self.planner._rate([PLAIN], 0)
         left = self.length.expected_remaining() - offer.lag / chunk

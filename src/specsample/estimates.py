@@ -168,44 +168,55 @@ class Prices:
 
 class Goodput:
     """Tokens per second that rounds realised, by the number of sequences sharing
-    their target call, with and without drafts: the guard against prices whose sums
-    fall short (Nightjar's and AdaSpec's switch). Each mode's tokens, seconds and
-    rounds are sums decayed by DECAY a round. Drafting is barred for a size where it
-    holds EVIDENCE rounds, plain steps at least one recent one, and drafting realised
-    less; while barred its evidence decays, so after about fifty rounds it is tried
-    again. Where drafting is all a size plays, a plain round is asked for once plain
-    evidence has decayed below PROBE (about one round in sixty), so that there is
-    always a plain rate to hold drafting to. Rounds whose calls also read a prompt or
-    caught a draft up are left out: that work is the same whatever the round drafts."""
+    their target call and by what the round drafted from: nothing (plain), the draft
+    model, or lookups alone; the guard against prices whose sums fall short
+    (Nightjar's and AdaSpec's switch). Each kind's tokens, seconds and rounds are sums
+    decayed by DECAY a round. A drafting kind is barred for a size where it holds
+    EVIDENCE rounds, plain steps at least one recent one, and it realised less than
+    plain steps (lookups that lose do not bar the model, nor the reverse); while barred
+    its evidence decays, so after about fifty rounds it is tried again. Where drafting
+    is all a size plays, a plain round is asked for once plain evidence has decayed
+    below PROBE (about one round in sixty), so that there is always a plain rate to
+    hold drafting to. Rounds whose calls also read a prompt or caught a draft up are
+    left out: that work is the same whatever the round drafts."""
 
     EVIDENCE, STALE, RECENT_PLAIN, PROBE, DECAY = 3.5, 1.5, 0.5, 0.3, 0.98
+    KINDS = (None, "model", "lookup")  # what a round drafted from; None: a plain step
 
     def __init__(self):
-        self._sums: dict[int, dict[bool, list[float]]] = {}  # size -> drafted -> [tokens, seconds, rounds]
-        self._barred: set[int] = set()
+        self._sums: dict[int, dict[str | None, list[float]]] = {}  # size -> kind -> [tokens, seconds, rounds]
+        self._barred: set[tuple[int, str]] = set()
 
-    def add(self, size: int, drafted: bool, tokens: int, seconds: float) -> None:
-        sums = self._sums.setdefault(size, {False: [0.0, 0.0, 0.0], True: [0.0, 0.0, 0.0]})
+    def add(self, size: int, kind: str | None, tokens: int, seconds: float) -> None:
+        sums = self._sums.setdefault(size, {k: [0.0, 0.0, 0.0] for k in self.KINDS})
         for mode in sums.values():
             mode[:] = [x * self.DECAY for x in mode]
-        sums[drafted][0] += tokens
-        sums[drafted][1] += seconds
-        sums[drafted][2] += 1
-        plain, drafting = sums[False], sums[True]
-        evidence = drafting[2] >= self.EVIDENCE and plain[2] >= self.RECENT_PLAIN
-        if evidence and drafting[0] * plain[1] < plain[0] * drafting[1]:
-            self._barred.add(size)
-        elif drafting[2] < self.STALE:
-            self._barred.discard(size)
+        sums[kind][0] += tokens
+        sums[kind][1] += seconds
+        sums[kind][2] += 1
+        plain = sums[None]
+        for drafting in self.KINDS[1:]:
+            mine = sums[drafting]
+            evidence = mine[2] >= self.EVIDENCE and plain[2] >= self.RECENT_PLAIN
+            if evidence and mine[0] * plain[1] < plain[0] * mine[1]:
+                self._barred.add((size, drafting))
+            elif mine[2] < self.STALE:
+                self._barred.discard((size, drafting))
 
-    def barred(self, size: int) -> bool:
-        return size in self._barred
+    def barred(self, size: int, kind: str) -> bool:
+        return (size, kind) in self._barred
 
-    def wants_plain(self, size: int) -> bool:
-        """Whether the coming round should be plain: barred, or a probe."""
+    def probe(self, size: int) -> bool:
+        """Whether the coming round should be plain, to measure plain steps again."""
         sums = self._sums.get(size)
-        probe = sums is not None and sums[True][2] >= self.EVIDENCE and sums[False][2] < self.PROBE
-        return probe or self.barred(size)
+        if sums is None or sums[None][2] >= self.PROBE:
+            return False
+        return any(sums[kind][2] >= self.EVIDENCE for kind in self.KINDS[1:])
+
+
+def kind_of(source) -> str | None:
+    """The goodput kind of a round drafting from `source` (None: a plain step)."""
+    return None if source is None else "model" if source == MODEL else "lookup"
 
 
 # (first position, later positions): a later draft is only reached when the earlier

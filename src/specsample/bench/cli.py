@@ -1,12 +1,10 @@
 """The `bench` subcommand: parse, load the models once, run, write the report.
 
-Over 400 lines, on purpose: the per-sequence run, --serve and --contention are one
-subcommand and share its option checks, target types and the native server's start;
-a module per run would import those back from here, in a cycle."""
+The per-sequence run, --serve and --contention are one subcommand: they share its
+options (options.py), target types and the native server's start."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import shlex
@@ -15,132 +13,27 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from ..arguments import UsageError, add_model_arguments, model_options
+from ..arguments import UsageError, model_options
 from ..assemble import assemble
 from .budget import Cell, estimate_seconds, format_duration, trim_to_budget
 from .costs import measure_cost_curve
-from .modes import FAMILIES, OUR_FAMILIES, SETTINGS, OurMode, build_modes
+from .modes import FAMILIES, OUR_FAMILIES, OurMode, build_modes
 from .native import LlamaServer, ensure_server
+from .options import BENCH_CONTEXT, add_bench_arguments, bench_config, names, resolve_options
 from .bandwidth import weight_bytes
 from .records import Record
 from .report import write_contention_report, write_report, write_serve_report
-from .runner import BenchConfig, prepare, run_bench, run_parity, total_steps
+from .runner import prepare, run_bench, run_parity, total_steps
 from .servers import ServerUnavailable
 from .summary import TargetRun
 from .tables import machine_description
 from .tasks import TASKS
 
-# `make bench`: every task, both settings, 8 prompts each, answers to their task's limit, and 40
-# HumanEval problems per mode for parity: a long run on a CPU (docs/benchmarks.md), so the estimate
-# is printed up front and --budget-minutes trims prompts to fit. A preset replaces the defaults it names.
-DEFAULTS = dict(tasks="humaneval,summarize,humaneval-chat,copy,structured", settings="greedy,sample", modes="auto",
-                ks="2,3,4", peer_k="3", prompts="8", parity_prompts=40, parity_k=3, parity=True, plots=True,
-                target_quants=None)
-PRESETS = {
-    # `make demo`: HumanEval completions to the end of the function on the llama.cpp
-    # backend, on the default target as shipped (Q4_K_M: compute-bound calls) and on
-    # its BF16 re-encoding (memory-bound: the regime speculation is for), each beside
-    # llama.cpp's own speculative decoding on the same files; short enough for a first
-    # look (docs/benchmarks.md: its time on the project's machine).
-    "demo": dict(tasks="humaneval", settings="greedy", modes="ar,spec-auto,spec,llamacpp-spec", ks="4", peer_k="4",
-                 prompts="4", parity=False, plots=False, target_quants="q4_k_m,bf16"),
-}
-# --serve: short HumanEval completions and long explanations (decoding dominates), both
-# settings, 8 requests from 4 clients per server, on 1 and 4 slots (--clients, --slots).
-SERVE_DEFAULTS = dict(tasks="humaneval,explain", modes="auto", prompts="8")
-# The bench's prompts and answers are short: its models are loaded with this context, not the
-# trained 32k (whose KV caches would cost ~1.3 GB and their clearing time at every load);
-# --serve's servers get what their longest prompt and answer need, as llama-server does.
-BENCH_CONTEXT = 4096
-
-
 def add_bench_parser(subparsers) -> None:
     b = subparsers.add_parser("bench", help="measure speedups, acceptance and parity against peers",
                               description="Reproduce the speculative sampling measurements on your models and hardware.")
-    add_model_arguments(b)
-    b.add_argument("--preset", choices=list(PRESETS),
-                   help="demo: humaneval, 4 prompts, greedy, ar/spec-auto/spec-k4/llamacpp-spec-k4, on the target as "
-                        "given (q4_k_m) and on its bf16 re-encoding")
-    b.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory (default results/bench)")
-    tasks = ", ".join(f"{t.name} ({'chat' if t.chat else 'raw prompt'}, <= {t.max_new_tokens} tokens)" for t in TASKS.values())
-    b.add_argument("--tasks", help=f"comma list of {tasks} (default all)")
-    b.add_argument("--settings", help=f"comma list of {', '.join(SETTINGS)} (default both; sample = T 0.8, top-p 0.95)")
-    b.add_argument("--modes", help=f"'auto' or a comma list of {', '.join(FAMILIES)} (auto: all that fit the backends; "
-                                   "llamacpp-spec is llama.cpp's own speculative decoding, llama-server -md, built once)")
-    b.add_argument("--target-quants",
-                   help="run every mode on each of these target types in turn, each against its own ar, with a "
-                        "table by type: the GGUF file's own type (e.g. q4_k_m) and any of bf16, f16, q8_0 "
-                        "(re-encoded once, cached); e.g. q4_k_m,bf16")
-    b.add_argument("--ks", help="draft lengths K of the spec sweep (default 2,3,4)")
-    b.add_argument("--k-max", type=int, default=8,
-                   help="the most drafts spec-auto (-k auto) proposes in a round (default 8, as generate's and "
-                        "serve's --k-max)")
-    b.add_argument("--peer-k", help="K of ngram, hf-assisted, llamacpp-lookup and llamacpp-spec, or a comma list for a "
-                                   "mode per K (default 3)")
-    b.add_argument("--prompts", help="prompts per task: N, or task=N,... (default 8)")
-    b.add_argument("--max-new-tokens", type=int, help="cap every task's answer length (default: each task's own; for smoke runs)")
-    b.add_argument("--budget-minutes", type=float, help="trim prompts (never tokens) so the estimated run fits")
-    b.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i in every mode")
-    b.add_argument("--no-parity", dest="parity", action="store_false", default=None, help="skip the HumanEval pass@1 check")
-    b.add_argument("--parity-prompts", type=int, help="HumanEval problems sampled per mode for pass@1 (default 40)")
-    b.add_argument("--parity-k", type=int, help="K of the spec mode compared with ar for parity (default 3)")
-    b.add_argument("--cost-reps", type=int, default=5, help="timed calls per point of the cost curve (default 5)")
-    b.add_argument("--no-build", dest="build", action="store_false", help="skip llamacpp-spec unless llama-server is already built")
-    b.add_argument("--no-plots", dest="plots", action="store_false", default=None, help="skip the PNG plots")
-    b.add_argument("--serve", action="store_true",
-                   help="measure serving instead: each server in turn (modes: ar, spec-auto, spec, llamacpp-server, "
-                        "llamacpp-spec; default all but spec), started once per --slots count, gets each task's "
-                        "prompts from each --clients count of concurrent streaming clients (tasks default "
-                        "humaneval,explain); writes serve.md and serve.jsonl")
-    b.add_argument("--clients", default="4", help="--serve: concurrent clients, N or a comma list (default 4)")
-    b.add_argument("--slots", default="1,4",
-                   help="--serve: requests each server decodes at once, N or a comma list: specsample serve "
-                        "--parallel N, llama-server -np N (default 1,4)")
-    b.add_argument("--contention", action="store_true",
-                   help="measure instead how two model processes at once slow each other, with and without "
-                        "specsample's core sharing, writing contention.md")
-    b.add_argument("--neighbour", type=int, default=0, metavar="N",
-                   help="run N busy processes (one spinning thread each) beside the whole benchmark, as a user's "
-                        "other programs would; the report's machine line says so")
-    b.add_argument("--rpc-delay-ms", type=float, default=None, metavar="MS",
-                   help="with --target-rpc: reach each worker through a local relay that delays every message by "
-                        "MS one way (a network's latency on one machine; docs/distributed.md)")
+    add_bench_arguments(b)
     b.set_defaults(func=cmd_bench, ctx_size=BENCH_CONTEXT)
-
-
-def resolve_options(args) -> argparse.Namespace:
-    """Explicit options win over the preset, the preset over the defaults."""
-    preset = {**(SERVE_DEFAULTS if args.serve else {}), **PRESETS.get(args.preset, {})}
-    for name, default in DEFAULTS.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, preset.get(name, default))
-    return args
-
-
-def bench_config(args) -> BenchConfig:
-    tasks = _names(args.tasks, TASKS, "task")
-    default, counts = parse_prompts(args.prompts, tasks)
-    return BenchConfig(tasks=tasks, settings=_names(args.settings, SETTINGS, "setting"), prompts=counts,
-                       default_prompts=default, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                       parity_prompts=args.parity_prompts if args.parity else 0)
-
-
-def parse_prompts(text: str, tasks: tuple[str, ...]) -> tuple[int, dict[str, int]]:
-    """"8" -> (8, {}); "humaneval=8,copy=4" -> (8, {"humaneval": 8, "copy": 4}): a
-    task not named gets the largest count given."""
-    counts = {}
-    try:
-        if "=" not in text:
-            return int(text), {}
-        for item in text.split(","):
-            task, n = item.split("=")
-            counts[task.strip()] = int(n)
-    except ValueError:
-        raise UsageError(f"--prompts takes N or task=N,...; got {text!r}") from None
-    unknown = set(counts) - set(tasks)
-    if unknown:
-        raise UsageError(f"--prompts names tasks not being run: {', '.join(sorted(unknown))}")
-    return max(counts.values()), counts
 
 
 def check_remote_modes(args, families) -> None:
@@ -211,7 +104,7 @@ def _bench_command(args) -> int:
         return cmd_contention(args)
     load_at_start = os.getloadavg()[0]
     config = bench_config(args)  # validates before the slow model loads
-    families = list(FAMILIES) if args.modes == "auto" else _names(args.modes, FAMILIES, "mode")
+    families = list(FAMILIES) if args.modes == "auto" else names(args.modes, FAMILIES, "mode")
     check_remote_modes(args, families)
     ks, peer_ks = draft_lengths(args)
     types = target_types(args)
@@ -300,7 +193,7 @@ def target_types(args) -> list[tuple[str | None, str]]:
         raise UsageError("--target-quants re-encodes a GGUF target file; this target is not one")
     own = file_type(gguf)
     types = []
-    for name in _names(args.target_quants, [own, *TARGET_QUANTS], "--target-quants type"):
+    for name in names(args.target_quants, [own, *TARGET_QUANTS], "--target-quants type"):
         types.append((name, "none" if name == own else name))
     return types
 
@@ -323,7 +216,7 @@ def cmd_serve_load(args) -> int:
     config = bench_config(args)
     if any(TASKS[t].held for t in config.tasks):
         raise UsageError("--serve sends plain requests: run tasks held to a grammar (structured, tools) without --serve")
-    families = DEFAULT_SERVE_FAMILIES if args.modes == "auto" else _names(args.modes, SERVE_FAMILIES, "--serve mode")
+    families = DEFAULT_SERVE_FAMILIES if args.modes == "auto" else names(args.modes, SERVE_FAMILIES, "--serve mode")
     check_remote_modes(args, families)
     ks, peer_ks = draft_lengths(args)
     clients, slots = serve_axes(args)
@@ -490,16 +383,6 @@ def _parity_modes(target, draft, k: int) -> list:
     if draft is None:
         return []
     return [OurMode("ar", "ar", target), OurMode(f"spec-k{k}", "spec", target, k, draft)]
-
-
-def _names(text: str, allowed, what: str) -> tuple[str, ...]:
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    for n in names:
-        if n not in allowed:
-            raise UsageError(f"unknown {what} {n!r}; choose from {', '.join(allowed)}")
-    if not names:
-        raise UsageError(f"no {what} given")
-    return names
 
 
 def _is_llamacpp(target) -> bool:
