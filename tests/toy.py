@@ -186,20 +186,9 @@ def token_fit_p_value(counts: dict, backend: Backend, prompt: list[int], samplin
     stat, dof = 0.0, 0
     for key, row in cells.items():
         total = sum(row.values())
-        pool_obs, pool_exp, used = 0, 0.0, 0
-        for token, p in enumerate(probs_of[key].tolist()):
-            expected = p * total
-            if expected == 0:
-                continue
-            if expected < 5:
-                pool_obs += row.get(token, 0)
-                pool_exp += expected
-                continue
-            stat += (row.get(token, 0) - expected) ** 2 / expected
-            used += 1
-        if pool_exp > 0:
-            stat += (pool_obs - pool_exp) ** 2 / pool_exp
-            used += 1
+        row_stat, used = _pearson((row.get(token, 0), p * total) for token, p in enumerate(probs_of[key].tolist())
+                                  if p > 0)
+        stat += row_stat
         dof += max(used - 1, 0)
     return chi_square_tail(stat, dof) if dof else 1.0
 
@@ -240,22 +229,28 @@ def _p_value(counts: dict, exact: dict[tuple, float], n: int) -> float:
     """
     if any(seq not in exact for seq in counts):
         return 0.0
-    stat, cells, pool_obs, pool_exp = 0.0, 0, 0, 0.0
-    for seq, prob in exact.items():
-        expected = prob * n
-        if expected < 5:
-            pool_obs += counts.get(seq, 0)
-            pool_exp += expected
-            continue
-        stat += (counts.get(seq, 0) - expected) ** 2 / expected
-        cells += 1
-    if pool_exp > 0:
-        stat += (pool_obs - pool_exp) ** 2 / pool_exp
-        cells += 1
+    stat, cells = _pearson((counts.get(seq, 0), prob * n) for seq, prob in exact.items())
     dof = cells - 1
     if dof <= 0:
         return 1.0
     return chi_square_tail(stat, dof)
+
+
+def _pearson(cells) -> tuple[float, int]:
+    """Pearson's statistic over (observed, expected) cells, those expected below 5
+    pooled into one; and the number of cells it summed."""
+    stat, used, pool_obs, pool_exp = 0.0, 0, 0, 0.0
+    for observed, expected in cells:
+        if expected < 5:
+            pool_obs += observed
+            pool_exp += expected
+            continue
+        stat += (observed - expected) ** 2 / expected
+        used += 1
+    if pool_exp > 0:
+        stat += (pool_obs - pool_exp) ** 2 / pool_exp
+        used += 1
+    return stat, used
 
 
 def chi_square_tail(x: float, dof: int) -> float:
