@@ -1,5 +1,6 @@
 """A target on two llama.cpp RPC workers started here on 127.0.0.1 (rpc.py)."""
 
+import gc
 import json
 import socket
 import struct
@@ -84,6 +85,7 @@ def workers():
     try:
         yield endpoints
     finally:
+        gc.collect()  # the module's models on the workers are freed while the workers still answer
         stop(procs)
     assert "no authentication" in procs[0].stderr.read()  # its start-up line said so
 
@@ -160,6 +162,58 @@ def test_a_worker_killed_mid_generation_ends_the_client_with_one_line_not_a_hang
     finally:
         if client is not None:
             end_group(client)
+        stop(procs)
+
+
+FREE = """
+import gc, sys
+from specsample.backends import load_backend
+from specsample.rpc import connections_to, parse_workers
+path, endpoints = sys.argv[1:]
+workers = parse_workers(endpoints, "1,1")
+model = load_backend(path, "llamacpp", threads=1, workers=workers, n_ctx=256)
+model.score(model.tokenizer.encode("def f(x):"), 1)
+print("loaded", flush=True)
+sys.stdin.readline()  # the workers may be stopped meanwhile
+del model
+gc.collect()
+print("freed;", sum(len(connections_to(e)) for e in workers.endpoints), "connections left", flush=True)
+"""
+
+
+def free_model(path: str, endpoints: str, before=lambda: None) -> tuple[int, str, str]:
+    """A process loads a model on the workers, `before` runs, then the model is freed."""
+    client = popen([sys.executable, "-c", FREE, path, endpoints],
+                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline() == "loaded\n"
+        before()
+        out, err = client.communicate("go\n", timeout=60)
+        return client.returncode, out, err
+    finally:
+        end_group(client)
+
+
+@pytest.mark.real
+def test_a_model_freed_while_its_workers_answer_closes_its_connections(real_pair):
+    endpoints, procs = start_workers()  # a worker serves one connection at a time: these serve no one else
+    try:
+        assert free_model(real_pair.draft, endpoints)[:2] == (0, "freed; 0 connections left\n")
+    finally:
+        stop(procs)
+
+
+@pytest.mark.real
+def test_a_model_freed_after_its_workers_stopped_is_left_behind_and_the_process_goes_on(real_pair):
+    """Freeing a model sends its workers commands, and llama.cpp aborts the process when
+    a worker is gone: a model outliving its workers (a test's, or a bench's, collected
+    after the workers were stopped) ended its whole process with status 2. It is now
+    left unfreed, and the process goes on."""
+    endpoints, procs = start_workers()
+    try:
+        code, out, err = free_model(real_pair.draft, endpoints, before=lambda: stop(procs))
+        assert code == 0 and out.startswith("freed;"), err  # its connections, closed by the workers, stay with it
+    finally:
         stop(procs)
 
 

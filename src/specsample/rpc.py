@@ -230,6 +230,27 @@ def release(workers: Workers) -> int:
     return shut
 
 
+def still_connected(workers: Workers) -> bool:
+    """Whether this process holds an open connection to every one of the workers that
+    the peer has not closed: a worker that died or was stopped has closed it (read
+    without waiting, it reads as its end, or as reset), and one this process never
+    reached, or lost, has none."""
+    for endpoint in workers.endpoints:
+        fds = connections_to(endpoint)
+        if not fds:
+            return False
+        for fd in fds:
+            try:
+                with socket.socket(fileno=os.dup(fd)) as sock:
+                    if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                        return False
+            except BlockingIOError:  # open, and nothing to read: the worker waits for us
+                continue
+            except OSError:  # reset, or closed meanwhile
+                return False
+    return True
+
+
 def connections_to(endpoint: str) -> list[int]:
     """This process's open TCP connections to a worker (descriptor numbers): llama.cpp
     keeps one per worker for as long as a model placed there lives, shared by every

@@ -51,6 +51,7 @@ class LoadedModel:
 
     def __init__(self, lib, path: Path, repack: bool = True, workers=None):
         self.lib = lib
+        self.workers = workers
         params = lib.llama_model_default_params()
         if not repack:  # llama.cpp repacks weights for faster kernels by default
             params.use_extra_bufts = False
@@ -67,8 +68,20 @@ class LoadedModel:
     def __del__(self, _exiting=sys.is_finalizing):  # bound now: at exit this module's globals are gone
         # At interpreter exit the process frees everything, and the bindings may already
         # be torn down (freeing then raised "'NoneType' object is not callable").
-        if getattr(self, "pointer", None) and not _exiting():
+        if getattr(self, "pointer", None) and not _exiting() and _workers_answer(self.workers):
             self.lib.llama_model_free(self.pointer)
+
+
+def _workers_answer(workers) -> bool:
+    """Whether a model's (or its context's) memory can be freed: always for one held
+    here; for one on RPC workers, only while they are still connected. Freeing sends
+    each worker a command, and to a worker that is gone llama.cpp answers by aborting
+    the process (rpc.guard_aborts), so memory left on a lost worker is left behind."""
+    if workers is None:
+        return True
+    from ..rpc import still_connected
+
+    return still_connected(workers)
 
 
 class LlamaCppTokenizer:
@@ -341,7 +354,8 @@ class LlamaCppBackend(Backend):
             return
         if getattr(self, "_batch", None) is not None:
             lib.llama_batch_free(self._batch)
-        if getattr(self, "_ctx", None):
+        loaded = getattr(self, "_loaded", None)
+        if getattr(self, "_ctx", None) and _workers_answer(getattr(loaded, "workers", None)):
             lib.llama_free(self._ctx)
         # The model goes with the last reference to self._loaded: here, or with the tokenizer.
 
