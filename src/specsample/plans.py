@@ -115,6 +115,9 @@ class RoundReport:
 
 
 class Policy(Protocol):
+    """A draft-length policy (control.py). Those that subclass it inherit begin,
+    observe and end that do nothing."""
+
     k_max: int
 
     def begin(self, context: list[int], max_new_tokens: int) -> None:
