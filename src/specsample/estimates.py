@@ -80,9 +80,6 @@ class SourceModel:
         b = min(CONFIDENCE_BINS - 1, max(0, int(confidence * CONFIDENCE_BINS)))
         return self.by_confidence[b]
 
-    def all_rates(self) -> list[Rate]:
-        return self.positions + self.by_confidence
-
 
 def interpolated(points: list[tuple[int, float]], x: int) -> float:
     """The value at size x from (size, value) points sorted by size: linear between
@@ -191,14 +188,11 @@ class Goodput:
         sums = self._sums.setdefault(size, {k: [0.0, 0.0, 0.0] for k in self.KINDS})
         for mode in sums.values():
             mode[:] = [x * self.DECAY for x in mode]
-        sums[kind][0] += tokens
-        sums[kind][1] += seconds
-        sums[kind][2] += 1
+        sums[kind][:] = [x + y for x, y in zip(sums[kind], (tokens, seconds, 1))]
         plain = sums[None]
         for drafting in self.KINDS[1:]:
-            mine = sums[drafting]
-            evidence = mine[2] >= self.EVIDENCE and plain[2] >= self.RECENT_PLAIN
-            if evidence and mine[0] * plain[1] < plain[0] * mine[1]:
+            mine = sums[drafting]  # [tokens, seconds, rounds]: fewer tokens a second than plain steps bar it
+            if mine[2] >= self.EVIDENCE and plain[2] >= self.RECENT_PLAIN and mine[0] * plain[1] < plain[0] * mine[1]:
                 self._barred.add((size, drafting))
             elif mine[2] < self.STALE:
                 self._barred.discard((size, drafting))
@@ -230,19 +224,18 @@ DEFAULT_PRIORS = {MODEL: (0.7, 0.8), lookup_source(1): (0.2, 0.6), lookup_source
 
 
 class Acceptance:
-    """Acceptance rates per source. A source that fails is tried again once its
-    evidence has decayed (idle_decay per round it sits out: several hundred rounds
-    from one failure to a probe)."""
+    """Acceptance rates per source, decayed by `decay` a round they are observed. A
+    source that fails is tried again once its evidence has decayed (idle_decay per round
+    it sits out: several hundred rounds from one failure to a probe)."""
 
-    def __init__(self, priors: dict[Source, tuple[float, float]] | None = None, decay: float = 0.9,
-                 idle_decay: float = 0.998):
-        self.priors = dict(DEFAULT_PRIORS, **(priors or {}))
-        self.decay, self.idle_decay = decay, idle_decay
+    decay, idle_decay = 0.9, 0.998
+
+    def __init__(self):
         self.sources: dict[Source, SourceModel] = {}
 
     def __getitem__(self, source: Source) -> SourceModel:
         if source not in self.sources:
-            prior = self.priors.get(source, self.priors[lookup_source(3)] if source.is_lookup else (0.5, 0.5))
+            prior = DEFAULT_PRIORS.get(source, DEFAULT_PRIORS[lookup_source(3)] if source.is_lookup else (0.5, 0.5))
             self.sources[source] = SourceModel(prior, pooled=source.is_lookup)
         return self.sources[source]
 
@@ -250,7 +243,7 @@ class Acceptance:
         """Sources left out this round drift back towards their prior (probing)."""
         for source, model in self.sources.items():
             if source != chosen:
-                for r in model.all_rates():
+                for r in model.positions + model.by_confidence:
                     r.forget(self.idle_decay)
 
     def observe(self, report: RoundReport) -> None:
@@ -289,21 +282,15 @@ class ShadowLookup:
         self.offered = self.followed = None
 
     def observe(self, report: RoundReport, acceptance: Acceptance) -> None:
-        offered, self.offered = self.offered, None
+        followed = self.followed or self.offered and (*self.offered, 0)
+        self.offered = self.followed = None
         proposed = any(source.is_lookup for source in report.sources)  # Acceptance.observe scored it
-        if proposed or report.target_probs is None:
-            self.followed = None
+        if not followed or proposed or report.target_probs is None:
             return
-        if self.followed is None and offered is not None:
-            self.followed = (*offered, 0)
-        if self.followed is None:
-            return
-        source, tokens, i = self.followed
-        rates = acceptance[source]
+        source, tokens, i = followed
         for row, token in zip(report.target_probs, report.emitted_tokens):
-            rates.at(i).update(float(row[tokens[i]]), acceptance.decay)
+            acceptance[source].at(i).update(float(row[tokens[i]]), acceptance.decay)
             if token != tokens[i] or i + 1 == len(tokens):
-                self.followed = None
                 return
             i += 1
         self.followed = (source, tokens, i)
