@@ -67,10 +67,9 @@ class SourceModel:
     by_confidence: list[Rate] = field(default_factory=list)
 
     def at(self, i: int) -> Rate:
-        if self.pooled:
-            i = min(i, 1)
+        i = min(i, 1) if self.pooled else i
         while len(self.positions) <= i:
-            self.positions.append(Rate(self.prior[0] if not self.positions else self.prior[1]))
+            self.positions.append(Rate(self.prior[min(1, len(self.positions))]))
         return self.positions[i]
 
     def given_confidence(self, confidence: float) -> Rate:
@@ -203,9 +202,8 @@ class Goodput:
     def probe(self, size: int) -> bool:
         """Whether the coming round should be plain, to measure plain steps again."""
         sums = self._sums.get(size)
-        if sums is None or sums[None][2] >= self.PROBE:
-            return False
-        return any(sums[kind][2] >= self.EVIDENCE for kind in self.KINDS[1:])
+        return sums is not None and sums[None][2] < self.PROBE and any(
+            sums[kind][2] >= self.EVIDENCE for kind in self.KINDS[1:])
 
 
 def kind_of(source) -> str | None:
@@ -248,9 +246,8 @@ class Acceptance:
 
     def observe(self, report: RoundReport) -> None:
         position: dict[Source, int] = {}  # each source's own position: forced tokens may come between
-        for i, (source, confidence) in enumerate(zip(report.sources, report.confidences)):
-            if i > report.num_accepted:
-                break  # not reached: an earlier draft was rejected
+        reached = report.sources[:report.num_accepted + 1]  # past the first rejection, none was reached
+        for i, (source, confidence) in enumerate(zip(reached, report.confidences)):
             accepted = i < report.num_accepted
             model = self[source]
             j = position[source] = position.get(source, -1) + 1
@@ -301,9 +298,8 @@ class AnswerLength:
     earlier answers ran."""
 
     def __init__(self):
-        self.typical = Ema(weight=0.3)  # tokens per finished sequence
-        self.budget = 0  # this sequence's max_new_tokens
-        self.generated = 0
+        # Tokens per finished sequence; this sequence's max_new_tokens and tokens so far.
+        self.typical, self.budget, self.generated = Ema(weight=0.3), 0, 0
 
     def begin(self, max_new_tokens: int) -> None:
         # The last sequence's length says how long answers run, unless its token
@@ -318,6 +314,5 @@ class AnswerLength:
         past the budget."""
         remaining = self.budget - self.generated
         if self.typical.value is not None:
-            expected = max(8.0, self.typical.value - self.generated, float(self.generated))
-            remaining = min(remaining, expected)
+            remaining = min(remaining, max(8.0, self.typical.value - self.generated, float(self.generated)))
         return max(1.0, remaining)
