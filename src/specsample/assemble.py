@@ -20,7 +20,7 @@ from .backends.hf import DTYPES
 from .backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
 from .calibrate import cached_or_measured, cost_cache_path, make_policy, probe_context
 from .context_size import available_memory, choose_context
-from .estimates import Curve
+from .curve import Curve
 from .drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_dir
 from .plans import Policy

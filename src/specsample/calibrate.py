@@ -12,7 +12,7 @@ per-token cost of catching up on unseen text). Each target size is the median of
 REPS timed calls, after a warm-up of both a 1-token and a many-token call (llama.cpp
 runs 1 token and more on different kernels, and the first call of each pays one-off
 costs). These are the planner's priors only: every call of a run moves its prices
-(estimates.Curve).
+(curve.Curve).
 
 What is built from a measurement lives here too: make_policy (a fixed K, or a planner
 whose prices start from it), and the server's default slot count (slots_that_pay).
@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 from .control import FixedK, Planner
-from .estimates import Curve, Prices
+from .curve import Curve
+from .estimates import Prices
 from .files import read_cached_json, write_cached_json
 from .machine import fingerprint
 from .plans import Policy
