@@ -2,9 +2,10 @@
 
 from .constraints import Constraint
 from .calibrate import make_policy
-from .control import FixedK, Planner
+from .control import Planner
 from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from .generate import GenerationConfig, GenerationResult, GenerationStats, generate, stream
+from .plans import FixedK
 from .sampling import SamplingConfig, logits_to_probs
 from .verify import verify
 

@@ -26,12 +26,12 @@ import statistics
 import time
 from pathlib import Path
 
-from .control import FixedK, Planner
+from .control import Planner
 from .curve import Curve
 from .estimates import Prices
 from .files import read_cached_json, write_cached_json
 from .machine import fingerprint
-from .plans import Policy
+from .plans import FixedK, Policy
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
-"""How many tokens to draft next: a fixed K, or one planner for every sequence that
-shares the target's calls (a batch of one is the single stream).
+"""How many tokens to draft next under -k auto: one planner for every sequence that
+shares the target's calls (a batch of one is the single stream). A fixed K is
+plans.FixedK.
 
 A round drafts from one source (the draft model, an n-gram lookup of a given match
 length), m tokens of it, m = 0 being a plain target step. Each sequence's policy is
@@ -60,26 +61,7 @@ from typing import NamedTuple
 
 from .batching import in_batch, request_plan
 from .estimates import Acceptance, AnswerLength, Goodput, Prices, ShadowLookup, SourceModel, kind_of
-from .plans import MODEL, NO_DRAFTS, ModelCall, Offer, Plan, Policy, RoundReport, Source
-
-
-class FixedK(Policy):
-    """Always K drafts (fewer when the budget or the lookup is shorter). A lookup match
-    is preferred to the draft model: the hybrid drafter's fixed-K behaviour."""
-
-    def __init__(self, k: int):
-        if k < 0:
-            raise ValueError(f"k must be >= 0, got {k}")
-        self.k_max = k
-
-    def plan(self, offer: Offer) -> Plan:
-        for source, available in sorted(offer.available.items(), key=lambda kv: kv[0] == MODEL):
-            if available > 0:
-                return Plan(source, min(self.k_max, available), limit=available)
-        return NO_DRAFTS
-
-    def fork(self) -> FixedK:
-        return FixedK(self.k_max)
+from .plans import MODEL, ModelCall, Offer, Plan, Policy, RoundReport, Source
 
 
 class Option(NamedTuple):
@@ -106,9 +88,7 @@ class Planner:
     def __init__(self, k_max: int = 8, prices: Prices | None = None, clock=time.perf_counter):
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
-        self.k_max, self.clock = k_max, clock
-        self.prices = prices or Prices()
-        self.goodput = Goodput()
+        self.k_max, self.clock, self.prices, self.goodput = k_max, clock, prices or Prices(), Goodput()
         self.restart()
 
     def seat(self) -> Seat:
