@@ -225,7 +225,7 @@ def test_cli_exits_1_on_a_wrong_sampler(capsys, toy_models, monkeypatch):
 
 @pytest.mark.parametrize("args,message", [
     (["--temperature", "0"], "temperature of at least 1e-05"),
-    (["-k", "0"], "-k >= 1"),
+    (["-k", "0"], "k must be 'auto' or an integer >= 1"),
     (["-n", "0"], "samples >= 1"),
     (["--lookup"], "without --lookup"),
 ])
