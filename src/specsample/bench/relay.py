@@ -52,6 +52,10 @@ class DelayRelay:
             self._loop.run_forever()
         finally:
             server.close()
+            pending = asyncio.all_tasks(self._loop)  # connections still open: ended here, not by the collector
+            for task in pending:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self._loop.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
