@@ -11,7 +11,8 @@ from specsample import assemble as assemble_module
 from specsample.arguments import add_model_arguments, model_options
 from specsample.assemble import ModelOptions, Models, OptionError, assemble, make_drafter, option, option_flag
 from specsample.cli import build_parser
-from specsample.control import FixedK, Seat
+from specsample.control import Seat
+from specsample.plans import FixedK
 from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.sampling import SamplingConfig
 

@@ -9,7 +9,7 @@ import torch
 
 from specsample.batching import Scheduler, slots
 from specsample.generate import generate_many
-from specsample.control import FixedK
+from specsample.plans import FixedK
 from specsample.drafters import ModelDrafter
 from specsample.generate import GenerationConfig, generate, stream
 from specsample.sampling import SamplingConfig

@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from specsample.constraints import Constraint, ConstraintError, constrained_logits, start
-from specsample.control import Planner, make_policy
+from specsample.calibrate import make_policy
+from specsample.control import Planner
 from specsample.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.plans import FORCED, MODEL
 from specsample.generate import GenerationConfig, generate

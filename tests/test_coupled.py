@@ -14,7 +14,7 @@ import importlib
 import pytest
 import torch
 
-from specsample.control import make_policy
+from specsample.calibrate import make_policy
 from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig, race_noise

@@ -29,7 +29,7 @@ import importlib
 import pytest
 import torch
 
-from specsample.control import make_policy
+from specsample.calibrate import make_policy
 from specsample.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.estimates import Goodput
 from specsample.generate import GenerationConfig, generate

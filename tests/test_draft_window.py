@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specsample.control import FixedK
+from specsample.plans import FixedK
 from specsample.drafters import ModelDrafter, draft_round
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import Sampler, SamplingConfig

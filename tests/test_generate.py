@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from specsample.control import FixedK
+from specsample.plans import FixedK
 from specsample.drafters import ModelDrafter, NgramDrafter, draft_round
 from specsample.generate import GenerationConfig, generate, stream
 from specsample.sampling import SamplingConfig, logits_to_probs

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from specsample.control import Planner
-from specsample.estimates import Curve, Prices
+from specsample.curve import Curve
+from specsample.estimates import Prices
 from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.generate import GenerationConfig, generate
 from specsample.sampling import SamplingConfig

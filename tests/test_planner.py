@@ -7,7 +7,8 @@ import pytest
 
 from specsample.control import PLAIN, Planner
 from specsample.drafters import ModelDrafter
-from specsample.estimates import Curve, Goodput, Prices
+from specsample.curve import Curve
+from specsample.estimates import Goodput, Prices
 from specsample.generate import GenerationConfig, generate, stream
 from specsample.plans import MODEL, ModelCall, Offer, lookup_source
 from specsample.sampling import SamplingConfig

@@ -9,7 +9,8 @@ import torch
 from specsample.generate import generate_many
 from specsample.control import Planner
 from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
-from specsample.estimates import Curve, Goodput, Prices
+from specsample.curve import Curve
+from specsample.estimates import Goodput, Prices
 from specsample.generate import GenerationConfig
 from specsample.sampling import SamplingConfig, logits_to_probs
 

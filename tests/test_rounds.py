@@ -6,7 +6,7 @@ import gc
 import pytest
 
 from specsample.backends.base import BackendError
-from specsample.control import FixedK
+from specsample.plans import FixedK
 from specsample.drafters import ModelDrafter
 from specsample.generate import GenerationConfig, generate, stream
 from specsample.sampling import SamplingConfig

@@ -18,10 +18,9 @@ from .backends import BACKENDS, load_backend, model_context, pick_backend
 from .backends.base import Backend, SeparateSequences, check_same_vocabulary
 from .backends.hf import DTYPES
 from .backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
-from .calibrate import cached_or_measured, cost_cache_path
+from .calibrate import cached_or_measured, cost_cache_path, make_policy, probe_context
 from .context_size import available_memory, choose_context
-from .control import make_policy, probe_context
-from .estimates import Curve
+from .curve import Curve
 from .drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_dir
 from .plans import Policy
@@ -127,7 +126,7 @@ class Models:
         return drafter.name if drafter is not None else None
 
     def policy(self, k: int | str, k_max: int = 8, parallel: int = 1) -> Policy:
-        """The draft-length policy to keep across generations (control.make_policy):
+        """The draft-length policy to keep across generations (calibrate.make_policy):
         for -k auto, an adaptive controller that starts from costs measured here, now,
         and cached per machine and model pair, so later runs start warm; with
         `parallel` sequences at once, the calls of a whole batch are timed too."""

@@ -12,7 +12,10 @@ per-token cost of catching up on unseen text). Each target size is the median of
 REPS timed calls, after a warm-up of both a 1-token and a many-token call (llama.cpp
 runs 1 token and more on different kernels, and the first call of each pays one-off
 costs). These are the planner's priors only: every call of a run moves its prices
-(estimates.Curve).
+(curve.Curve).
+
+What is built from a measurement lives here too: make_policy (a fixed K, or a planner
+whose prices start from it), and the server's default slot count (slots_that_pay).
 """
 
 from __future__ import annotations
@@ -23,8 +26,12 @@ import statistics
 import time
 from pathlib import Path
 
+from .control import Planner
+from .curve import Curve
+from .estimates import Prices
 from .files import read_cached_json, write_cached_json
 from .machine import fingerprint
+from .plans import FixedK, Policy
 
 log = logging.getLogger(__name__)
 
@@ -178,3 +185,62 @@ def cost_cache_path(cache_root: Path, target, draft) -> Path | None:
         return None
     name = "__".join([fingerprint()] + keys).replace("/", "_").replace(" ", "_")
     return cache_root / "costs" / f"{name}.json"
+
+
+def make_policy(k: int | str, k_max: int = 8, target=None, draft=None, *, drafts: bool = True,
+                context: list[int] | None = None, cost_cache: Path | None = None,
+                clock=time.perf_counter, parallel: int = 1) -> Policy:
+    """The one place that decides a generation's draft-length policy: `k` from the
+    configuration, an int (fixed K) or "auto". For "auto" with something that drafts
+    (`drafts`), a seat of a new planner whose prices start from the costs of `target`
+    and the `draft` model's backend (None: lookup alone), measured now on top of
+    `context` or read from `cost_cache` (below); without a target to time, it
+    learns them from the rounds. `parallel`: the most sequences decoded together
+    (fork() makes each one's seat), whose calls of up to parallel * (k_max + 1)
+    tokens are timed too."""
+    if parallel < 1:
+        raise ValueError(f"parallel must be >= 1, got {parallel}")
+    if k != "auto" or not drafts:
+        return FixedK(k_max if k == "auto" else int(k))
+    prices = Prices()
+    if target is not None:
+        measured = cached_or_measured(cost_cache, target, draft, context or probe_context(target), k_max + 1, clock,
+                                      wide_sizes(k_max + 1, parallel))
+        prices = measured_prices(measured)
+    return Planner(k_max, prices, clock).seat()
+
+
+def measured_prices(measured: dict) -> Prices:
+    """Prices whose priors are a calibration's timings (calibrate.measure)."""
+    target = dict(enumerate(measured["target"], start=1)) | wide_costs(measured)
+    draft = {}
+    if "draft_step" in measured:
+        step, token = measured["draft_step"], measured["draft_token"]
+        draft = {1: step, 16: step + 15 * token}
+    return Prices(Curve(target), Curve(draft))
+
+
+SLOT_GAIN = 1.05
+
+
+def slots_that_pay(target: Curve, most: int = 8) -> int:
+    """How many sequences to decode together by default on this machine: the fewest
+    that serve, with one token each per call, within 5% of the best throughput
+    n / T(n) over n <= most, and 1 unless that best beats one sequence by 5%. The
+    fewest, because every further sequence in a call slows each one down: where calls
+    cost the same whatever their size (memory-bound) it is `most`; where they cost in
+    proportion to their tokens (compute-bound) it is 1; and where the curve bends, as
+    llama.cpp's does at its groups of 4 rows, it is where the gain stops."""
+    if target(1) <= 0:
+        return 1  # nothing measured: no ground for more
+    throughput = [n / target(n) for n in range(1, most + 1)]
+    best = max(throughput)
+    if best < SLOT_GAIN * throughput[0]:
+        return 1
+    return next(n for n, t in enumerate(throughput, start=1) if t * SLOT_GAIN >= best)
+
+
+def probe_context(target) -> list[int]:
+    """Tokens to time calls on before any prompt is known: the ids themselves do not
+    change what a call costs."""
+    return [i % target.vocab_size for i in range(1, 33)]

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .backends.base import Backend
-from .control import make_policy
+from .calibrate import make_policy
 from .drafters import Drafter
 from .generate import GenerationConfig, generate
 from .plans import Policy

@@ -1,5 +1,6 @@
-"""How many tokens to draft next: a fixed K, or one planner for every sequence that
-shares the target's calls (a batch of one is the single stream).
+"""How many tokens to draft next under -k auto: one planner for every sequence that
+shares the target's calls (a batch of one is the single stream). A fixed K is
+plans.FixedK.
 
 A round drafts from one source (the draft model, an n-gram lookup of a given match
 length), m tokens of it, m = 0 being a plain target step. Each sequence's policy is
@@ -56,40 +57,11 @@ from __future__ import annotations
 
 import copy
 import time
-from pathlib import Path
 from typing import NamedTuple
 
-from .calibrate import cached_or_measured, wide_costs, wide_sizes
-from .estimates import Acceptance, AnswerLength, Curve, Goodput, Prices, ShadowLookup, SourceModel, kind_of
-from .plans import MODEL, NO_DRAFTS, ModelCall, Offer, Plan, Policy, RoundReport, Source
-
-
-class FixedK:
-    """Always K drafts (fewer when the budget or the lookup is shorter). A lookup match
-    is preferred to the draft model: the hybrid drafter's fixed-K behaviour."""
-
-    def __init__(self, k: int):
-        if k < 0:
-            raise ValueError(f"k must be >= 0, got {k}")
-        self.k_max = k
-
-    def begin(self, context, max_new_tokens) -> None:
-        pass
-
-    def plan(self, offer: Offer) -> Plan:
-        for source, available in sorted(offer.available.items(), key=lambda kv: kv[0] == MODEL):
-            if available > 0:
-                return Plan(source, min(self.k_max, available), limit=available)
-        return NO_DRAFTS
-
-    def observe(self, report) -> None:
-        pass
-
-    def end(self) -> None:
-        pass
-
-    def fork(self) -> FixedK:
-        return FixedK(self.k_max)
+from .batching import in_batch, request_plan
+from .estimates import Acceptance, AnswerLength, Goodput, Prices, ShadowLookup, SourceModel, kind_of
+from .plans import MODEL, ModelCall, Offer, Plan, Policy, RoundReport, Source
 
 
 class Option(NamedTuple):
@@ -116,9 +88,7 @@ class Planner:
     def __init__(self, k_max: int = 8, prices: Prices | None = None, clock=time.perf_counter):
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
-        self.k_max, self.clock = k_max, clock
-        self.prices = prices or Prices()
-        self.goodput = Goodput()
+        self.k_max, self.clock, self.prices, self.goodput = k_max, clock, prices or Prices(), Goodput()
         self.restart()
 
     def seat(self) -> Seat:
@@ -127,63 +97,51 @@ class Planner:
     def plan(self, offers: dict[Seat, Offer], load: int = 0) -> dict[Seat, Plan]:
         """Every offering seat's plan for the coming round; `load`: tokens of other
         sequences (prompts being read) in the same target call."""
-        seats = list(offers)
-        size = len(seats) + (load > 0)
-        guard = self.goodput
-        barred = {kind for kind in guard.KINDS[1:] if guard.barred(size, kind)} | ({"model", "lookup"}
-                                                                                  if guard.probe(size) else set())
-        menus = [seat.menu(offers[seat], barred) for seat in seats]
-        chosen = self._search(menus, load)
+        seats, guard = list(offers), self.goodput
+        size, drafting = len(seats) + (load > 0), guard.KINDS[1:]
+        barred = set(drafting) if guard.probe(size) else {kind for kind in drafting if guard.barred(size, kind)}
+        chosen = self._search([seat.menu(offers[seat], barred) for seat in seats], load)
         kinds = {kind_of(o.source) for o in chosen if o.m}  # what the coming round drafts, for the goodput guard
         self._window[2] = "model" if "model" in kinds else kinds.pop() if kinds else None
-        rate = sum(o.expected for o in chosen) / self.seconds(chosen, load)
-        tokens = load + sum(o.m + 1 for o in chosen)
-        plans = {}
-        for i, (seat, option) in enumerate(zip(seats, chosen)):
-            others = [o for j, o in enumerate(chosen) if j != i]
-            widths = [sum(o.steps > j for o in others) for j in range(self.k_max)]
-            plans[seat] = seat.to_plan(option, offers[seat], rate, tokens - option.m - 1, widths)
-        return plans
+        rate, tokens = self._rate(chosen, load), load + sum(o.m + 1 for o in chosen)
+        widths = [sum(o.steps > j for o in chosen) for j in range(self.k_max)]  # sequences drafting at step j
+        return {seat: seat.to_plan(option, offers[seat], rate, tokens - option.m - 1,
+                                   [width - (option.steps > j) for j, width in enumerate(widths)])  # the others'
+                for seat, option in zip(seats, chosen)}
 
-    def seconds(self, chosen: list[Option], load: int) -> float:
-        p = self.prices
-        seconds = p.target(load + sum(o.m + 1 for o in chosen))
+    def _rate(self, chosen: list[Option], load: int) -> float:
+        """Expected tokens per second of a round in which the sequences play `chosen`."""
+        prices, work = self.prices, self.prices.work
+        seconds = prices.target(load + sum(o.m + 1 for o in chosen))
         # The draft steps: with runs sorted longest first, k sequences step together
         # for as many steps as the k-th longest run exceeds the (k+1)-th.
         runs = sorted((o.steps for o in chosen if o.steps), reverse=True) + [0]
         for k in range(1, len(runs)):
-            seconds += (runs[k - 1] - runs[k]) * p.draft(k)
-        work = p.work
-        plain, drafting = work[False].value or 0.0, work[True].value or 0.0
-        seconds += sum(o.extra + (drafting if o.m else plain) for o in chosen)
-        return max(seconds, 1e-9)
+            seconds += (runs[k - 1] - runs[k]) * prices.draft(k)
+        seconds += sum(o.extra + (work[o.m > 0].value or 0.0) for o in chosen)
+        return sum(o.expected for o in chosen) / max(seconds, 1e-9)
 
     def _search(self, menus: list[list[Option]], load: int) -> list[Option]:
         if len(menus) == 1:  # one sequence: its best option
             return [max(menus[0], key=lambda o: self._rate([o], load))]
-        starts = [[menu[0] for menu in menus]]
-        if len(menus) > 1:
-            starts += [[max((o for o in menu if o.steps <= length), key=lambda o: o.steps) for menu in menus]
-                       for length in JOINT_LENGTHS]
-        best, best_rate = starts[0], 0.0
-        for choice in starts:
-            rate = self._rate(choice, load)
-            for _ in range(3):  # coordinate ascent: each sequence's best option, the others held
-                moved = False
-                for i, menu in enumerate(menus):
-                    for option in menu:
-                        trial = choice[:i] + [option] + choice[i + 1:]
-                        trial_rate = self._rate(trial, load)
-                        if trial_rate > rate * (1 + 1e-9):
-                            choice, rate, moved = trial, trial_rate, True
-                if not moved:
-                    break
-            if rate > best_rate:
-                best, best_rate = choice, rate
-        return best
+        starts = [[menu[0] for menu in menus]] + [
+            [max((o for o in menu if o.steps <= length), key=lambda o: o.steps) for menu in menus]
+            for length in JOINT_LENGTHS]
+        return max((self._ascend(menus, start, load) for start in starts), key=lambda found: found[1])[0]
 
-    def _rate(self, chosen: list[Option], load: int) -> float:
-        return sum(o.expected for o in chosen) / self.seconds(chosen, load)
+    def _ascend(self, menus: list[list[Option]], choice: list[Option], load: int) -> tuple[list[Option], float]:
+        """Coordinate ascent from `choice`: each sequence's best option, the others held."""
+        rate = self._rate(choice, load)
+        for _ in range(3):
+            before = rate
+            for i, menu in enumerate(menus):
+                for option in menu:
+                    trial = choice[:i] + [option] + choice[i + 1:]
+                    if (trial_rate := self._rate(trial, load)) > rate * (1 + 1e-9):
+                        choice, rate = trial, trial_rate
+            if rate == before:
+                break
+        return choice, rate
 
     def record(self, call: ModelCall, ended: float | None = None) -> None:
         """One model call, recorded once by whoever made it. A target call closes the
@@ -207,34 +165,26 @@ class Planner:
             if 0 <= own < seconds:
                 self.prices.work[window[2] is not None].update(own / call.sequences)
                 self._closed = (call.sequences, window[2], seconds)
-        self._window = [ended, 0.0, None, False, call.sequences]
+        self._window = [ended, 0.0, None, False]
 
     def restart(self) -> None:
         """Open no round window until the next target call. A window: since the last
         target call, [its end, the seconds of calls in it, what the round it holds drafted
-        from (estimates.kind_of), whether a prompt was read, sequences]; the last closed
-        one waits for its tokens."""
-        self._window, self._closed, self._tokens = [None, 0.0, None, False, 0], None, 0
+        from (estimates.kind_of), whether a prompt was read]; the last closed one waits
+        for its tokens."""
+        self._window, self._closed, self._tokens = [None, 0.0, None, False], None, 0
 
     def emitted(self, tokens: int) -> None:
         self._tokens += tokens
 
-    def catch_up_chunk(self, load: int) -> int:
-        """Tokens of unread text the draft reads in one plain round: the most that cost
-        about what the round's target call does."""
-        budget = self.prices.target(load + 1)
-        return max([CHUNKS[0]] + [c for c in CHUNKS if self.prices.draft(c) <= budget])
 
-
-class Seat:
+class Seat(Policy):
     """One sequence's policy: its own acceptance, lookup and answer-length estimates,
     and a place at its planner, which decides its rounds with everyone else's."""
 
     def __init__(self, planner: Planner):
         self.planner, self.k_max = planner, planner.k_max
-        self.acceptance = Acceptance()
-        self.length = AnswerLength()
-        self.shadow = ShadowLookup()
+        self.acceptance, self.length, self.shadow = Acceptance(), AnswerLength(), ShadowLookup()
 
     @property
     def sources(self) -> dict[Source, SourceModel]:
@@ -250,18 +200,14 @@ class Seat:
         return twin
 
     def begin(self, context, max_new_tokens) -> None:
-        from .batching import in_batch
-
         self.length.begin(max_new_tokens)
         self.shadow.reset()
         if not in_batch():  # alone, the time since the last sequence's last call was not a round's
             self.planner.restart()
 
     def plan(self, offer: Offer) -> Plan:
-        from .batching import request_plan  # the scheduler's, in a batch; else this seat's alone
-
         self.shadow.offered = offer.lookup
-        return request_plan(self, offer)
+        return request_plan(self, offer)  # the scheduler's, in a batch; else this seat's alone
 
     def menu(self, offer: Offer, barred: set = frozenset()) -> list[Option]:
         """Its options this round: a plain step, then each source and length it offers
@@ -270,15 +216,15 @@ class Seat:
         prices, horizon = self.planner.prices, self.length.expected_remaining()
         lag = prices.draft(offer.lag + 1) - prices.draft(1) if offer.lag > 2 else 0.0
         for source, available in offer.available.items():
-            if kind_of(source) in barred or source == MODEL and lag > STALL * prices.target(1):
-                continue  # barred, or the draft reads that text in plain rounds first (catch_up)
+            model = source == MODEL
+            if kind_of(source) in barred or model and lag > STALL * prices.target(1):
+                continue  # barred, or the draft reads that text in plain rounds first (_catch_up)
             expected, reach = 1.0, 1.0
             for m in range(1, min(available, self.k_max) + 1):
                 reach *= self.acceptance[source].at(m - 1).value
                 expected += reach
-                steps = m if source == MODEL else 0
-                extra = lag * expected / max(expected, horizon) if source == MODEL else 0.0
-                options.append(Option(source, m, expected, steps, extra))
+                extra = lag * expected / max(expected, horizon) if model else 0.0
+                options.append(Option(source, m, expected, m if model else 0, extra))
         return options
 
     def to_plan(self, option: Option, offer: Offer, rate: float, others: int, widths: list[int]) -> Plan:
@@ -290,43 +236,38 @@ class Seat:
         return Plan(option.source, option.m, limit, extent if option.source == MODEL else None)
 
     def _catch_up(self, offer: Offer, load: int) -> int:
-        """Tokens the draft reads in this plain round: a chunk, where its unread text is
-        too long to read in a drafting round and reading it all is expected to pay back
-        before the answer ends (priced as for this sequence alone); else none."""
-        prices, chunk = self.planner.prices, self.planner.catch_up_chunk(load)
+        """Tokens the draft reads in this plain round: where its unread text is too long
+        to read in a drafting round and reading it all is expected to pay back before
+        the answer ends (priced as for this sequence alone), a chunk, the largest that
+        costs about what the round's target call does; else none."""
+        prices, rate = self.planner.prices, self.planner._rate
         reading = prices.draft(offer.lag + 1) - prices.draft(1)
         if MODEL not in offer.available or reading <= STALL * prices.target(1) or self.length.generated < 2:
             return 0
-        ready = self.menu(Offer({MODEL: offer.available[MODEL]}))
-        best = max(self.planner._rate([o], 0) for o in ready)
-        plain = self.planner._rate([PLAIN], 0)
+        chunk = max([CHUNKS[0]] + [c for c in CHUNKS if prices.draft(c) <= prices.target(load + 1)])
+        best = max(rate([o], 0) for o in self.menu(Offer({MODEL: offer.available[MODEL]})))
+        plain = rate([PLAIN], 0)
         left = self.length.expected_remaining() - offer.lag / chunk
         saving = left * (1 / plain - 1 / best) if best > plain else 0.0
         return chunk if saving > prices.draft(offer.lag) else 0
 
     def observe(self, report: RoundReport) -> None:
-        from .batching import in_batch  # alone, the round's own clock times its calls
-
         self.acceptance.observe(report)
         self.shadow.observe(report, self.acceptance)
         self.length.generated += len(report.emitted_tokens)
-        planner = self.planner
-        if not in_batch():
+        if not in_batch():  # alone, the round's own clock times its calls
             for call in report.draft_calls:
-                planner.record(ModelCall(False, call.tokens_fed, 1, call.seconds, prompt=call.tokens_fed > 2))
+                self.planner.record(ModelCall(False, call.tokens_fed, 1, call.seconds, prompt=call.tokens_fed > 2))
             if report.target_tokens:
-                planner.record(ModelCall(True, report.target_tokens, 1, report.target_seconds))
-        planner.emitted(len(report.emitted_tokens))
-
-    def end(self) -> None:
-        pass
+                self.planner.record(ModelCall(True, report.target_tokens, 1, report.target_seconds))
+        self.planner.emitted(len(report.emitted_tokens))
 
 
 class Extent:
     """A round's `extent`: the length re-made at each drafted position from the draft's
     confidence there, maximising E - R* T with R* the rate the plan promised and the
     sunk cost of drafts already made left out; the other sequences' tokens and draft
-    steps in the same calls as planned."""
+    steps in the same calls as planned (`widths`: how many of them draft at each step)."""
 
     def __init__(self, model: SourceModel, prices: Prices, rate: float, limit: int, others: int, widths: list[int]):
         self.model, self.prices, self.rate, self.limit = model, prices, rate, limit
@@ -341,71 +282,11 @@ class Extent:
         for m in range(i + 1, self.limit + 1):
             chain *= here if m == i + 1 else self.model.at(m - 1).value
             gain += chain
-            if m > i + 1:  # the call that feeds draft m - 1 to draw draft m
-                width = self.widths[m - 1] if m - 1 < len(self.widths) else 0
-                drafting += draft(width + 1) - draft(width)
+            if m > i + 1:  # the call that feeds draft m - 1 to draw draft m, beside the others drafting then
+                drafting += draft(self.widths[m - 1] + 1) - draft(self.widths[m - 1])
             value = gain - self.rate * (drafting + target(self.others + m + 1))
             if value > best_value:
                 best_m, best_value = m, value
         if best_m > i:
             self.reach *= here
         return best_m
-
-
-def make_policy(k: int | str, k_max: int = 8, target=None, draft=None, *, drafts: bool = True,
-                context: list[int] | None = None, cost_cache: Path | None = None,
-                clock=time.perf_counter, parallel: int = 1) -> Policy:
-    """The one place that decides a generation's draft-length policy: `k` from the
-    configuration, an int (fixed K) or "auto". For "auto" with something that drafts
-    (`drafts`), a seat of a new planner whose prices start from the costs of `target`
-    and the `draft` model's backend (None: lookup alone), measured now on top of
-    `context` or read from `cost_cache` (calibrate.py); without a target to time, it
-    learns them from the rounds. `parallel`: the most sequences decoded together
-    (fork() makes each one's seat), whose calls of up to parallel * (k_max + 1)
-    tokens are timed too."""
-    if parallel < 1:
-        raise ValueError(f"parallel must be >= 1, got {parallel}")
-    if k != "auto" or not drafts:
-        return FixedK(k_max if k == "auto" else int(k))
-    prices = Prices()
-    if target is not None:
-        measured = cached_or_measured(cost_cache, target, draft, context or probe_context(target), k_max + 1, clock,
-                                      wide_sizes(k_max + 1, parallel))
-        prices = measured_prices(measured)
-    return Planner(k_max, prices, clock).seat()
-
-
-def measured_prices(measured: dict) -> Prices:
-    """Prices whose priors are a calibration's timings (calibrate.measure)."""
-    target = dict(enumerate(measured["target"], start=1)) | wide_costs(measured)
-    draft = {}
-    if "draft_step" in measured:
-        step, token = measured["draft_step"], measured["draft_token"]
-        draft = {1: step, 16: step + 15 * token}
-    return Prices(Curve(target), Curve(draft))
-
-
-SLOT_GAIN = 1.05
-
-
-def slots_that_pay(target: Curve, most: int = 8) -> int:
-    """How many sequences to decode together by default on this machine: the fewest
-    that serve, with one token each per call, within 5% of the best throughput
-    n / T(n) over n <= most, and 1 unless that best beats one sequence by 5%. The
-    fewest, because every further sequence in a call slows each one down: where calls
-    cost the same whatever their size (memory-bound) it is `most`; where they cost in
-    proportion to their tokens (compute-bound) it is 1; and where the curve bends, as
-    llama.cpp's does at its groups of 4 rows, it is where the gain stops."""
-    if target(1) <= 0:
-        return 1  # nothing measured: no ground for more
-    throughput = [n / target(n) for n in range(1, most + 1)]
-    best = max(throughput)
-    if best < SLOT_GAIN * throughput[0]:
-        return 1
-    return next(n for n, t in enumerate(throughput, start=1) if t * SLOT_GAIN >= best)
-
-
-def probe_context(target) -> list[int]:
-    """Tokens to time calls on before any prompt is known: the ids themselves do not
-    change what a call costs."""
-    return [i % target.vocab_size for i in range(1, 33)]

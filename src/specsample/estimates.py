@@ -8,11 +8,9 @@ never changes it."""
 
 from __future__ import annotations
 
-import bisect
-import statistics
-from collections import deque
 from dataclasses import dataclass, field
 
+from .curve import Curve
 from .plans import FORCED, MODEL, RoundReport, Source, lookup_source
 
 
@@ -67,10 +65,9 @@ class SourceModel:
     by_confidence: list[Rate] = field(default_factory=list)
 
     def at(self, i: int) -> Rate:
-        if self.pooled:
-            i = min(i, 1)
+        i = min(i, 1) if self.pooled else i
         while len(self.positions) <= i:
-            self.positions.append(Rate(self.prior[0] if not self.positions else self.prior[1]))
+            self.positions.append(Rate(self.prior[min(1, len(self.positions))]))
         return self.positions[i]
 
     def given_confidence(self, confidence: float) -> Rate:
@@ -79,78 +76,6 @@ class SourceModel:
             self.by_confidence = [Rate((b + 0.5) / CONFIDENCE_BINS) for b in range(CONFIDENCE_BINS)]
         b = min(CONFIDENCE_BINS - 1, max(0, int(confidence * CONFIDENCE_BINS)))
         return self.by_confidence[b]
-
-    def all_rates(self) -> list[Rate]:
-        return self.positions + self.by_confidence
-
-
-def interpolated(points: list[tuple[int, float]], x: int) -> float:
-    """The value at size x from (size, value) points sorted by size: linear between
-    the nearest two, and beyond either end on at the slope of the last two (or flat
-    with one point), never below zero."""
-    if len(points) == 1:
-        return points[0][1]
-    i = min(max(1, bisect.bisect_left([p[0] for p in points], x)), len(points) - 1)
-    (x0, y0), (x1, y1) = points[i - 1], points[i]
-    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
-
-
-class Curve:
-    """Seconds of a model call by its size (tokens scored or fed): a prior, the
-    calibration's timings interpolated between the sizes it measured, times how far
-    the calls of this run have moved from it. Each call adds its ratio to the prior. A
-    size is priced by the last RECENT ratios of its band (1, 2-4, 5-8, 9-16, 17+
-    tokens) where three of them are among the last FRESH calls, else by the last
-    RECENT calls of any size (a machine slows every size alike; a size not called
-    lately would keep an old price). The price is their mean with each ratio held to
-    SPIKE times their median: a call descheduled once moves it by a fraction, a
-    neighbour that keeps taking the cores moves it fully within a few calls. Without a
-    calibration, the first call of each size becomes its prior."""
-
-    def __init__(self, prior: dict[int, float] | None = None):
-        self.prior = sorted((prior or {}).items())
-        self.learning = not self.prior  # no calibration: each size's first call becomes its prior
-        self._ratios: dict[int, deque] = {}  # band -> (call number, ratio)
-        self._all: deque = deque(maxlen=RECENT)
-        self._prices: dict[int, float] = {}
-        self._calls = 0
-
-    def base(self, n: int) -> float:
-        return interpolated(self.prior, n) if self.prior else 0.0
-
-    def __call__(self, n: int) -> float:
-        if n <= 0:
-            return 0.0
-        price = self._prices.get(n)
-        if price is None:  # priced once between two calls observed: the planner asks many times a round
-            band = [r for i, r in self._ratios.get(_band(n), ()) if i > self._calls - FRESH]
-            price = self._prices[n] = self.base(n) * _scale(band if len(band) >= 3 else self._all)
-        return price
-
-    def observe(self, n: int, seconds: float) -> None:
-        if n <= 0:
-            return
-        self._prices.clear()
-        self._calls += 1
-        if self.learning and n not in dict(self.prior) or self.base(n) <= 0:
-            self.prior = sorted((dict(self.prior) | {n: seconds}).items())
-        ratio = seconds / self.base(n)
-        self._ratios.setdefault(_band(n), deque(maxlen=RECENT)).append((self._calls, ratio))
-        self._all.append(ratio)
-
-
-RECENT, FRESH, SPIKE = 8, 16, 4.0
-
-
-def _scale(ratios) -> float:
-    if not ratios:
-        return 1.0
-    cap = SPIKE * statistics.median(ratios)
-    return sum(min(r, cap) for r in ratios) / len(ratios)
-
-
-def _band(n: int) -> int:
-    return (n - 1).bit_length() if n <= 16 else 5
 
 
 @dataclass
@@ -191,14 +116,11 @@ class Goodput:
         sums = self._sums.setdefault(size, {k: [0.0, 0.0, 0.0] for k in self.KINDS})
         for mode in sums.values():
             mode[:] = [x * self.DECAY for x in mode]
-        sums[kind][0] += tokens
-        sums[kind][1] += seconds
-        sums[kind][2] += 1
+        sums[kind][:] = [x + y for x, y in zip(sums[kind], (tokens, seconds, 1))]
         plain = sums[None]
         for drafting in self.KINDS[1:]:
-            mine = sums[drafting]
-            evidence = mine[2] >= self.EVIDENCE and plain[2] >= self.RECENT_PLAIN
-            if evidence and mine[0] * plain[1] < plain[0] * mine[1]:
+            mine = sums[drafting]  # [tokens, seconds, rounds]: fewer tokens a second than plain steps bar it
+            if mine[2] >= self.EVIDENCE and plain[2] >= self.RECENT_PLAIN and mine[0] * plain[1] < plain[0] * mine[1]:
                 self._barred.add((size, drafting))
             elif mine[2] < self.STALE:
                 self._barred.discard((size, drafting))
@@ -209,9 +131,8 @@ class Goodput:
     def probe(self, size: int) -> bool:
         """Whether the coming round should be plain, to measure plain steps again."""
         sums = self._sums.get(size)
-        if sums is None or sums[None][2] >= self.PROBE:
-            return False
-        return any(sums[kind][2] >= self.EVIDENCE for kind in self.KINDS[1:])
+        return sums is not None and sums[None][2] < self.PROBE and any(
+            sums[kind][2] >= self.EVIDENCE for kind in self.KINDS[1:])
 
 
 def kind_of(source) -> str | None:
@@ -230,19 +151,18 @@ DEFAULT_PRIORS = {MODEL: (0.7, 0.8), lookup_source(1): (0.2, 0.6), lookup_source
 
 
 class Acceptance:
-    """Acceptance rates per source. A source that fails is tried again once its
-    evidence has decayed (idle_decay per round it sits out: several hundred rounds
-    from one failure to a probe)."""
+    """Acceptance rates per source, decayed by `decay` a round they are observed. A
+    source that fails is tried again once its evidence has decayed (idle_decay per round
+    it sits out: several hundred rounds from one failure to a probe)."""
 
-    def __init__(self, priors: dict[Source, tuple[float, float]] | None = None, decay: float = 0.9,
-                 idle_decay: float = 0.998):
-        self.priors = dict(DEFAULT_PRIORS, **(priors or {}))
-        self.decay, self.idle_decay = decay, idle_decay
+    decay, idle_decay = 0.9, 0.998
+
+    def __init__(self):
         self.sources: dict[Source, SourceModel] = {}
 
     def __getitem__(self, source: Source) -> SourceModel:
         if source not in self.sources:
-            prior = self.priors.get(source, self.priors[lookup_source(3)] if source.is_lookup else (0.5, 0.5))
+            prior = DEFAULT_PRIORS.get(source, DEFAULT_PRIORS[lookup_source(3)] if source.is_lookup else (0.5, 0.5))
             self.sources[source] = SourceModel(prior, pooled=source.is_lookup)
         return self.sources[source]
 
@@ -250,14 +170,13 @@ class Acceptance:
         """Sources left out this round drift back towards their prior (probing)."""
         for source, model in self.sources.items():
             if source != chosen:
-                for r in model.all_rates():
+                for r in model.positions + model.by_confidence:
                     r.forget(self.idle_decay)
 
     def observe(self, report: RoundReport) -> None:
         position: dict[Source, int] = {}  # each source's own position: forced tokens may come between
-        for i, (source, confidence) in enumerate(zip(report.sources, report.confidences)):
-            if i > report.num_accepted:
-                break  # not reached: an earlier draft was rejected
+        reached = report.sources[:report.num_accepted + 1]  # past the first rejection, none was reached
+        for i, (source, confidence) in enumerate(zip(reached, report.confidences)):
             accepted = i < report.num_accepted
             model = self[source]
             j = position[source] = position.get(source, -1) + 1
@@ -289,21 +208,15 @@ class ShadowLookup:
         self.offered = self.followed = None
 
     def observe(self, report: RoundReport, acceptance: Acceptance) -> None:
-        offered, self.offered = self.offered, None
+        followed = self.followed or self.offered and (*self.offered, 0)
+        self.offered = self.followed = None
         proposed = any(source.is_lookup for source in report.sources)  # Acceptance.observe scored it
-        if proposed or report.target_probs is None:
-            self.followed = None
+        if not followed or proposed or report.target_probs is None:
             return
-        if self.followed is None and offered is not None:
-            self.followed = (*offered, 0)
-        if self.followed is None:
-            return
-        source, tokens, i = self.followed
-        rates = acceptance[source]
+        source, tokens, i = followed
         for row, token in zip(report.target_probs, report.emitted_tokens):
-            rates.at(i).update(float(row[tokens[i]]), acceptance.decay)
+            acceptance[source].at(i).update(float(row[tokens[i]]), acceptance.decay)
             if token != tokens[i] or i + 1 == len(tokens):
-                self.followed = None
                 return
             i += 1
         self.followed = (source, tokens, i)
@@ -314,9 +227,8 @@ class AnswerLength:
     earlier answers ran."""
 
     def __init__(self):
-        self.typical = Ema(weight=0.3)  # tokens per finished sequence
-        self.budget = 0  # this sequence's max_new_tokens
-        self.generated = 0
+        # Tokens per finished sequence; this sequence's max_new_tokens and tokens so far.
+        self.typical, self.budget, self.generated = Ema(weight=0.3), 0, 0
 
     def begin(self, max_new_tokens: int) -> None:
         # The last sequence's length says how long answers run, unless its token
@@ -331,6 +243,5 @@ class AnswerLength:
         past the budget."""
         remaining = self.budget - self.generated
         if self.typical.value is not None:
-            expected = max(8.0, self.typical.value - self.generated, float(self.generated))
-            remaining = min(remaining, expected)
+            remaining = min(remaining, max(8.0, self.typical.value - self.generated, float(self.generated)))
         return max(1.0, remaining)

@@ -15,7 +15,7 @@ from .constraints import Constraint
 from .constraints import start as start_grammar
 from .batching import PREFILL_CHUNK, BatchStats, Scheduler, slots
 from .context_fit import new_token_room
-from .control import make_policy
+from .calibrate import make_policy
 from .detokenize import TextTracker
 from .text_stops import TextStop
 from .drafters import Drafter, reuse_model_cache, tell
@@ -390,7 +390,7 @@ def generate_many(target, prompts: list[list[int]], configs, draft=None,
     GenerationConfig or one per prompt; `make_drafter(draft_slot)` builds a sequence's
     drafter on its slot of the draft model (the draft is None for lookup alone);
     `policy` is forked for each sequence (control.py: the seats of one planner; by
-    default the first config's k, made by control.make_policy for this many
+    default the first config's k, made by calibrate.make_policy for this many
     sequences); `clock` times the calls. Returns the GenerationResults
     in the prompts' order, and the batch's statistics. A prompt that fails raises
     after the others are done.

@@ -115,6 +115,9 @@ class RoundReport:
 
 
 class Policy(Protocol):
+    """A draft-length policy: FixedK below, or a seat of control.Planner (-k auto).
+    Those that subclass it inherit begin, observe and end that do nothing."""
+
     k_max: int
 
     def begin(self, context: list[int], max_new_tokens: int) -> None:
@@ -133,3 +136,22 @@ class Policy(Protocol):
         """The policy of another sequence decoded beside this one (control.py says
         what they share)."""
         ...
+
+
+class FixedK(Policy):
+    """Always K drafts (fewer when the budget or the lookup is shorter). A lookup match
+    is preferred to the draft model: the hybrid drafter's fixed-K behaviour."""
+
+    def __init__(self, k: int):
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        self.k_max = k
+
+    def plan(self, offer: Offer) -> Plan:
+        for source, available in sorted(offer.available.items(), key=lambda kv: kv[0] == MODEL):
+            if available > 0:
+                return Plan(source, min(self.k_max, available), limit=available)
+        return NO_DRAFTS
+
+    def fork(self) -> FixedK:
+        return FixedK(self.k_max)

@@ -3,9 +3,10 @@
 llama.cpp (and torch) run each call on an OpenMP team whose threads spin at every
 barrier. When another process holds some of the cores, one of our threads gets
 descheduled and its partners spin away the time it needs: on 2 cores, two model
-processes each running 2 threads made every call 4 to 100x slower. Waiting
-passively instead (OMP_WAIT_POLICY=PASSIVE) keeps a pair fair but made a lone
-llama.cpp process 2.2x slower (docs/results/contention).
+processes each running 2 threads made every call several times slower. Waiting
+passively instead (OMP_WAIT_POLICY=PASSIVE) keeps a pair fair but makes a lone
+llama.cpp process much slower (docs/benchmarks.md, "Two processes at once", has the
+figures and the command).
 
 So we ask how many cores the others use and run on what is left: a lone process
 keeps all its threads, and two processes settle at one thread each on two cores,

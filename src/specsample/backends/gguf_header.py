@@ -1,9 +1,9 @@
 """A GGUF file's metadata scalars, read from its header alone.
 
-gguf's GGUFReader parses every array into numpy objects: 14 s for the default
-draft's 151,936-token vocabulary here. The sizes that set a context (layers, KV
+gguf's GGUFReader parses every array into numpy objects, seconds of work for the
+default draft's 151,936-token vocabulary. The sizes that set a context (layers, KV
 heads, trained length) are scalars, so this reader keeps those (and short integer
-arrays: a per-layer head_count_kv) and steps over the rest, in ~0.1 s.
+arrays: a per-layer head_count_kv) and steps over the rest.
 """
 
 from __future__ import annotations

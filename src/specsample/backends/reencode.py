@@ -4,8 +4,8 @@ both roles.
 Draft: requantized to a type with faster CPU kernels. Its quality moves only the
 acceptance rate, never the output distribution (verification keeps that exactly the
 target's), so it may be requantized freely. Q4_0 is the default: llama.cpp repacks
-it for AVX2/AVX-512 matrix kernels, and a draft step of the default 0.5B fell from
-15.0 to 10.5 ms on an earlier session's 2-core machine (docs/results/draft-quant-*).
+it for AVX2/AVX-512 matrix kernels, which made the default 0.5B's draft step faster
+(docs/benchmarks.md: the draft-quant runs, with their commands).
 
 Target: re-encoded to full precision (bf16, f16) or q8_0. The default pair ships only
 Q4_K_M, whose calls are compute-bound on a small CPU; a bf16 copy has the cost

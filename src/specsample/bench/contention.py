@@ -2,8 +2,8 @@
 
 A user runs a server beside a notebook, or two jobs at once. OpenMP runtimes spin
 at their barriers, and on a machine with no spare core a spinning thread burns the
-time slice its descheduled partner needs: llama.cpp calls once ran ~100x slower in
-pairs. This measures it: each worker process loads the pair once, waits until all
+time slice its descheduled partner needs: llama.cpp calls once ran many times slower
+in pairs (docs/benchmarks.md, "Two processes at once"). This measures it: each worker process loads the pair once, waits until all
 workers are loaded, then draws the same speculative samples through the public
 API; we compare the median sample time of a pair of workers with that of one.
 

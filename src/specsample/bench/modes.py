@@ -14,7 +14,7 @@ import torch
 
 from ..assemble import make_drafter
 from ..constraints import Constraint
-from ..control import make_policy
+from ..calibrate import make_policy
 from ..generate import GenerationConfig, generate
 from ..sampling import SamplingConfig
 from ..tools import special_markers, tool_constraint

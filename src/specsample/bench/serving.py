@@ -6,9 +6,9 @@ setting, a load: C clients sending the task's first R prompts, to each server in
 turn, in the opposite order on the next load. One server works at a time (the others
 wait idle, their engines asleep), so no two share the cores; and as all are up
 together, the loads of two modes that a ratio compares are minutes apart, not the
-length of the run: on a shared machine the same plain server answered the same
-request in 13.7 s and in 23.6 s half an hour apart, more than most differences the
-report is after. The reversed order cancels a steady drift. The cost is memory: every
+length of the run: on a shared machine the same plain server's time for the same
+request moved half an hour apart by more than most differences the report is after
+(docs/benchmarks.md, "Serving under load"). The reversed order cancels a steady drift. The cost is memory: every
 server of a slot count holds its models at once. The servers and what they are:
 
   ar               `specsample serve --autoregressive --parallel N`: the target alone

@@ -9,7 +9,7 @@ import os
 
 from ..arguments import UsageError, add_draft_length_arguments, add_model_arguments, model_options
 from ..assemble import assemble
-from ..control import slots_that_pay
+from ..calibrate import slots_that_pay
 from ..generate import VERIFIERS, GenerationConfig
 
 

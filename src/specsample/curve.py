@@ -1,0 +1,81 @@
+"""Seconds of a model call by its size, on this machine, now: the cost curve that the
+planner prices its rounds with (estimates.Prices holds one for the target and one for
+the draft model) and the server sizes its default slot count from
+(calibrate.slots_that_pay). Its prior is a calibration's timings (calibrate.py); every
+call observed rescales it, so a busy neighbour or a slower clock moves it within a
+few calls."""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import deque
+
+
+def interpolated(points: list[tuple[int, float]], x: int) -> float:
+    """The value at size x from (size, value) points sorted by size: linear between
+    the nearest two, and beyond either end on at the slope of the last two (or flat
+    with one point), never below zero."""
+    if len(points) == 1:
+        return points[0][1]
+    i = min(max(1, bisect.bisect_left([p[0] for p in points], x)), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+class Curve:
+    """Seconds of a model call by its size (tokens scored or fed): a prior, the
+    calibration's timings interpolated between the sizes it measured, times how far
+    the calls of this run have moved from it. Each call adds its ratio to the prior. A
+    size is priced by the last RECENT ratios of its band (1, 2-4, 5-8, 9-16, 17+
+    tokens) where three of them are among the last FRESH calls, else by the last
+    RECENT calls of any size (a machine slows every size alike; a size not called
+    lately would keep an old price). The price is their mean with each ratio held to
+    SPIKE times their median: a call descheduled once moves it by a fraction, a
+    neighbour that keeps taking the cores moves it fully within a few calls. Without a
+    calibration, the first call of each size becomes its prior."""
+
+    def __init__(self, prior: dict[int, float] | None = None):
+        self.prior = sorted((prior or {}).items())
+        self.learning = not self.prior  # no calibration: each size's first call becomes its prior
+        self._ratios: dict[int, deque] = {}  # band -> (call number, ratio)
+        self._all: deque = deque(maxlen=RECENT)
+        self._prices: dict[int, float] = {}
+        self._calls = 0
+
+    def base(self, n: int) -> float:
+        return interpolated(self.prior, n) if self.prior else 0.0
+
+    def __call__(self, n: int) -> float:
+        if n <= 0:
+            return 0.0
+        price = self._prices.get(n)
+        if price is None:  # priced once between two calls observed: the planner asks many times a round
+            band = [r for i, r in self._ratios.get(_band(n), ()) if i > self._calls - FRESH]
+            price = self._prices[n] = self.base(n) * _scale(band if len(band) >= 3 else self._all)
+        return price
+
+    def observe(self, n: int, seconds: float) -> None:
+        if n <= 0:
+            return
+        self._prices.clear()
+        self._calls += 1
+        if self.learning and n not in dict(self.prior) or self.base(n) <= 0:
+            self.prior = sorted((dict(self.prior) | {n: seconds}).items())
+        ratio = seconds / self.base(n)
+        self._ratios.setdefault(_band(n), deque(maxlen=RECENT)).append((self._calls, ratio))
+        self._all.append(ratio)
+
+
+RECENT, FRESH, SPIKE = 8, 16, 4.0
+
+
+def _scale(ratios) -> float:
+    if not ratios:
+        return 1.0
+    cap = SPIKE * statistics.median(ratios)
+    return sum(min(r, cap) for r in ratios) / len(ratios)
+
+
+def _band(n: int) -> int:
+    return (n - 1).bit_length() if n <= 16 else 5
