@@ -106,7 +106,7 @@ def toy_app(drafter: str = "model", eos: bool = True, context_length: int = 256,
     target, draft = toy_pair(eos, context_length, settings.get("parallel", 1))
     models = {"model": Models(target, draft), "hybrid": Models(target, draft, lookup=True),
               "ngram": Models(target, lookup=True), "none": Models(target)}[drafter]
-    settings = Settings(model_name="toy", **{"k": 3, **settings})
+    settings = Settings(model_name="toy", **{"policy": 3, **settings})
     return create_app(target, models.drafter, models.drafter_name, settings, models.draft), target
 
 
@@ -120,7 +120,7 @@ def served_pair(make_backend):
 
     draft = make_backend(1, "draft")
     app = create_app(make_backend(0), lambda sampling, slot: ModelDrafter(slot or draft, sampling), draft.name,
-                     Settings(model_name="toy", k=3))
+                     Settings(model_name="toy", policy=3))
     with running(app) as base:
         yield base, OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
 

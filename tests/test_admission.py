@@ -25,7 +25,7 @@ def loop(sequences: int, prefill_chunk: int = 128):
 
 def generating(on, length: int, prompt=(1, 2)):
     """Work for a slot: a greedy generation of `length` tokens on it."""
-    return lambda seq: generate(on[seq], list(prompt), GenerationConfig(max_new_tokens=length, k=1, sampling=GREEDY))
+    return lambda seq: generate(on[seq], list(prompt), GenerationConfig(max_new_tokens=length, sampling=GREEDY))
 
 
 def in_order(admission: Admission, work: list) -> list:

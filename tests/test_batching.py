@@ -35,8 +35,8 @@ def model_drafter(sampling):
     return lambda slot: ModelDrafter(slot, sampling)
 
 
-def config(sampling, seed=0, length=LENGTH, verifier="rejection", k=3):
-    return GenerationConfig(max_new_tokens=length, k=k, sampling=sampling, seed=seed, verifier=verifier)
+def config(sampling, seed=0, length=LENGTH, verifier="rejection"):
+    return GenerationConfig(max_new_tokens=length, sampling=sampling, seed=seed, verifier=verifier)
 
 
 def per_config_drafters(configs):
@@ -78,7 +78,7 @@ def test_batched_greedy_output_equals_each_sequence_alone_and_plain_decoding():
 
 def test_seeded_coupled_answers_equal_the_same_request_alone_whatever_shares_the_batch():
     configs = [config(SAMPLED, seed=7, verifier="coupled"), config(NUCLEUS, seed=3, length=9),
-               config(GREEDY, length=5), config(SAMPLED, seed=11, verifier="coupled", k=1)]
+               config(GREEDY, length=5), config(SAMPLED, seed=11, verifier="coupled")]
     prompts = [PROMPT, [3, 4], [0, 1, 2], [5]]
     target, draft = pair(4)
     results, _ = generate_many(target, prompts, configs, draft, per_config_drafters(configs), FixedK(3))
@@ -96,8 +96,8 @@ def mixed_batch_counts(target_class, n: int) -> tuple[dict, dict]:
     target, draft = pair(4, target_class)
     counts = ({}, {})
     for i in range(n):
-        configs = [config(SAMPLED, seed=4 * i), config(GREEDY, length=3), config(NUCLEUS, seed=4 * i + 2, k=2),
-                   config(SAMPLED, seed=4 * i + 3, length=7, k=4)]
+        configs = [config(SAMPLED, seed=4 * i), config(GREEDY, length=3), config(NUCLEUS, seed=4 * i + 2),
+                   config(SAMPLED, seed=4 * i + 3, length=7)]
         prompts = [PROMPT, [3, 4, 5], PROMPT, [0]]
         results, _ = generate_many(target, prompts, configs, draft, per_config_drafters(configs), FixedK(3))
         for count, result in zip(counts, (results[0], results[2])):

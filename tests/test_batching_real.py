@@ -51,7 +51,7 @@ def test_each_sequence_rolls_back_alone(batched):
 def test_greedy_and_seeded_answers_equal_each_request_alone_as_sequences_join_and_leave(batched):
     target, draft = batched
     prompts = [target.tokenizer.encode(t) for t in TEXTS]
-    configs = [GenerationConfig(max_new_tokens=n, k=3, sampling=s, seed=seed)
+    configs = [GenerationConfig(max_new_tokens=n, sampling=s, seed=seed)
                for n, s, seed in ((20, GREEDY, 0), (12, SAMPLED, 5), (24, GREEDY, 0), (6, SAMPLED, 9), (16, GREEDY, 0))]
     queue = list(configs)
     results, stats = generate_many(target, prompts, configs, draft, lambda slot: drafter_for(queue.pop(0).sampling)(slot),
@@ -69,7 +69,7 @@ def test_a_sequence_cancelled_mid_batch_leaves_the_others_exact(batched):
     target, draft = batched
     (t0, t1, _), (d0, d1, _) = slots(target), slots(draft)
     prompts = [target.tokenizer.encode(t) for t in TEXTS[:2]]
-    config = GenerationConfig(max_new_tokens=16, k=3, sampling=GREEDY)
+    config = GenerationConfig(max_new_tokens=16, sampling=GREEDY)
     scheduler = Scheduler(target)
 
     def cancelled():

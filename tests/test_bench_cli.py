@@ -148,5 +148,5 @@ def test_k_max_reaches_the_spec_auto_mode_and_a_bad_one_is_a_usage_error():
     assert _args().k_max == 8  # generate's and serve's default
     modes, _ = build_modes(["spec-auto", "spec"], [2], [3], target=None, draft=object(), k_max=12)
     auto, fixed = modes
-    assert auto.policy.k_max == 12 and auto.k_max == 12
+    assert auto.policy.k_max == 12
     assert fixed.policy.k_max == 2  # a fixed K drafts K, whatever -k auto's ceiling

@@ -34,7 +34,7 @@ class Counting(TrigramBackend):
 
 
 def config(cache_prompt: bool, seed: int = 3, **kw) -> GenerationConfig:
-    return GenerationConfig(max_new_tokens=12, k=3, sampling=SAMPLED, seed=seed, cache_prompt=cache_prompt, **kw)
+    return GenerationConfig(max_new_tokens=12, sampling=SAMPLED, seed=seed, cache_prompt=cache_prompt, **kw)
 
 
 def test_reusable_prefix_keeps_the_prompts_last_token_to_score():
@@ -83,12 +83,12 @@ def test_seeded_speculative_answers_with_a_cached_prompt_equal_a_fresh_prefill_o
     """The hf backend counts its cache's tokens too; a cropped cache reused is exact."""
     target, draft = tiny_backend(0), tiny_backend(7)
     prompt = [5, 17, 3, 60, 42, 8, 11, 5, 17]
-    first = generate(target, prompt, config(True), ModelDrafter(draft, SAMPLED))
+    first = generate(target, prompt, config(True), ModelDrafter(draft, SAMPLED), 3)
     assert target.cached_tokens() == (prompt + first.token_ids)[: target.length]
     follow_up = prompt + first.token_ids[:5] + [3, 4]
-    cached = generate(target, follow_up, config(True, seed=9), ModelDrafter(draft, SAMPLED))
+    cached = generate(target, follow_up, config(True, seed=9), ModelDrafter(draft, SAMPLED), 3)
     assert cached.stats.cached_prompt_tokens == len(prompt) + 5
-    fresh = generate(tiny_backend(0), follow_up, config(False, seed=9), ModelDrafter(tiny_backend(7), SAMPLED))
+    fresh = generate(tiny_backend(0), follow_up, config(False, seed=9), ModelDrafter(tiny_backend(7), SAMPLED), 3)
     assert cached.token_ids == fresh.token_ids
 
 
@@ -130,12 +130,12 @@ def test_the_draft_model_keeps_what_its_cache_holds_too_when_asked(cache_prompt)
     depend on them, gives the fresh answer on these exact models)."""
     target, draft = Counting(random_table(64, 0, scale=2.0)), Counting(random_table(64, 5, scale=2.0))
     run = dict(verifier="rejection")
-    first = generate(target, TURN_1, config(cache_prompt, **run), ModelDrafter(draft, SAMPLED))
+    first = generate(target, TURN_1, config(cache_prompt, **run), ModelDrafter(draft, SAMPLED), 3)
     turn_2 = TURN_1 + first.token_ids + [9, 30, 2]
     draft.fed.clear()
-    again = generate(target, turn_2, config(cache_prompt, seed=4, **run), ModelDrafter(draft, SAMPLED))
+    again = generate(target, turn_2, config(cache_prompt, seed=4, **run), ModelDrafter(draft, SAMPLED), 3)
     fresh = generate(Counting(target.table), turn_2, config(False, seed=4, **run),
-                     ModelDrafter(Counting(draft.table), SAMPLED))
+                     ModelDrafter(Counting(draft.table), SAMPLED), 3)
     assert again.token_ids == fresh.token_ids
     if cache_prompt:
         assert draft.fed[0] <= len(turn_2) - len(TURN_1)

@@ -33,12 +33,12 @@ TARGET = random_table(VOCAB, seed=0)
 DRAFT = random_table(VOCAB, seed=2)  # unrelated: frequent rejections
 PROMPTS = [[1, 2], [3], [4, 5, 0]]
 SAMPLING = SamplingConfig(temperature=1.0)
-CONFIG = CheckConfig(samples=2000, k=2, sampling=SAMPLING)
+CONFIG = CheckConfig(samples=2000, sampling=SAMPLING)
 
 
-def run_check(target=None, config=CONFIG):
+def run_check(target=None, config=CONFIG, k=2):
     drafter = ModelDrafter(TrigramBackend(DRAFT, name="draft"), config.sampling)
-    return check(target or TrigramBackend(TARGET), drafter, PROMPTS, config)
+    return check(target or TrigramBackend(TARGET), drafter, PROMPTS, config, policy=k)
 
 
 def assert_cells_fit(result):
@@ -71,7 +71,7 @@ def test_a_correct_sampler_fits_the_reference_and_the_report_holds_together():
 @pytest.mark.parametrize("k", [1, 3])
 def test_exact_cells_follow_the_target(k):
     """The reference: P(x1) from the prompt row times P(x2 | x1), for any K."""
-    result = run_check(config=CheckConfig(samples=300, k=k, sampling=SAMPLING))
+    result = run_check(config=CheckConfig(samples=300, sampling=SAMPLING), k=k)
     target = TrigramBackend(TARGET)
     for prompt, p in zip(PROMPTS, result.prompts):
         for cell in p.cells[:-1]:
@@ -125,7 +125,7 @@ def test_a_reference_in_the_wrong_call_shapes_would_fail(monkeypatch):
     check_module = importlib.import_module("specsample.check")
     exact_cells = check_module.exact_cells
     monkeypatch.setattr(check_module, "exact_cells",
-                        lambda target, prompt, config: exact_cells(TrigramBackend(TARGET), prompt, config))
+                        lambda target, prompt, config, k: exact_cells(TrigramBackend(TARGET), prompt, config, k))
     assert not run_check(CallShapeBackend(TARGET)).passed
 
 
@@ -141,13 +141,13 @@ class Biased(TrigramBackend):
 def test_an_error_above_the_detectable_tv_fails_and_the_bound_shrinks_with_n(monkeypatch):
     """The reported bound means what it says: samples from a distribution whose mean
     TV from the reference (over the reported cells) exceeds it fail the check."""
-    small, large = run_check(config=CheckConfig(samples=500, k=2, sampling=SAMPLING)), run_check()
+    small, large = run_check(config=CheckConfig(samples=500, sampling=SAMPLING)), run_check()
     assert large.perfect_tv[1] < large.detectable < small.detectable
     assert large.detectable == pytest.approx(small.detectable / 2, rel=0.25)  # 4x the samples: half the TV
     check_module = importlib.import_module("specsample.check")
     exact_cells = check_module.exact_cells  # the reference from the true target, the samples from the biased one
     monkeypatch.setattr(check_module, "exact_cells",
-                        lambda target, prompt, config: exact_cells(TrigramBackend(TARGET), prompt, config))
+                        lambda target, prompt, config, k: exact_cells(TrigramBackend(TARGET), prompt, config, k))
     wrong = run_check(Biased(TARGET))
     distance = []
     for prompt, p in zip(PROMPTS, wrong.prompts):
@@ -225,7 +225,7 @@ def test_cli_exits_1_on_a_wrong_sampler(capsys, toy_models, monkeypatch):
 
 @pytest.mark.parametrize("args,message", [
     (["--temperature", "0"], "temperature of at least 1e-05"),
-    (["-k", "0"], "-k >= 1"),
+    (["-k", "0"], "k must be 'auto' or an integer >= 1"),
     (["-n", "0"], "samples >= 1"),
     (["--lookup"], "without --lookup"),
 ])

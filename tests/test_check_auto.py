@@ -6,6 +6,7 @@ import importlib
 
 import pytest
 
+from specsample.calibrate import make_policy
 from specsample.check import CheckConfig, check
 from specsample.drafters import ModelDrafter
 
@@ -42,8 +43,8 @@ def test_auto_checks_the_planners_own_draft_lengths(monkeypatch, wrong_verify):
     target = CostedBackend(TrigramBackend(TARGET), clock, lambda n: 1.0)
     drafter = ModelDrafter(CostedBackend(TrigramBackend(DRAFT, name="draft"), clock, lambda n: 0.1), SAMPLING)
     drafter.clock = clock
-    config = CheckConfig(samples=1500, k="auto", k_max=4, sampling=SAMPLING)
-    result = check(target, drafter, PROMPTS, config, clock=clock)
+    policy = make_policy("auto", 4, target, drafter.model_backend, context=PROMPTS[0], clock=clock)
+    result = check(target, drafter, PROMPTS, CheckConfig(samples=1500, sampling=SAMPLING), policy=policy, clock=clock)
     assert all(p.acceptance_rate is not None for p in result.prompts)  # it drafted for every prompt
     if wrong_verify is None:
         fits(result, assert_fits)

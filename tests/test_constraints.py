@@ -170,21 +170,22 @@ def test_rows_become_masked_renormalised_probabilities_and_forced_rows_one_hot()
 
 # ---- constrained generation ------------------------------------------------------------
 
-def config(k=2, sampling=SamplingConfig(), seed=0, max_new_tokens=LENGTH, verifier="rejection"):
+def config(sampling=SamplingConfig(), seed=0, max_new_tokens=LENGTH, verifier="rejection"):
     # Modified rejection sampling, whose draft rows the negative controls below corrupt;
     # the coupled verifier has its own positive case.
-    return GenerationConfig(max_new_tokens=max_new_tokens, k=k, sampling=sampling, seed=seed, constraint=CONSTRAINT,
+    return GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, constraint=CONSTRAINT,
                             verifier=verifier)
 
 
-def empirical(drafter, sampling, k, n=N, policy=None, clock=None, verifier="rejection"):
+def empirical(drafter, sampling, policy, n=N, clock=None, verifier="rejection"):
+    """`policy`: a Policy, or K."""
     target = backend(TARGET)
     if clock is not None:
         target = CostedBackend(target, clock, lambda m: 1.0 + 0.1 * (m - 1))
     counts = {}
     for i in range(n):
         try:
-            seq = tuple(generate(target, PROMPT, config(k, sampling, seed=i, verifier=verifier), drafter, policy,
+            seq = tuple(generate(target, PROMPT, config(sampling, seed=i, verifier=verifier), drafter, policy,
                                  *([clock] if clock else [])).token_ids)
         except ConstraintError:
             return {("forbidden",): 1}  # outside the exact support: the check fails whatever the rest
@@ -227,7 +228,7 @@ def test_constrained_lookup_and_adaptive_policy_follow_the_masked_target():
     drafter = HybridDrafter(model, NgramDrafter(max_ngram=2))
     timed_target = CostedBackend(backend(TARGET), clock, lambda m: 1.0 + 0.1 * (m - 1))  # as empirical() times it
     policy = make_policy("auto", 4, timed_target, draft, context=PROMPT, clock=clock)
-    counts = empirical(drafter, sampling, "auto", policy=policy, clock=clock)
+    counts = empirical(drafter, sampling, policy, clock=clock)
     assert_fits(counts, exact(sampling), N)
 
 
@@ -347,22 +348,22 @@ GREEDY = SamplingConfig(0.0)
 @pytest.mark.parametrize("drafter", ["far", "close", "ngram", "hybrid-auto"])
 def test_greedy_constrained_speculative_equals_greedy_constrained_autoregressive(drafter):
     for prompt in ([A, B], [C, A], [B, B, A], [AB, C]):
-        reference = generate(backend(TARGET), prompt, config(1, GREEDY, max_new_tokens=12))
+        reference = generate(backend(TARGET), prompt, config(GREEDY, max_new_tokens=12))
         if drafter == "ngram":
-            d, k, policy = NgramDrafter(max_ngram=2), 3, None
+            d, policy = NgramDrafter(max_ngram=2), 3
         elif drafter == "hybrid-auto":
-            d, k, policy = HybridDrafter(model_drafter("close", GREEDY)), "auto", Planner(4).seat()
+            d, policy = HybridDrafter(model_drafter("close", GREEDY)), Planner(4).seat()
         else:
-            d, k, policy = model_drafter(drafter, GREEDY), 3, None
-        result = generate(backend(TARGET), prompt, config(k, GREEDY, max_new_tokens=12), d, policy)
+            d, policy = model_drafter(drafter, GREEDY), 3
+        result = generate(backend(TARGET), prompt, config(GREEDY, max_new_tokens=12), d, policy)
         assert result.token_ids == reference.token_ids and result.stop_reason == reference.stop_reason
         assert result.stats.forced_tokens == reference.stats.forced_tokens
 
 
 def test_forced_tokens_are_drafted_free_accepted_and_end_the_output_with_the_grammar():
     close = model_drafter("close", GREEDY)
-    plain = generate(backend(TARGET), PROMPT, config(1, GREEDY, max_new_tokens=40))
-    result = generate(backend(TARGET), PROMPT, config(3, GREEDY, max_new_tokens=40), close)
+    plain = generate(backend(TARGET), PROMPT, config(GREEDY, max_new_tokens=40))
+    result = generate(backend(TARGET), PROMPT, config(GREEDY, max_new_tokens=40), close, 3)
     assert result.stop_reason == plain.stop_reason == "grammar"  # complete: no end-of-sequence token needed
     assert re.fullmatch(REGEX, result.text) and EOS not in result.token_ids
     rounds, drafted, accepted = result.stats.sources["forced"]
@@ -383,9 +384,9 @@ def test_a_draft_with_no_mass_on_allowed_tokens_drafts_nothing_there():
     token -inf: it ends its round there instead of drawing from a NaN row."""
     table = DRAFTS["close"].clone()
     table[..., [A, B, AB, C]] = float("-inf")  # only "<", ">", "=" and EOS
-    reference = generate(backend(TARGET), PROMPT, config(1, GREEDY, max_new_tokens=12))
-    result = generate(backend(TARGET), PROMPT, config(3, GREEDY, max_new_tokens=12),
-                      ModelDrafter(backend(table, "partial"), GREEDY))
+    reference = generate(backend(TARGET), PROMPT, config(GREEDY, max_new_tokens=12))
+    result = generate(backend(TARGET), PROMPT, config(GREEDY, max_new_tokens=12),
+                      ModelDrafter(backend(table, "partial"), GREEDY), 3)
     assert result.token_ids == reference.token_ids
     assert "model" not in result.stats.sources and result.stats.sources["forced"][2] == 3
 
@@ -393,7 +394,7 @@ def test_a_draft_with_no_mass_on_allowed_tokens_drafts_nothing_there():
 def test_the_adaptive_controller_counts_forced_tokens_as_a_source_of_their_own():
     policy = Planner(4).seat()
     drafter = HybridDrafter(model_drafter("close", GREEDY))
-    generate(backend(TARGET), PROMPT, config("auto", GREEDY, max_new_tokens=20), drafter, policy)
+    generate(backend(TARGET), PROMPT, config(GREEDY, max_new_tokens=20), drafter, policy)
     assert policy.sources[FORCED].at(0).value == 1.0 and policy.sources[FORCED].at(0).trials > 0
 
 
@@ -422,9 +423,9 @@ def test_every_sampled_output_is_json_that_validates_against_the_schema(mode):
     drafter = ModelDrafter(byte_backend(1, "draft"), sampling) if mode == "speculative" else None
     forced = total = 0
     for seed in range(100):
-        cfg = GenerationConfig(max_new_tokens=120, k=4, sampling=sampling, seed=seed,
+        cfg = GenerationConfig(max_new_tokens=120, sampling=sampling, seed=seed,
                                constraint=Constraint.json_schema(SCHEMA))
-        result = generate(target, target.tokenizer.encode("user: "), cfg, drafter)
+        result = generate(target, target.tokenizer.encode("user: "), cfg, drafter, 4)
         assert result.stop_reason == "grammar", result.text
         jsonschema.validate(json.loads(result.text), SCHEMA)
         forced, total = forced + result.stats.forced_tokens, total + len(result.token_ids)
@@ -436,8 +437,8 @@ def test_greedy_json_speculation_equals_autoregressive_where_forced_text_has_man
     constraint = Constraint.json_schema(SCHEMA)
     prompt = target.tokenizer.encode("x")
     settings = dict(max_new_tokens=120, sampling=GREEDY, constraint=constraint)
-    reference = generate(target, prompt, GenerationConfig(k=1, **settings))
+    reference = generate(target, prompt, GenerationConfig(**settings))
     for drafter in (ModelDrafter(byte_backend(2, "same"), GREEDY), ModelDrafter(byte_backend(3, "other"), GREEDY),
                     HybridDrafter(ModelDrafter(byte_backend(3, "other"), GREEDY))):
-        result = generate(target, prompt, GenerationConfig(k=4, **settings), drafter)
+        result = generate(target, prompt, GenerationConfig(**settings), drafter, 4)
         assert result.token_ids == reference.token_ids and result.stop_reason == "grammar"

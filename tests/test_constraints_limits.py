@@ -39,7 +39,7 @@ def test_a_schema_within_the_depth_limit_is_kept():
 @pytest.mark.parametrize("strict", [True, False])
 def test_a_schema_that_admits_nothing_is_refused_before_any_model_call(schema, strict):
     target = byte_backend(0)
-    config = GenerationConfig(max_new_tokens=20, k=1, constraint=Constraint.json_schema(schema, strict=strict))
+    config = GenerationConfig(max_new_tokens=20, constraint=Constraint.json_schema(schema, strict=strict))
     with pytest.raises(ConstraintError, match="admits no output"):
         stream(target, target.tokenizer.encode("x"), config)
 

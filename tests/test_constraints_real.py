@@ -43,13 +43,12 @@ def test_greedy_constrained_speculation_equals_constrained_decoding_and_validate
     name, doc = next(d for d in structured_docs() if d[0] == "textwrap.wrap")
     ids = target.tokenizer.chat_prompt(prompt_text(name, doc))
     config = dict(max_new_tokens=160, sampling=GREEDY, constraint=Constraint.json_schema(SCHEMA))
-    plain = generate(target, ids, GenerationConfig(k=1, **config))
+    plain = generate(target, ids, GenerationConfig(**config))
     assert plain.stop_reason == "grammar" and is_valid(plain.text, SCHEMA)
     assert plain.stats.forced_tokens > len(plain.token_ids) // 5
     policy = Planner(k_max=6).seat()
-    for drafter, k, p in ((ModelDrafter(draft, GREEDY), 3, None),
-                          (HybridDrafter(ModelDrafter(draft, GREEDY), NgramDrafter()), "auto", policy)):
-        result = generate(target, ids, GenerationConfig(k=k, **config), drafter, p)
+    for drafter, p in ((ModelDrafter(draft, GREEDY), 3), (HybridDrafter(ModelDrafter(draft, GREEDY), NgramDrafter()), policy)):
+        result = generate(target, ids, GenerationConfig(**config), drafter, p)
         assert result.token_ids == plain.token_ids
         assert result.stats.sources["forced"][2] == plain.stats.forced_tokens  # every forced token drafted free
         assert result.stats.target_calls < plain.stats.target_calls - plain.stats.forced_tokens

@@ -36,8 +36,8 @@ def empirical(sampling, drafter, k, n=N):
     target = TrigramBackend(TARGET)
     counts = {}
     for i in range(n):
-        config = GenerationConfig(max_new_tokens=LENGTH, k=k, sampling=sampling, seed=i, verifier="coupled")
-        seq = tuple(generate(target, PROMPT, config, drafter).token_ids)
+        config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, seed=i, verifier="coupled")
+        seq = tuple(generate(target, PROMPT, config, drafter, k).token_ids)
         counts[seq] = counts.get(seq, 0) + 1
     return counts
 
@@ -66,20 +66,20 @@ def TARGET_COST(m):  # seconds of a target call scoring m tokens, on the adaptiv
 
 
 def drafters(sampling):
-    """(name, drafter, k, policy, clock) for every way of drafting we have."""
+    """(name, drafter, policy or K, clock) for every way of drafting we have."""
     close = TARGET + 0.3 * random_table(VOCAB, seed=1, scale=1.0)
-    out = [("autoregressive", None, 1, None, None)]
+    out = [("autoregressive", None, None, None)]
     for k in (1, 3, 5):
-        out.append((f"model-far-k{k}", ModelDrafter(TrigramBackend(FAR, name="far"), sampling), k, None, None))
-        out.append((f"model-close-k{k}", ModelDrafter(TrigramBackend(close, name="close"), sampling), k, None, None))
-    out.append(("ngram-k4", NgramDrafter(max_ngram=2), 4, None, None))
+        out.append((f"model-far-k{k}", ModelDrafter(TrigramBackend(FAR, name="far"), sampling), k, None))
+        out.append((f"model-close-k{k}", ModelDrafter(TrigramBackend(close, name="close"), sampling), k, None))
+    out.append(("ngram-k4", NgramDrafter(max_ngram=2), 4, None))
     # The adaptive policy, on a fake clock: its draft lengths change with what it has seen.
     clock = FakeClock()
     target_table, draft_table = mixed_tables(VOCAB, seed=3)
     draft = CostedBackend(TrigramBackend(draft_table), clock, lambda m: 0.3 + 0.02 * (m - 1))
     model = ModelDrafter(draft, sampling)
     model.clock = clock
-    out.append(("hybrid-auto", HybridDrafter(model, NgramDrafter(max_ngram=2)), "auto",
+    out.append(("hybrid-auto", HybridDrafter(model, NgramDrafter(max_ngram=2)),
                 make_policy("auto", 4, CostedBackend(TrigramBackend(target_table), clock, TARGET_COST), draft,
                             context=PROMPT, clock=clock), clock))
     return out
@@ -90,11 +90,11 @@ def drafters(sampling):
 def test_a_seeded_answer_is_the_same_whatever_drafts_it(sampling):
     target_table, _ = mixed_tables(VOCAB, seed=3)
     answers = {}
-    for name, drafter, k, policy, clock in drafters(sampling):
+    for name, drafter, policy, clock in drafters(sampling):
         for seed in range(40):
             target = TrigramBackend(target_table) if clock is None else \
                 CostedBackend(TrigramBackend(target_table), clock, TARGET_COST)
-            config = GenerationConfig(max_new_tokens=16, k=k, sampling=sampling, seed=seed, verifier="coupled")
+            config = GenerationConfig(max_new_tokens=16, sampling=sampling, seed=seed, verifier="coupled")
             result = generate(target, PROMPT, config, drafter, policy, *([clock] if clock else []))
             answers.setdefault(seed, {})[name] = result.token_ids
     for seed, by_drafter in answers.items():
@@ -107,8 +107,9 @@ def test_coupled_answers_under_the_auto_verifier_follow_the_seed():
     sampling = SamplingConfig(0.9)
     target = TrigramBackend(TARGET)
     drafter = ModelDrafter(TrigramBackend(FAR, name="far"), sampling)
-    a = generate(target, PROMPT, GenerationConfig(max_new_tokens=12, k=2, sampling=sampling, seed=5), drafter)
-    b = generate(target, PROMPT, GenerationConfig(max_new_tokens=12, k=4, sampling=sampling, seed=5))
+    config = GenerationConfig(max_new_tokens=12, sampling=sampling, seed=5)
+    a = generate(target, PROMPT, config, drafter, 2)
+    b = generate(target, PROMPT, config)
     assert a.token_ids == b.token_ids
 
 

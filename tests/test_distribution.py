@@ -60,8 +60,8 @@ def empirical(drafter_factory, sampling, k, n=SAMPLES, seed=0, target=None):
     drafter = drafter_factory(sampling)
     counts = {}
     for i in range(n):
-        config = GenerationConfig(max_new_tokens=LENGTH, k=k, sampling=sampling, seed=seed * n + i, verifier="rejection")
-        seq = tuple(generate(target, PROMPT, config, drafter).token_ids)
+        config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, seed=seed * n + i, verifier="rejection")
+        seq = tuple(generate(target, PROMPT, config, drafter, k).token_ids)
         counts[seq] = counts.get(seq, 0) + 1
     return counts
 
@@ -203,8 +203,7 @@ def adaptive_empirical(kind, sampling, wrap=None, n=N, seed=0):
     policy = make_policy("auto", 4, target, draft, context=MIXED_PROMPT, clock=clock)
     counts, lengths, switched, sources = {}, {}, 0, {}
     for i in range(n):
-        config = GenerationConfig(max_new_tokens=LENGTH, k="auto", sampling=sampling, seed=seed * n + i,
-                                  verifier="rejection")
+        config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, seed=seed * n + i, verifier="rejection")
         result = generate(target, MIXED_PROMPT, config, drafter, policy, clock)
         seq = tuple(result.token_ids)
         counts[seq] = counts.get(seq, 0) + 1

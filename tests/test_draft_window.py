@@ -83,8 +83,8 @@ def test_bad_window_is_refused(window, head):
 def test_greedy_output_is_the_same_with_a_window():
     target = TrigramBackend(TABLE + 0.5 * random_table(8, seed=4))
     prompt = list(range(1, 8)) * 3
-    config = GenerationConfig(max_new_tokens=40, k=3, sampling=GREEDY, seed=0)
+    config = GenerationConfig(max_new_tokens=40, sampling=GREEDY, seed=0)
     plain = generate(target, prompt, config)
-    windowed = generate(target, prompt, config, drafter(window=2, head=1))
+    windowed = generate(target, prompt, config, drafter(window=2, head=1), 3)
     assert windowed.token_ids == plain.token_ids
     assert windowed.stats.drafted > 0

@@ -158,6 +158,6 @@ def test_the_lookup_drafter_reads_the_suffix_and_the_extra_files():
     from toy import TrigramBackend, random_table
 
     target = TrigramBackend(random_table(len(words), 0, scale=2.0))
-    s = stream(target, ids, GenerationConfig(max_new_tokens=4, k=2, sampling=SamplingConfig(temperature=0.0)), drafter)
+    s = stream(target, ids, GenerationConfig(max_new_tokens=4, sampling=SamplingConfig(temperature=0.0)), drafter, 2)
     list(s)
     assert seen and seen[0][: len(ids)] == ids  # the suffix's tokens are in the drafter's context

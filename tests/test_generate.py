@@ -17,17 +17,17 @@ GREEDY = SamplingConfig(temperature=0)
 PROMPT = [5, 17, 3, 60, 42, 8, 11, 5, 17]
 
 
-def greedy(max_new_tokens=40, k=4, **kw):
-    return GenerationConfig(max_new_tokens=max_new_tokens, k=k, sampling=GREEDY, **kw)
+def greedy(max_new_tokens=40, **kw):
+    return GenerationConfig(max_new_tokens=max_new_tokens, sampling=GREEDY, **kw)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("draft_seed", [0, 7], ids=["same-weights", "other-model"])
 def test_greedy_speculative_equals_greedy_autoregressive_hf(k, draft_seed):
     target = tiny_backend(0)
-    reference = generate(target, PROMPT, greedy(k=k)).token_ids
+    reference = generate(target, PROMPT, greedy()).token_ids
     drafter = ModelDrafter(tiny_backend(draft_seed), GREEDY)
-    result = generate(target, PROMPT, greedy(k=k), drafter)
+    result = generate(target, PROMPT, greedy(), drafter, k)
     assert result.token_ids == reference
     if draft_seed == 0:  # identical draft: every draft accepted, bonus every round
         assert result.stats.acceptance_rate == 1.0
@@ -37,7 +37,7 @@ def test_greedy_speculative_equals_greedy_autoregressive_hf(k, draft_seed):
 def test_greedy_ngram_equals_greedy_autoregressive(k):
     target = tiny_backend(3)
     reference = generate(target, PROMPT, greedy(max_new_tokens=60)).token_ids
-    result = generate(target, PROMPT, greedy(max_new_tokens=60, k=k), NgramDrafter(max_ngram=3))
+    result = generate(target, PROMPT, greedy(max_new_tokens=60), NgramDrafter(max_ngram=3), k)
     assert result.token_ids == reference
     assert result.stats.draft_calls == 0
 
@@ -71,14 +71,14 @@ def test_draft_probabilities_are_the_ones_each_draft_was_drawn_from():
             return draft
 
     for seed in range(30):
-        generate(reference, [1, 2], GenerationConfig(max_new_tokens=12, k=3, sampling=sampling, seed=seed), Spy())
+        generate(reference, [1, 2], GenerationConfig(max_new_tokens=12, sampling=sampling, seed=seed), Spy(), 3)
     assert sum(seen) > 0
 
 
 def test_drafter_cache_holds_the_true_context_after_full_accepts():
     target = tiny_backend(0)
     drafter = ModelDrafter(tiny_backend(0), GREEDY)
-    result = generate(target, PROMPT, greedy(max_new_tokens=20, k=4), drafter)
+    result = generate(target, PROMPT, greedy(max_new_tokens=20), drafter, 4)
     assert result.stats.acceptance_rate == 1.0
     # The drafter never fed its last draft of the final round, nor the bonus token.
     context = PROMPT + result.token_ids
@@ -93,7 +93,7 @@ def test_drafter_cache_holds_the_true_context_after_full_accepts():
 
 def test_interleaved_streams_on_one_backend_are_refused():
     target = TrigramBackend(random_table(6, seed=0))
-    first, second = (stream(target, prompt, greedy(max_new_tokens=10, k=2), NgramDrafter()) for prompt in ([1, 2], [3, 4]))
+    first, second = (stream(target, prompt, greedy(max_new_tokens=10), NgramDrafter(), 2) for prompt in ([1, 2], [3, 4]))
     a, b = iter(first), iter(second)
     next(a)
     next(b)  # takes the backend over: its cache now holds the second prompt
@@ -103,7 +103,7 @@ def test_interleaved_streams_on_one_backend_are_refused():
 
 def test_a_stream_resuming_after_direct_use_of_its_backend_is_refused():
     target = TrigramBackend(random_table(6, seed=0))
-    rounds = iter(stream(target, [1, 2], greedy(max_new_tokens=10, k=2)))
+    rounds = iter(stream(target, [1, 2], greedy(max_new_tokens=10)))
     next(rounds)
     target.score([5], num_logits=1)
     with pytest.raises(BackendError, match="no longer holds"):
@@ -113,18 +113,18 @@ def test_a_stream_resuming_after_direct_use_of_its_backend_is_refused():
 def test_sequential_streams_on_one_backend_take_it_over():
     """As the server runs them: one after another, an abandoned one included."""
     target = TrigramBackend(random_table(6, seed=0))
-    solo = [generate(TrigramBackend(random_table(6, seed=0)), p, greedy(max_new_tokens=10, k=2)).token_ids
+    solo = [generate(TrigramBackend(random_table(6, seed=0)), p, greedy(max_new_tokens=10)).token_ids
             for p in ([1, 2], [3, 4])]
-    abandoned = iter(stream(target, [3, 4], greedy(max_new_tokens=10, k=2), NgramDrafter()))
+    abandoned = iter(stream(target, [3, 4], greedy(max_new_tokens=10), NgramDrafter(), 2))
     next(abandoned)  # a cancelled request: never resumed
-    assert generate(target, [1, 2], greedy(max_new_tokens=10, k=2), NgramDrafter()).token_ids == solo[0]
-    assert generate(target, [3, 4], greedy(max_new_tokens=10, k=2), NgramDrafter()).token_ids == solo[1]
+    assert generate(target, [1, 2], greedy(max_new_tokens=10), NgramDrafter(), 2).token_ids == solo[0]
+    assert generate(target, [3, 4], greedy(max_new_tokens=10), NgramDrafter(), 2).token_ids == solo[1]
 
 
 def test_a_drafter_on_the_targets_own_backend_is_refused():
     target = TrigramBackend(random_table(6, seed=0))
     with pytest.raises(ValueError, match="drafter runs on the target's own backend object"):
-        stream(target, [1, 2], greedy(), ModelDrafter(target, GREEDY))
+        stream(target, [1, 2], greedy(), ModelDrafter(target, GREEDY), 4)
 
 
 @pytest.mark.parametrize("role", ["target", "draft"])
@@ -133,7 +133,7 @@ def test_a_model_that_cannot_roll_back_is_refused_before_any_text(role):
     stuck = target if role == "target" else draft
     stuck.supports_rollback = False  # as the hf backend says of recurrent models
     with pytest.raises(ValueError, match="cannot be rolled back"):
-        stream(target, [1, 2], greedy(), ModelDrafter(draft, GREEDY))
+        stream(target, [1, 2], greedy(), ModelDrafter(draft, GREEDY), 4)
     assert generate(target, [1, 2], greedy()).token_ids  # alone, it still decodes
 
 
@@ -141,7 +141,7 @@ def test_drafters_sharing_a_draft_backend_resync_after_each_other():
     """Two streams in lockstep leave the shared draft cache at the length each drafter
     expects, but holding the other's text: only the claim tells them apart."""
     draft = tiny_backend(0)
-    streams = [stream(tiny_backend(0), prompt, greedy(max_new_tokens=16, k=3), ModelDrafter(draft, GREEDY))
+    streams = [stream(tiny_backend(0), prompt, greedy(max_new_tokens=16), ModelDrafter(draft, GREEDY), 3)
                for prompt in (PROMPT, PROMPT[::-1])]
     rounds = [iter(s) for s in streams]
     for _ in range(4):
@@ -155,7 +155,7 @@ def test_drafters_sharing_a_draft_backend_resync_after_each_other():
 def test_max_new_tokens_is_never_exceeded():
     target = tiny_backend(0)
     for n in [1, 2, 3, 7, 10]:
-        result = generate(target, PROMPT, greedy(max_new_tokens=n, k=4), ModelDrafter(tiny_backend(0), GREEDY))
+        result = generate(target, PROMPT, greedy(max_new_tokens=n), ModelDrafter(tiny_backend(0), GREEDY), 4)
         assert len(result.token_ids) == n
         assert result.stop_reason == "length"
 
@@ -165,8 +165,8 @@ def test_stops_at_any_eos_token_and_includes_it():
     free = generate(target, PROMPT, greedy(max_new_tokens=30)).token_ids
     eos = free[12]
     first = free.index(eos)
-    result = generate(target, PROMPT, greedy(max_new_tokens=30, k=3, eos_token_ids=frozenset({999, eos})),
-                      ModelDrafter(tiny_backend(0), GREEDY))
+    result = generate(target, PROMPT, greedy(max_new_tokens=30, eos_token_ids=frozenset({999, eos})),
+                      ModelDrafter(tiny_backend(0), GREEDY), 3)
     assert result.token_ids == free[: first + 1]
     assert result.stop_reason == "eos"
 
@@ -191,7 +191,7 @@ def test_stop_string_truncates_text_and_tokens_stop_there():
     stop = free.text[10:12]
     at = free.text.index(stop)
     result = generate(target, PROMPT, greedy(max_new_tokens=30, stop_strings=(stop,)),
-                      ModelDrafter(tiny_backend(0), GREEDY))
+                      ModelDrafter(tiny_backend(0), GREEDY), 4)
     assert result.text == free.text[:at]
     assert result.stop_reason == "stop_string"
     assert len(result.token_ids) <= at + len(stop)
@@ -200,7 +200,7 @@ def test_stop_string_truncates_text_and_tokens_stop_there():
 def test_stream_yields_chunks_that_add_up_to_the_result():
     target = tiny_backend(0)
     target.tokenizer = CharTokenizer()
-    s = stream(target, PROMPT, greedy(max_new_tokens=25, k=3, stop_strings=("zzz",)), ModelDrafter(tiny_backend(7), GREEDY))
+    s = stream(target, PROMPT, greedy(max_new_tokens=25, stop_strings=("zzz",)), ModelDrafter(tiny_backend(7), GREEDY), 3)
     chunks = list(s)
     assert "".join(c.text for c in chunks) == s.result.text
     assert sum((c.token_ids for c in chunks), []) == s.result.token_ids
@@ -211,8 +211,8 @@ def byte_stream(text, max_new_tokens=None, drafter=None, stop_strings=()):
     """A stream whose greedy output spells `text` one UTF-8 byte per token."""
     script = list(text.encode())
     target = ScriptedBackend(script, 256, prompt_length=2, tokenizer=ByteTokenizer())
-    config = greedy(max_new_tokens=max_new_tokens or len(script), k=3, stop_strings=stop_strings)
-    return target.tokenizer, stream(target, [1, 2], config, drafter)
+    config = greedy(max_new_tokens=max_new_tokens or len(script), stop_strings=stop_strings)
+    return target.tokenizer, stream(target, [1, 2], config, drafter, 3)
 
 
 @pytest.mark.parametrize("drafter", [None, NgramDrafter()], ids=["a-token-a-round", "drafted-rounds"])
@@ -247,7 +247,7 @@ def test_streaming_decodes_each_token_a_bounded_number_of_times(stop_strings):
 
 def test_stats_are_consistent():
     target = tiny_backend(0)
-    result = generate(target, PROMPT, greedy(max_new_tokens=30, k=3), ModelDrafter(tiny_backend(7), GREEDY))
+    result = generate(target, PROMPT, greedy(max_new_tokens=30), ModelDrafter(tiny_backend(7), GREEDY), 3)
     st = result.stats
     assert st.new_tokens == 30
     # every round drafts except a last one with a single token left to emit
@@ -268,8 +268,8 @@ def test_same_seed_repeats_exactly_and_other_seeds_differ():
     sampling = SamplingConfig(temperature=1.0)
 
     def run(seed):
-        cfg = GenerationConfig(max_new_tokens=30, k=3, sampling=sampling, seed=seed)
-        return generate(target, PROMPT, cfg, ModelDrafter(tiny_backend(7), sampling)).token_ids
+        cfg = GenerationConfig(max_new_tokens=30, sampling=sampling, seed=seed)
+        return generate(target, PROMPT, cfg, ModelDrafter(tiny_backend(7), sampling), 3).token_ids
 
     assert run(1) == run(1)
     assert run(1) != run(2)
@@ -278,8 +278,8 @@ def test_same_seed_repeats_exactly_and_other_seeds_differ():
 def test_tiny_temperature_generates_the_greedy_text():
     target = tiny_backend(0)
     sampling = SamplingConfig(temperature=1e-40)
-    config = GenerationConfig(max_new_tokens=20, k=3, sampling=sampling)
-    result = generate(target, PROMPT, config, ModelDrafter(tiny_backend(7), sampling))
+    config = GenerationConfig(max_new_tokens=20, sampling=sampling)
+    result = generate(target, PROMPT, config, ModelDrafter(tiny_backend(7), sampling), 3)
     assert result.token_ids == generate(target, PROMPT, greedy(max_new_tokens=20)).token_ids
 
 
@@ -287,24 +287,24 @@ def test_tiny_temperature_generates_the_greedy_text():
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampling"])
 def test_non_finite_target_logits_stop_with_the_model_named(value, temperature):
     target = PoisonedBackend(random_table(6, seed=0), value, after=5, name="broken-target")
-    config = GenerationConfig(max_new_tokens=8, k=2, sampling=SamplingConfig(temperature))
+    config = GenerationConfig(max_new_tokens=8, sampling=SamplingConfig(temperature))
     with pytest.raises(BackendError, match="broken-target returned NaN or infinite logits"):
-        generate(target, [1, 2], config, NgramDrafter())
+        generate(target, [1, 2], config, NgramDrafter(), 2)
 
 
 def test_non_finite_draft_logits_stop_with_the_draft_named():
     sampling = SamplingConfig(1.0)
     drafter = ModelDrafter(PoisonedBackend(random_table(6, seed=1), float("nan"), after=4, name="broken-draft"), sampling)
     with pytest.raises(BackendError, match="broken-draft returned NaN"):
-        generate(TrigramBackend(random_table(6, seed=0)), [1, 2], GenerationConfig(8, k=3, sampling=sampling), drafter)
+        generate(TrigramBackend(random_table(6, seed=0)), [1, 2], GenerationConfig(8, sampling=sampling), drafter, 3)
 
 
 def test_minus_inf_logits_are_ruled_out_tokens_not_an_error():
     table = random_table(6, seed=0)
     table[..., 3:] = float("-inf")  # as a truncated draft vocabulary scores them
     sampling = SamplingConfig(1.0)
-    config = GenerationConfig(12, k=3, sampling=sampling)
-    result = generate(TrigramBackend(table), [1, 2], config, ModelDrafter(TrigramBackend(table), sampling))
+    config = GenerationConfig(12, sampling=sampling)
+    result = generate(TrigramBackend(table), [1, 2], config, ModelDrafter(TrigramBackend(table), sampling), 3)
     assert len(result.token_ids) == 12 and max(result.token_ids) < 3
 
 
@@ -320,17 +320,32 @@ def test_every_model_context_is_checked_and_named(role):
     small.context_length = 40
     big = TrigramBackend(random_table(6, seed=1), name="long-context")
     target, draft = (small, big) if role == "target" else (big, small)
-    config = GenerationConfig(max_new_tokens=30, k=4, sampling=GREEDY)
+    config = GenerationConfig(max_new_tokens=30, sampling=GREEDY)
     with pytest.raises(ValueError, match=f"context of the {role} model small-context: 40 tokens"):
-        stream(target, [1, 2, 3, 4, 5, 6], config, ModelDrafter(draft, GREEDY))  # 6 + 30 + 4 + 1 > 40
-    stream(target, [1, 2, 3, 4, 5], config, ModelDrafter(draft, GREEDY))
+        stream(target, [1, 2, 3, 4, 5, 6], config, ModelDrafter(draft, GREEDY), 4)  # 6 + 30 + 4 + 1 > 40
+    stream(target, [1, 2, 3, 4, 5], config, ModelDrafter(draft, GREEDY), 4)
 
 
 def test_empty_prompt_and_bad_k_are_refused():
     with pytest.raises(ValueError):
         generate(tiny_backend(0), [], greedy())
-    with pytest.raises(ValueError):
-        GenerationConfig(k=0)
+    drafter = NgramDrafter()
+    for bad in (0, -1, True, "fast"):
+        with pytest.raises(ValueError, match="k must be 'auto' or an integer >= 1"):
+            generate(tiny_backend(0), PROMPT, greedy(), drafter, bad)
+
+
+def test_the_draft_length_lives_in_the_policy_alone():
+    """A k in the config would be a second source of truth, silently overridden by
+    the policy: it is refused outright."""
+    with pytest.raises(TypeError, match="k"):
+        GenerationConfig(k=3)
+    with pytest.raises(TypeError, match="k_max"):
+        GenerationConfig(k_max=4)
+    for policy in (3, FixedK(3)):  # the shorthand and the policy it stands for
+        result = generate(tiny_backend(0), PROMPT, greedy(max_new_tokens=12), ModelDrafter(tiny_backend(7), GREEDY),
+                          policy)
+        assert len(result.stats.draft_length_histogram) == 4  # rounds of up to 3 drafts
 
 
 def test_empty_stop_string_is_refused():

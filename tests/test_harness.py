@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.harness, pytest.mark.system]
 def test_the_harness_scores_alike_autoregressive_and_speculative():
     runs = {}
     for drafter in ("none", "model"):
-        app, _ = toy_app(drafter=drafter, k=3, max_queue=64)
+        app, _ = toy_app(drafter=drafter, policy=3, max_queue=64)
         with running(app) as url:
             runs[drafter] = evaluate(url, "toy", batch_size=2)
             runs[f"{drafter}-chat"] = evaluate(url, "toy", chat=True)

@@ -59,8 +59,8 @@ def sample_counts(target_model, draft_model):
     drafter = ModelDrafter(HFBackend(draft_model), SAMPLING)
     counts, rolled_back = {}, 0
     for i in range(N):
-        result = generate(target, PROMPT, GenerationConfig(max_new_tokens=LENGTH, k=K, sampling=SAMPLING, seed=i, verifier="rejection"),
-                          drafter)
+        result = generate(target, PROMPT, GenerationConfig(max_new_tokens=LENGTH, sampling=SAMPLING, seed=i,
+                                                           verifier="rejection"), drafter, K)
         seq = tuple(result.token_ids)
         counts[seq] = counts.get(seq, 0) + 1
         rolled_back += result.stats.accepted < result.stats.drafted

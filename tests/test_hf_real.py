@@ -34,9 +34,9 @@ def test_hf_greedy_speculative_equals_autoregressive_with_high_acceptance(real_p
 
     target, draft = load_backend(real_pair.target, "hf"), hf_draft
     ids = target.tokenizer.chat_prompt(PROMPT)
-    config = GenerationConfig(max_new_tokens=32, k=4, sampling=GREEDY)
+    config = GenerationConfig(max_new_tokens=32, sampling=GREEDY)
     reference = generate(target, ids, config)
-    result = generate(target, ids, config, ModelDrafter(draft, GREEDY))
+    result = generate(target, ids, config, ModelDrafter(draft, GREEDY), 4)
     assert result.token_ids == reference.token_ids
     assert result.stats.acceptance_rate > 0.5
     assert "def is_palindrome" in result.text
@@ -45,8 +45,8 @@ def test_hf_greedy_speculative_equals_autoregressive_with_high_acceptance(real_p
 def test_hf_greedy_ngram_equals_autoregressive(hf_draft):
     target = hf_draft
     ids = target.tokenizer.encode("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n")
-    config = GenerationConfig(max_new_tokens=24, k=3, sampling=GREEDY)
-    assert generate(target, ids, config, NgramDrafter()).token_ids == generate(target, ids, config).token_ids
+    config = GenerationConfig(max_new_tokens=24, sampling=GREEDY)
+    assert generate(target, ids, config, NgramDrafter(), 3).token_ids == generate(target, ids, config).token_ids
 
 
 def test_mixed_backends_llamacpp_draft_for_hf_target(real_pair, hf_draft):
@@ -59,7 +59,7 @@ def test_mixed_backends_llamacpp_draft_for_hf_target(real_pair, hf_draft):
     check_same_vocabulary(target, draft)  # both cut Qwen's padding rows to 151,665
     ids = target.tokenizer.chat_prompt(PROMPT)
     assert draft.tokenizer.chat_prompt(PROMPT) == ids  # same template, same token ids
-    config = GenerationConfig(max_new_tokens=24, k=3, sampling=GREEDY)
-    result = generate(target, ids, config, ModelDrafter(draft, GREEDY))
+    config = GenerationConfig(max_new_tokens=24, sampling=GREEDY)
+    result = generate(target, ids, config, ModelDrafter(draft, GREEDY), 3)
     assert result.token_ids == generate(target, ids, config).token_ids
     assert result.stats.acceptance_rate > 0.5

@@ -64,10 +64,10 @@ def test_score_rollback_score_equals_fresh_scoring(windowed):
 def test_greedy_speculative_equals_greedy_autoregressive(windowed, k):
     _, model = windowed
     target = HFBackend(model)
-    config = GenerationConfig(max_new_tokens=20, k=k, sampling=GREEDY)
+    config = GenerationConfig(max_new_tokens=20, sampling=GREEDY)
     reference = generate(target, SEQUENCE[:6], config).token_ids
     drafter = ModelDrafter(HFBackend(near_copy(model)), GREEDY)
-    result = generate(target, SEQUENCE[:6], config, drafter)
+    result = generate(target, SEQUENCE[:6], config, drafter, k)
     assert result.token_ids == reference
     # Rejections and partial accepts both happened, so rollbacks reached back into drafts.
     assert 0 < result.stats.accepted < result.stats.drafted
@@ -75,7 +75,7 @@ def test_greedy_speculative_equals_greedy_autoregressive(windowed, k):
 
 def test_linear_attention_generates_but_refuses_rollback():
     b = HFBackend(tiny_recurrent_model(0), name="tiny-qwen3-next")
-    result = generate(b, SEQUENCE[:6], GenerationConfig(max_new_tokens=5, k=1, sampling=GREEDY))
+    result = generate(b, SEQUENCE[:6], GenerationConfig(max_new_tokens=5, sampling=GREEDY))
     assert len(result.token_ids) == 5
     b.score([1, 2], 2)
     with pytest.raises(RollbackUnsupported, match="tiny-qwen3-next keeps a recurrent state"):

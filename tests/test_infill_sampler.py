@@ -122,8 +122,8 @@ def empirical(target_sampling, draft_sampling):
     target, drafter = TrigramBackend(TARGET), ModelDrafter(TrigramBackend(FAR, name="draft"), draft_sampling)
     counts = {}
     for i in range(N):
-        config = GenerationConfig(max_new_tokens=LENGTH, k=3, sampling=target_sampling, seed=i, verifier="rejection")
-        ids = tuple(generate(target, PROMPT, config, drafter).token_ids)
+        config = GenerationConfig(max_new_tokens=LENGTH, sampling=target_sampling, seed=i, verifier="rejection")
+        ids = tuple(generate(target, PROMPT, config, drafter, 3).token_ids)
         counts[ids] = counts.get(ids, 0) + 1
     return counts
 

@@ -111,8 +111,8 @@ def forced_speculation():
 def test_greedy_speculative_equals_autoregressive(pair, greedy_reference, k):
     target, draft = pair
     ids, reference = greedy_reference
-    config = GenerationConfig(max_new_tokens=32, k=k, sampling=GREEDY)
-    policy = forced_speculation() if k == "auto" else None
+    config = GenerationConfig(max_new_tokens=32, sampling=GREEDY)
+    policy = forced_speculation() if k == "auto" else k
     drafter = ModelDrafter(draft, GREEDY)
     if k == "auto":
         drafter = HybridDrafter(drafter, NgramDrafter())
@@ -126,14 +126,14 @@ def test_greedy_speculative_equals_autoregressive(pair, greedy_reference, k):
 def test_greedy_ngram_equals_autoregressive(pair, greedy_reference):
     target, _ = pair
     ids, reference = greedy_reference
-    config = GenerationConfig(max_new_tokens=32, k=3, sampling=GREEDY)
-    assert_same_or_flipped_at_a_near_tie(target, ids, generate(target, ids, config, NgramDrafter()).token_ids, reference)
+    config = GenerationConfig(max_new_tokens=32, sampling=GREEDY)
+    assert_same_or_flipped_at_a_near_tie(target, ids, generate(target, ids, config, NgramDrafter(), 3).token_ids, reference)
 
 
 def test_default_auto_on_this_machine_equals_autoregressive(pair, greedy_reference):
     target, draft = pair
     ids, reference = greedy_reference
-    config = GenerationConfig(max_new_tokens=32, sampling=GREEDY)  # k="auto", calibrated here
+    config = GenerationConfig(max_new_tokens=32, sampling=GREEDY)  # no policy given: "auto", calibrated here
     result = generate(target, ids, config, HybridDrafter(ModelDrafter(draft, GREEDY), NgramDrafter()))
     assert_same_or_flipped_at_a_near_tie(target, ids, result.token_ids, reference)
 
@@ -187,7 +187,8 @@ def assert_samples_follow_exact_target(model, drafter_backend, sampling, n):
     counts, rates, two_drafted_rounds = {}, [], 0
     drafter = ModelDrafter(drafter_backend, SamplingConfig(temperature=1.6, top_k=6))
     for seed in range(n):
-        result = generate(model, prompt, GenerationConfig(max_new_tokens=3, k=1, sampling=sampling, seed=seed, verifier="rejection"), drafter)
+        result = generate(model, prompt, GenerationConfig(max_new_tokens=3, sampling=sampling, seed=seed, verifier="rejection"),
+                          drafter, 1)
         counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
         rates.append(result.stats.acceptance_rate)
         two_drafted_rounds += sum(result.stats.draft_length_histogram[1:]) >= 2
@@ -212,9 +213,9 @@ def test_a_reencoded_file_says_its_type(pair, bf16_target):
 def test_greedy_speculative_equals_autoregressive_on_a_reencoded_target(pair, bf16_target):
     _, draft = pair
     ids = bf16_target.tokenizer.chat_prompt(PROMPT)
-    plain = generate(bf16_target, ids, GenerationConfig(max_new_tokens=32, k=1, sampling=GREEDY)).token_ids
-    spec = generate(bf16_target, ids, GenerationConfig(max_new_tokens=32, k=4, sampling=GREEDY),
-                    ModelDrafter(draft, GREEDY))
+    config = GenerationConfig(max_new_tokens=32, sampling=GREEDY)
+    plain = generate(bf16_target, ids, config).token_ids
+    spec = generate(bf16_target, ids, config, ModelDrafter(draft, GREEDY), 4)
     assert_same_or_flipped_at_a_near_tie(bf16_target, ids, spec.token_ids, plain)
     assert spec.stats.acceptance_rate > 0.5
 
@@ -273,9 +274,9 @@ def test_batch_invariant_logits_do_not_depend_on_the_call_size(pair, invariant_t
 def test_batch_invariant_greedy_speculative_equals_autoregressive_exactly(pair, invariant_target):
     _, draft = pair
     ids = invariant_target.tokenizer.chat_prompt(PROMPT)
-    config = GenerationConfig(max_new_tokens=48, k=3, sampling=GREEDY)
-    plain = generate(invariant_target, ids, GenerationConfig(max_new_tokens=48, k=1, sampling=GREEDY)).token_ids
-    spec = generate(invariant_target, ids, config, ModelDrafter(draft, GREEDY))
+    config = GenerationConfig(max_new_tokens=48, sampling=GREEDY)
+    plain = generate(invariant_target, ids, config).token_ids
+    spec = generate(invariant_target, ids, config, ModelDrafter(draft, GREEDY), 3)
     assert spec.token_ids == plain  # no near-tie allowance: the same logits, the same argmax
     assert spec.stats.drafted > 0
 
@@ -287,16 +288,16 @@ def test_a_cached_prompt_gives_a_fresh_prefills_answer_exactly_with_batch_invari
     _, draft = pair
     tokenizer = invariant_target.tokenizer
     ids = tokenizer.chat_prompt(PROMPT)
-    config = GenerationConfig(max_new_tokens=24, k=3, sampling=GREEDY, cache_prompt=True)
+    config = GenerationConfig(max_new_tokens=24, sampling=GREEDY, cache_prompt=True)
     invariant_target.rollback(0)
-    first = generate(invariant_target, ids, config, ModelDrafter(draft, GREEDY))
+    first = generate(invariant_target, ids, config, ModelDrafter(draft, GREEDY), 3)
     held = invariant_target.cached_tokens()
     assert held == (ids + first.token_ids)[: len(held)] and len(held) >= len(ids)
     follow_up = ids + first.token_ids + tokenizer.encode("\n# now in one line:\n")
-    cached = generate(invariant_target, follow_up, config, ModelDrafter(draft, GREEDY))
+    cached = generate(invariant_target, follow_up, config, ModelDrafter(draft, GREEDY), 3)
     assert cached.stats.cached_prompt_tokens == len(held)
     invariant_target.rollback(0)
-    fresh = generate(invariant_target, follow_up, GenerationConfig(max_new_tokens=24, k=3, sampling=GREEDY),
-                     ModelDrafter(draft, GREEDY))
+    fresh = generate(invariant_target, follow_up, GenerationConfig(max_new_tokens=24, sampling=GREEDY),
+                     ModelDrafter(draft, GREEDY), 3)
     assert fresh.stats.cached_prompt_tokens == 0
     assert cached.token_ids == fresh.token_ids

@@ -37,8 +37,8 @@ def expected_rows(prompt, tokens, sampling, mode):
 def test_emitted_logprobs_are_the_targets_for_the_same_prefix(drafter, sampling, mode):
     made = {"none": None, "model": ModelDrafter(TrigramBackend(DRAFT, name="draft"), sampling),
             "ngram": NgramDrafter(max_ngram=2)}[drafter]
-    config = GenerationConfig(max_new_tokens=20, k=3, sampling=sampling, seed=1, logprobs=3, logprobs_mode=mode)
-    s = stream(TrigramBackend(TARGET), PROMPT, config, made)
+    config = GenerationConfig(max_new_tokens=20, sampling=sampling, seed=1, logprobs=3, logprobs_mode=mode)
+    s = stream(TrigramBackend(TARGET), PROMPT, config, made, 3)
     chunks = list(s)
     result = s.result
     assert [lp.token for lp in result.logprobs] == result.token_ids
@@ -59,16 +59,16 @@ def test_logprobs_cost_no_target_call():
         clock = FakeClock()
         target = CostedBackend(TrigramBackend(TARGET), clock, lambda m: 1.0)
         drafter = ModelDrafter(TrigramBackend(DRAFT, name="draft"), SamplingConfig(0.9))
-        config = GenerationConfig(max_new_tokens=30, k=3, sampling=SamplingConfig(0.9), seed=2, logprobs=logprobs)
-        result = generate(target, PROMPT, config, drafter)
+        config = GenerationConfig(max_new_tokens=30, sampling=SamplingConfig(0.9), seed=2, logprobs=logprobs)
+        result = generate(target, PROMPT, config, drafter, 3)
         calls.append((target.calls, result.token_ids))
     assert calls[0] == calls[1]
 
 
 def test_greedy_speculative_logprobs_equal_autoregressive():
     sampling = SamplingConfig(0.0)
-    config = GenerationConfig(max_new_tokens=24, k=4, sampling=sampling, logprobs=2)
-    spec = generate(TrigramBackend(TARGET), PROMPT, config, ModelDrafter(TrigramBackend(DRAFT), sampling))
+    config = GenerationConfig(max_new_tokens=24, sampling=sampling, logprobs=2)
+    spec = generate(TrigramBackend(TARGET), PROMPT, config, ModelDrafter(TrigramBackend(DRAFT), sampling), 4)
     plain = generate(TrigramBackend(TARGET), PROMPT, config)
     assert spec.token_ids == plain.token_ids and spec.logprobs == plain.logprobs
 

@@ -57,12 +57,10 @@ def adaptive_batches(n, wrap=None, draft_table=MIXED_DRAFT):
     policy = Planner(4, prices, clock).seat()
     counts, lengths = {}, {}
     for i in range(n):
-        configs = [GenerationConfig(max_new_tokens=LENGTH, k="auto", k_max=4, sampling=SAMPLED, seed=4 * i,
-                                    verifier="rejection"),
-                   GenerationConfig(max_new_tokens=6, k="auto", k_max=4, sampling=GREEDY),
-                   GenerationConfig(max_new_tokens=LENGTH, k="auto", k_max=4, sampling=NUCLEUS, seed=4 * i + 2),
-                   GenerationConfig(max_new_tokens=LENGTH, k="auto", k_max=4, sampling=SAMPLED, seed=4 * i + 3,
-                                    verifier="rejection")]
+        configs = [GenerationConfig(max_new_tokens=LENGTH, sampling=SAMPLED, seed=4 * i, verifier="rejection"),
+                   GenerationConfig(max_new_tokens=6, sampling=GREEDY),
+                   GenerationConfig(max_new_tokens=LENGTH, sampling=NUCLEUS, seed=4 * i + 2),
+                   GenerationConfig(max_new_tokens=LENGTH, sampling=SAMPLED, seed=4 * i + 3, verifier="rejection")]
         queue = list(configs)
 
         def make_drafter(slot):

@@ -55,7 +55,7 @@ def drafter():
 def test_the_policy_is_told_the_tokens_fed_and_the_clock_around_the_call():
     clock = FakeClock()
     target, policy = SlowBackend(TABLE, clock), CountingPolicy(2)
-    generate(target, [1, 2, 3], GenerationConfig(max_new_tokens=12, k=2, sampling=GREEDY), drafter(), policy, clock)
+    generate(target, [1, 2, 3], GenerationConfig(max_new_tokens=12, sampling=GREEDY), drafter(), policy, clock)
     # Every round after the first feeds its pending token plus its drafts (the first only its drafts).
     fed = [len(r.sources) + (i > 0) for i, r in enumerate(policy.reports)]
     assert [r.target_tokens for r in policy.reports] == fed
@@ -67,7 +67,7 @@ def test_a_round_without_a_call_reports_none():
     # One token to go: no drafts, and the prefill's last row already predicts it, so no call is made.
     clock = FakeClock()
     target, policy = SlowBackend(TABLE, clock), CountingPolicy(3)
-    result = generate(target, [1, 2, 3], GenerationConfig(max_new_tokens=1, k=3, sampling=GREEDY), drafter(), policy,
+    result = generate(target, [1, 2, 3], GenerationConfig(max_new_tokens=1, sampling=GREEDY), drafter(), policy,
                       clock)
     assert result.stats.target_calls == 0
     [report] = policy.reports
@@ -76,7 +76,7 @@ def test_a_round_without_a_call_reports_none():
 
 def test_the_policy_hears_the_end_once_when_the_stream_finishes():
     policy = CountingPolicy(2)
-    result = generate(TrigramBackend(TABLE), [1, 2, 3], GenerationConfig(max_new_tokens=15, k=2, sampling=GREEDY),
+    result = generate(TrigramBackend(TABLE), [1, 2, 3], GenerationConfig(max_new_tokens=15, sampling=GREEDY),
                       drafter(), policy)
     assert len(result.token_ids) == 15
     assert (policy.begun, policy.ended) == (1, 1)
@@ -87,7 +87,7 @@ def test_the_policy_hears_the_end_once_when_the_stream_is_abandoned_or_fails(how
     policy = CountingPolicy(2)
     # Poisoned: the target's rows turn to NaN once the text reaches 12 tokens, after the first two chunks.
     target = PoisonedBackend(TABLE, float("nan"), after=12) if how == "failed" else TrigramBackend(TABLE)
-    s = stream(target, [1, 2, 3], GenerationConfig(max_new_tokens=50, k=2, sampling=GREEDY), drafter(), policy)
+    s = stream(target, [1, 2, 3], GenerationConfig(max_new_tokens=50, sampling=GREEDY), drafter(), policy)
     chunks = iter(s)
     next(chunks), next(chunks)
     assert (policy.begun, policy.ended) == (1, 0)
@@ -105,7 +105,7 @@ def test_the_policy_hears_the_end_once_when_the_stream_is_abandoned_or_fails(how
 
 def test_a_stream_never_started_or_without_a_drafter_never_ends_the_policy():
     policy = CountingPolicy(2)
-    config = GenerationConfig(max_new_tokens=5, k=2, sampling=GREEDY)
+    config = GenerationConfig(max_new_tokens=5, sampling=GREEDY)
     s = stream(TrigramBackend(TABLE), [1, 2, 3], config, drafter(), policy)
     del s
     gc.collect()

@@ -108,7 +108,7 @@ def test_greedy_speculation_on_a_target_split_over_two_workers_equals_plain_gree
     greedy = SamplingConfig(temperature=0)
     prompt = target.tokenizer.chat_prompt("Write a Python function that reverses a string.")
     plain = generate(target, prompt, GenerationConfig(max_new_tokens=40, sampling=greedy))
-    spec = generate(target, prompt, GenerationConfig(max_new_tokens=40, k=4, sampling=greedy), ModelDrafter(draft, greedy))
+    spec = generate(target, prompt, GenerationConfig(max_new_tokens=40, sampling=greedy), ModelDrafter(draft, greedy), 4)
     assert spec.stats.accepted > 0
     assert spec.token_ids == plain.token_ids
 

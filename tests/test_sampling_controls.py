@@ -51,8 +51,8 @@ def empirical(target_sampling, draft_sampling, draft_table=FAR, k=3, n=N):
     drafter = ModelDrafter(TrigramBackend(draft_table, name="draft"), draft_sampling)
     counts, drafted, accepted = {}, 0, 0
     for i in range(n):
-        config = GenerationConfig(max_new_tokens=LENGTH, k=k, sampling=target_sampling, seed=i, verifier="rejection")
-        result = generate(target, PROMPT, config, drafter)
+        config = GenerationConfig(max_new_tokens=LENGTH, sampling=target_sampling, seed=i, verifier="rejection")
+        result = generate(target, PROMPT, config, drafter, k)
         counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
         drafted += result.stats.drafted
         accepted += result.stats.accepted
@@ -106,7 +106,7 @@ def test_a_logit_bias_id_past_the_vocabulary_is_refused_before_any_model_call():
     """The CLI's path (a library call) refuses it as the server does, rather than
     generating as if the bias were not there."""
     target = TrigramBackend(TARGET)
-    config = GenerationConfig(max_new_tokens=LENGTH, k=3, sampling=SamplingConfig(logit_bias={VOCAB: 5.0}))
+    config = GenerationConfig(max_new_tokens=LENGTH, sampling=SamplingConfig(logit_bias={VOCAB: 5.0}))
     with pytest.raises(ValueError, match=rf"token ids in \[0, {VOCAB}\)"):
-        generate(target, PROMPT, config, ModelDrafter(TrigramBackend(FAR, name="draft"), config.sampling))
+        generate(target, PROMPT, config, ModelDrafter(TrigramBackend(FAR, name="draft"), config.sampling), 3)
     assert target.length == 0

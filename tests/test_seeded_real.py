@@ -26,13 +26,12 @@ def test_a_seed_gives_the_same_text_whatever_drafts_it(models):
     sampling = SamplingConfig(temperature=0.8, top_p=0.95)
     ids = target.tokenizer.chat_prompt(QUESTION)
     for seed in (0, 1):
-        config = GenerationConfig(max_new_tokens=32, k=3, sampling=sampling, seed=seed)
+        config = GenerationConfig(max_new_tokens=32, sampling=sampling, seed=seed)
         plain = generate(target, ids, config).token_ids
-        speculative = generate(target, ids, config, ModelDrafter(draft, sampling))
+        speculative = generate(target, ids, config, ModelDrafter(draft, sampling), 3)
         assert speculative.stats.drafted > 0
         assert speculative.token_ids == plain
-        assert generate(target, ids, GenerationConfig(max_new_tokens=32, k=1, sampling=sampling, seed=seed),
-                        NgramDrafter()).token_ids == plain
+        assert generate(target, ids, config, NgramDrafter(), 1).token_ids == plain
 
 
 @pytest.mark.parametrize("invariant", [True, False], ids=["batch-invariant", "default-kernels"])
@@ -40,9 +39,9 @@ def test_greedy_logprobs_from_verify_calls_equal_autoregressive(models, invarian
     target = models[0] if invariant else models[1]
     greedy = SamplingConfig(temperature=0)
     ids = target.tokenizer.chat_prompt(QUESTION)
-    config = GenerationConfig(max_new_tokens=32, k=3, sampling=greedy, logprobs=5)
+    config = GenerationConfig(max_new_tokens=32, sampling=greedy, logprobs=5)
     plain = generate(target, ids, config)
-    speculative = generate(target, ids, config, ModelDrafter(models[2], greedy))
+    speculative = generate(target, ids, config, ModelDrafter(models[2], greedy), 3)
     agree = 0
     while agree < len(plain.token_ids) and plain.token_ids[agree] == speculative.token_ids[agree]:
         agree += 1

@@ -34,8 +34,8 @@ def direct(ids, max_tokens, seed, temperature=1.0, top_p=1.0, top_k=0, stop=()):
     """What the library gives for the same request, on a fresh copy of the pair."""
     target, draft = toy_pair()
     sampling = SamplingConfig(temperature, top_k, top_p)
-    config = GenerationConfig(max_new_tokens=max_tokens, k=3, sampling=sampling, seed=seed, stop_strings=tuple(stop))
-    return generate(target, ids, config, ModelDrafter(draft, sampling))
+    config = GenerationConfig(max_new_tokens=max_tokens, sampling=sampling, seed=seed, stop_strings=tuple(stop))
+    return generate(target, ids, config, ModelDrafter(draft, sampling), 3)
 
 
 def chat_ids(text):
@@ -167,7 +167,7 @@ def test_the_default_auto_mode_with_the_hybrid_drafter():
     models = Models(target, draft, lookup=True)
     policy = models.policy("auto", k_max=8)  # as `specsample serve` makes it: timed at start
     app = create_app(target, models.drafter, models.drafter_name,
-                     Settings(model_name="toy", k="auto", k_max=8, policy=policy))
+                     Settings(model_name="toy", policy=policy))
     prompts = [PROMPT, "the dog ran far away", "a big red cat sat on the mat and then"]
     with running(app) as url:
         client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)

@@ -16,7 +16,7 @@ CONTEXT = 4096
 
 def choices(budget, **body):
     request = CompletionRequest(model="toy", **body)
-    asked = plan(request, Settings(model_name="toy", k=3, max_tokens=100, max_request_tokens=budget), 26)
+    asked = plan(request, Settings(model_name="toy", policy=3, max_tokens=100, max_request_tokens=budget), 26)
     return tasks(asked, [(p, None) for p in request.prompt], CONTEXT, "prompt")
 
 

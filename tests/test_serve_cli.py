@@ -11,7 +11,8 @@ from transformers import PreTrainedTokenizerFast
 from specsample.backends.hf import HFTokenizer
 from specsample.cli import main
 from specsample.arguments import draft_length
-from specsample.generate import GenerationConfig
+from specsample.calibrate import check_draft_length
+from specsample.plans import FixedK
 
 from serve_helpers import running
 from test_cli import WORDS, save_tiny
@@ -29,7 +30,7 @@ def test_draft_length_is_auto_or_an_integer_and_bad_ones_are_refused():
     assert draft_length("auto") == "auto" and draft_length("3") == 3
     for bad in ("0", "-2", "many"):
         with pytest.raises(ValueError, match="k must be"):
-            GenerationConfig(k=draft_length(bad))
+            check_draft_length(draft_length(bad))
 
 
 @pytest.mark.parametrize("args,message", [
@@ -60,7 +61,8 @@ def test_serve_loads_the_models_and_binds_to_loopback(monkeypatch, tiny_target):
     assert main(["serve", "--target", tiny_target, "--draft", "ngram", "-k", "2", "--max-queue", "3"]) == 0
     assert started["host"] == "127.0.0.1" and started["port"] == 8000
     settings = started["app"].state.server.settings
-    assert (settings.k, settings.max_queue, settings.api_key) == (2, 3, None)
+    assert (settings.policy.k_max, settings.max_queue, settings.api_key) == (2, 3, None)
+    assert isinstance(settings.policy, FixedK)  # -k 2 built the server's policy
     with running(started["app"]) as url:
         body = {"model": settings.model_name, "prompt": "the cat sat on", "max_tokens": 6, "temperature": 0}
         r = httpx.post(url + "/v1/completions", json=body, timeout=30)

@@ -47,8 +47,8 @@ def client(served):
 
 def direct(ids, constraint, seed, temperature=1.0, max_tokens=80):
     sampling = SamplingConfig(temperature)
-    config = GenerationConfig(max_new_tokens=max_tokens, k=3, sampling=sampling, seed=seed, constraint=constraint)
-    return generate(byte_backend(0), ids, config, ModelDrafter(byte_backend(1, "draft"), sampling))
+    config = GenerationConfig(max_new_tokens=max_tokens, sampling=sampling, seed=seed, constraint=constraint)
+    return generate(byte_backend(0), ids, config, ModelDrafter(byte_backend(1, "draft"), sampling), 3)
 
 
 @pytest.mark.parametrize("seed,temperature", [(0, 1.0), (1, 0.0), (2, 0.7)])

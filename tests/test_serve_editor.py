@@ -65,10 +65,10 @@ def test_the_infill_sampler_gives_the_librarys_seeded_answer(served):
     answer = infill(url, body)
     lib_target, draft = fim_pair()
     sampling = SamplingConfig(top_k=40, top_p=0.9, order=("top_k", "top_p", "infill"), infill=infill_vocab(lib_target))
-    config = GenerationConfig(max_new_tokens=12, k=3, sampling=sampling, seed=7)
+    config = GenerationConfig(max_new_tokens=12, sampling=sampling, seed=7)
     extra = [(c["filename"], c["text"]) for c in LLAMA_VIM["input_extra"]]
     ids = fim_prompt(lib_target.fim, lib_target.tokenizer.text_ids, PREFIX, SUFFIX, [ExtraFile(*e) for e in extra])
-    expected = generate(lib_target, ids, config, ModelDrafter(draft, sampling))
+    expected = generate(lib_target, ids, config, ModelDrafter(draft, sampling), 3)
     assert answer["tokens"] == expected.token_ids
     # Named or not, a sampler left out of the list is off: temperature 0.3 here is not applied.
     plain = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 12, "seed": 3, "top_k": 5}

@@ -216,7 +216,7 @@ def test_ctx_size_is_the_limit_models_reports_and_a_longer_prompt_gets_a_400(tmp
 
     gguf = str(write_tiny_gguf(tmp_path / "tiny.gguf"))
     models = assemble(ModelOptions(target=gguf, draft="ngram", threads=1, ctx_size=128))
-    app = create_app(models.target, models.drafter, models.drafter_name, Settings(model_name="tiny", k=3))
+    app = create_app(models.target, models.drafter, models.drafter_name, Settings(model_name="tiny", policy=3))
     with running(app) as url:
         assert httpx.get(url + "/v1/models").json()["data"][0]["max_model_len"] == 128
         r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "a" * 150, "max_tokens": 4},

@@ -41,7 +41,7 @@ def served():
     models = Models(target, draft)
     # Answers are compared with the library's token for token: fresh prefills, since
     # default kernels score a reused prompt's rows in other calls (docs/serve.md).
-    settings = Settings(model_name="tiny-fim", k=3, max_tokens=40, cache_prompt=False)
+    settings = Settings(model_name="tiny-fim", policy=3, max_tokens=40, cache_prompt=False)
     app = create_app(target, models.drafter, models.drafter_name, settings)
     with running(app) as url:
         yield url, target
@@ -50,8 +50,8 @@ def served():
 def library_answer(ids):
     """The library's own greedy answer on these prompt ids, on a fresh pair."""
     target, draft = fim_pair()
-    config = GenerationConfig(max_new_tokens=12, k=3, sampling=SamplingConfig(temperature=0.0))
-    return generate(target, ids, config, ModelDrafter(draft, config.sampling)).token_ids
+    config = GenerationConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=0.0))
+    return generate(target, ids, config, ModelDrafter(draft, config.sampling), 3).token_ids
 
 
 def test_suffix_and_infill_give_the_library_answer_token_for_token(served):

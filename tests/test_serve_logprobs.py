@@ -26,9 +26,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def direct(ids, max_tokens, seed, sampling=SamplingConfig(), logprobs=None, stop=()):
     target, draft = toy_pair()
-    config = GenerationConfig(max_new_tokens=max_tokens, k=3, sampling=sampling, seed=seed, stop_strings=tuple(stop),
+    config = GenerationConfig(max_new_tokens=max_tokens, sampling=sampling, seed=seed, stop_strings=tuple(stop),
                               logprobs=logprobs)
-    return generate(target, ids, config, ModelDrafter(draft, sampling))
+    return generate(target, ids, config, ModelDrafter(draft, sampling), 3)
 
 
 def words(ids):
@@ -140,9 +140,9 @@ def test_captured_harness_generate_until_request(url):
     sampling = SamplingConfig(0.0)
     for choice, prompt in zip(response.choices, body["prompt"]):
         target, draft = toy_pair()
-        config = GenerationConfig(max_new_tokens=body["max_tokens"], k=3, sampling=sampling, seed=body["seed"],
+        config = GenerationConfig(max_new_tokens=body["max_tokens"], sampling=sampling, seed=body["seed"],
                                   stop_strings=tuple(body["stop"]))
-        assert choice.text == generate(target, prompt, config, ModelDrafter(draft, sampling)).text
+        assert choice.text == generate(target, prompt, config, ModelDrafter(draft, sampling), 3).text
 
 
 def test_n_choices_whole_and_streamed_with_their_index(client):
@@ -197,7 +197,7 @@ def test_a_seed_gives_the_same_text_autoregressive_or_speculative_streamed_or_no
     """Coupled sampling: the answer depends on the target, the seed and the position only."""
     answers = {}
     for drafter, k in (("none", 3), ("model", 3), ("model", 1), ("ngram", 4)):
-        app, _ = toy_app(drafter=drafter, k=k, max_queue=64)
+        app, _ = toy_app(drafter=drafter, policy=k, max_queue=64)
         with running(app) as base:
             client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=30)
 

@@ -27,8 +27,8 @@ PROMPTS = ["the cat sat on a mat", "a dog ran far away", "the big red dog", "it 
 def alone(prompt: str, seed: int, max_tokens: int, temperature: float):
     target, draft = toy_pair()
     sampling = SamplingConfig(temperature)
-    config = GenerationConfig(max_new_tokens=max_tokens, k=3, sampling=sampling, seed=seed)
-    return generate(target, WordTokenizer().encode(prompt), config, ModelDrafter(draft, sampling)).text
+    config = GenerationConfig(max_new_tokens=max_tokens, sampling=sampling, seed=seed)
+    return generate(target, WordTokenizer().encode(prompt), config, ModelDrafter(draft, sampling), 3).text
 
 
 def batch_histogram(url: str) -> tuple[float, float]:
@@ -122,7 +122,7 @@ def test_stopping_the_worker_ends_every_request_generating_or_waiting():
     target.delay = 0.01
     worker = Worker(target, max_queue=4, parallel=2)
     worker.start()
-    config = GenerationConfig(max_new_tokens=2000, k=1)
+    config = GenerationConfig(max_new_tokens=2000)
     jobs = [Job([Task(0, [5, 6, 7], config)], lambda draft: None, Inline()) for _ in range(3)]
     for job in jobs:
         worker.submit(job)

@@ -66,7 +66,7 @@ def test_waiting_too_long_gets_a_timeout_error_and_the_worker_goes_on():
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_leaving_mid_generation_frees_the_model(stream):
-    app, target = toy_app(eos=False, k=2, context_length=4096)  # the draft's context is checked too
+    app, target = toy_app(eos=False, policy=2, context_length=4096)  # the draft's context is checked too
     target.delay = 0.01  # 1,000 tokens take 334+ rounds (k = 2) if nobody stops them
     long = {**BODY, "max_tokens": 1000, "stream": stream}
     with running(app) as url:

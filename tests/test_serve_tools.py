@@ -50,10 +50,10 @@ def library(choice, seed, parallel=True, max_tokens=120):
     target = tool_backend(0)
     tools = [Tool(t["function"]["name"], t["function"]["parameters"]) for t in TOOLS]
     sampling = SamplingConfig(1.0)
-    config = GenerationConfig(max_new_tokens=max_tokens, k=3, sampling=sampling, seed=seed,
+    config = GenerationConfig(max_new_tokens=max_tokens, sampling=sampling, seed=seed,
                               constraint=tool_constraint(tools, HERMES, choice, parallel))
     ids = target.tokenizer.chat_messages(MESSAGES, TOOLS)
-    return generate(target, ids, config, ModelDrafter(tool_backend(1, "draft"), sampling))
+    return generate(target, ids, config, ModelDrafter(tool_backend(1, "draft"), sampling), 3)
 
 
 def streamed_calls(chunks):

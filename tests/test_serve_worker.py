@@ -48,7 +48,7 @@ def run(target, tasks) -> list:
 
 
 def echo_tasks(prompts: int, generate: bool = False) -> list[Task]:
-    config = GenerationConfig(max_new_tokens=50, k=1) if generate else None
+    config = GenerationConfig(max_new_tokens=50) if generate else None
     return [Task(i, PROMPT, config, prompt_logprobs=0) for i in range(prompts)]
 
 

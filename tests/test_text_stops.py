@@ -92,10 +92,10 @@ BIASED = SamplingConfig(temperature=0.9, logit_bias={BYTE_PIECES.index(b"\n"): 4
 @pytest.mark.parametrize("seed", range(12))
 def test_a_seeded_answer_with_the_rule_is_the_answer_without_it_cut_there(seed):
     target, draft = byte_backend(0), byte_backend(1, "draft")
-    config = GenerationConfig(max_new_tokens=60, k=3, sampling=BIASED, seed=seed, eos_token_ids=frozenset())
-    whole = generate(target, [5, 6], config, ModelDrafter(draft, BIASED))
+    config = GenerationConfig(max_new_tokens=60, sampling=BIASED, seed=seed, eos_token_ids=frozenset())
+    whole = generate(target, [5, 6], config, ModelDrafter(draft, BIASED), 3)
     ruled = generate(target, [5, 6], GenerationConfig(**{**config.__dict__, "text_stops": (IndentStop(2),)}),
-                     ModelDrafter(draft, BIASED))
+                     ModelDrafter(draft, BIASED), 3)
     at = IndentStop(2)(whole.text, 0)
     if at is None:
         assert ruled.text == whole.text and ruled.stop_reason == "length"

@@ -148,7 +148,7 @@ def test_required_and_named_calls_validate_on_a_random_model(choice):
     for seed in range(6):
         sampling = SamplingConfig(1.0)
         result = generate(target, target.tokenizer.encode("call: "), GenerationConfig(
-            max_new_tokens=120, k=3, sampling=sampling, seed=seed, constraint=constraint), ModelDrafter(draft, sampling))
+            max_new_tokens=120, sampling=sampling, seed=seed, constraint=constraint), ModelDrafter(draft, sampling), 3)
         content, calls = parse_tool_calls(result.text, HERMES)
         assert content == "" and calls
         if result.stop_reason == "length":
@@ -166,9 +166,9 @@ def test_greedy_speculation_under_the_tool_grammar_equals_greedy_decoding():
     constraint = tool_constraint([WEATHER, TIME], HERMES, "required")
     greedy = SamplingConfig(0.0)
     prompt = target.tokenizer.encode("call: ")
-    config = GenerationConfig(max_new_tokens=60, k=4, sampling=greedy, constraint=constraint)
-    plain = generate(target, prompt, GenerationConfig(max_new_tokens=60, k=1, sampling=greedy, constraint=constraint))
-    speculative = generate(target, prompt, config, ModelDrafter(draft, greedy))
+    config = GenerationConfig(max_new_tokens=60, sampling=greedy, constraint=constraint)
+    plain = generate(target, prompt, config)
+    speculative = generate(target, prompt, config, ModelDrafter(draft, greedy), 4)
     assert speculative.token_ids == plain.token_ids and speculative.stats.forced_tokens > 0
 
 
@@ -214,8 +214,8 @@ def empirical(choice: str, n: int = N, special: bool = False) -> dict[tuple[int,
     drafter = ModelDrafter(toy(21, "draft", special), sampling)
     counts = {}
     for seed in range(n):
-        result = generate(target, PROMPT, GenerationConfig(max_new_tokens=LENGTH, k=2, sampling=sampling, seed=seed,
-                                                           constraint=constraint), drafter)
+        result = generate(target, PROMPT, GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, seed=seed,
+                                                           constraint=constraint), drafter, 2)
         key = cut(result.token_ids)
         counts[key] = counts.get(key, 0) + 1
     return counts
@@ -239,9 +239,9 @@ def test_after_the_trigger_the_call_is_held(special):
     call = [TRIGGER, 3, 4, 5, 6, 3, CLOSE]  # <tool_call> \n {"name": "f", "arguments": {} } \n </tool_call>
     sampling, calls = SamplingConfig(1.0), 0
     for seed in range(100):
-        tokens = generate(target, PROMPT, GenerationConfig(max_new_tokens=12, k=2, sampling=sampling, seed=seed,
+        tokens = generate(target, PROMPT, GenerationConfig(max_new_tokens=12, sampling=sampling, seed=seed,
                                                            constraint=constraint),
-                          ModelDrafter(toy(21, "draft", special), sampling)).token_ids
+                          ModelDrafter(toy(21, "draft", special), sampling), 2).token_ids
         if TRIGGER in tokens:
             after = tokens[tokens.index(TRIGGER):]
             assert after[: len(call)] == call[: len(after)]

@@ -33,7 +33,7 @@ def url(real_pair):
     models = Models(target, draft)
     # The same request streamed and whole gives the same call token for token: fresh
     # prefills, since default kernels score a reused prompt's rows in other calls.
-    settings = Settings(model_name="qwen", k=3, cache_prompt=False)
+    settings = Settings(model_name="qwen", policy=3, cache_prompt=False)
     app = create_app(target, models.drafter, models.drafter_name, settings)
     with running(app) as base:
         yield base

@@ -30,11 +30,10 @@ def test_restricted_head_scores_kept_tokens_as_before_and_others_never():
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_greedy_with_a_truncated_draft_equals_greedy_autoregressive(k):
     target = tiny_backend(0)
-    reference = generate(target, PROMPT, GenerationConfig(max_new_tokens=40, k=k, sampling=GREEDY)).token_ids
+    reference = generate(target, PROMPT, GenerationConfig(max_new_tokens=40, sampling=GREEDY)).token_ids
     draft = tiny_backend(0)
     draft.restrict_vocabulary(list(range(48)))  # the target often wants a token the draft cannot say
-    result = generate(target, PROMPT, GenerationConfig(max_new_tokens=40, k=k, sampling=GREEDY),
-                      ModelDrafter(draft, GREEDY))
+    result = generate(target, PROMPT, GenerationConfig(max_new_tokens=40, sampling=GREEDY), ModelDrafter(draft, GREEDY), k)
     assert result.token_ids == reference
     assert 0 < result.stats.acceptance_rate < 1
 
@@ -50,8 +49,8 @@ def test_a_draft_with_zero_probability_tokens_keeps_the_target_distribution():
     target, drafter = TrigramBackend(table), ModelDrafter(TrigramBackend(draft_table), sampling)
     counts = {}
     for i in range(n):
-        seq = tuple(generate(target, [1, 2], GenerationConfig(max_new_tokens=4, k=3, sampling=sampling, seed=i),
-                             drafter).token_ids)
+        seq = tuple(generate(target, [1, 2], GenerationConfig(max_new_tokens=4, sampling=sampling, seed=i),
+                             drafter, 3).token_ids)
         counts[seq] = counts.get(seq, 0) + 1
     assert_fits(counts, exact, n)
 

@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .backends.base import Backend
-from .calibrate import make_policy
+from .calibrate import PolicyLike, as_policy
 from .drafters import Drafter
 from .generate import GenerationConfig, generate
-from .plans import Policy
+from .plans import FixedK, Policy
 from .sampling import MIN_TEMPERATURE, SamplingConfig, logits_to_probs
 
 FLOOR_CALL_SIZES = (2, 4, 8)  # multi-token calls compared with the one-token call
@@ -50,9 +50,7 @@ FLOOR_CALL_SIZES = (2, 4, 8)  # multi-token calls compared with the one-token ca
 
 @dataclass(frozen=True)
 class CheckConfig:
-    samples: int = 2000  # in all, split evenly across the prompts
-    k: int | str = 2  # drafts per round, or "auto" (the adaptive controller, up to k_max)
-    k_max: int = 8
+    samples: int = 2000  # in all, split evenly across the prompts (the draft length is check()'s policy)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     cells: int = 8  # likeliest (x1, x2) cells reported; the rest is "other"
     simulations: int = 1000  # perfect-sampler runs for the TV quantiles
@@ -60,10 +58,6 @@ class CheckConfig:
     verifier: str = "rejection"  # the sampler checked: GenerationConfig's "rejection" or "coupled"
 
     def __post_init__(self) -> None:
-        if not (self.k == "auto" or isinstance(self.k, int) and self.k >= 1):
-            raise ValueError(f"check needs -k auto or a fixed -k >= 1, got {self.k!r}")
-        if self.k_max < 1:
-            raise ValueError(f"k-max must be >= 1, got {self.k_max}")
         if self.samples < 1 or self.cells < 1 or self.simulations < 100:
             raise ValueError("check needs samples >= 1, cells >= 1 and simulations >= 100")
         if self.sampling.greedy:
@@ -108,25 +102,25 @@ class CheckResult:
 
 
 def check(target: Backend, drafter: Drafter, prompts: list[list[int]], config: CheckConfig,
-          progress: Callable[[int, int], None] | None = None, policy: Policy | None = None,
+          progress: Callable[[int, int], None] | None = None, policy: PolicyLike = 2,
           clock=time.perf_counter) -> CheckResult:
     """Sample, compute the exact reference, compare. `progress(done, total)` is called
-    after every sample. `policy`: the one to draw with (by default, for -k auto, a new
-    planner timed on the first prompt, which then learns across all the samples, as
-    a server's does); `clock` times the calls it prices."""
+    after every sample. `policy`: the one to draw with, or K (a fixed K; 2 by default),
+    or "auto": a new planner timed on the first prompt, which then learns across all
+    the samples, as a server's does. A fixed K's call shapes are the reference's
+    (exact_cells); any other policy's are not known in advance. `clock` times the
+    calls it prices."""
     if not prompts:
         raise ValueError("check needs at least one prompt")
-    if policy is None:
-        draft = None if drafter is None else drafter.model_backend
-        policy = make_policy(config.k, config.k_max, target, draft, drafts=drafter is not None, context=prompts[0],
-                             clock=clock)
+    draft = None if drafter is None else drafter.model_backend
+    policy = as_policy(policy, target, draft, drafts=drafter is not None, context=prompts[0], clock=clock)
     n = max(1, config.samples // len(prompts))
     generator = torch.Generator().manual_seed(config.seed)
     checks = []
     for i, prompt in enumerate(prompts):
         done = (lambda j, start=i * n: progress(start + j, n * len(prompts))) if progress else None
-        checks.append(check_prompt(target, drafter, prompt, n, config, generator, seed_offset=i * n, progress=done,
-                                   policy=policy, clock=clock))
+        checks.append(check_prompt(target, drafter, prompt, n, config, generator, policy, seed_offset=i * n,
+                                   progress=done, clock=clock))
     exact = [torch.tensor([cell.exact for cell in c.cells], dtype=torch.float64) for c in checks]
     simulated = perfect_sampler_tv(exact, [n] * len(checks), config.simulations, generator)
     mean_tv = sum(c.tv for c in checks) / len(checks)
@@ -134,10 +128,10 @@ def check(target: Backend, drafter: Drafter, prompts: list[list[int]], config: C
     return CheckResult(checks, mean_tv, (median, p99), max(c.engine_floor for c in checks), detectable=p99 + p90)
 
 
-def check_prompt(target, drafter, prompt, n, config: CheckConfig, generator, seed_offset=0, progress=None,
-                 policy: Policy | None = None, clock=time.perf_counter) -> PromptCheck:
-    cells = exact_cells(target, prompt, config)
-    counts, acceptance = sample_pairs(target, drafter, prompt, n, config, seed_offset, progress, policy, clock)
+def check_prompt(target, drafter, prompt, n, config: CheckConfig, generator, policy: Policy, seed_offset=0,
+                 progress=None, clock=time.perf_counter) -> PromptCheck:
+    cells = exact_cells(target, prompt, config, fixed_k(policy))
+    counts, acceptance = sample_pairs(target, drafter, prompt, n, config, policy, seed_offset, progress, clock)
     keys = [t for t, _ in cells] + [None]
     exact = torch.tensor([p for _, p in cells] + [0.0], dtype=torch.float64)  # [cells + 1]
     exact[-1] = (1.0 - exact.sum()).clamp_min(0.0)
@@ -150,9 +144,16 @@ def check_prompt(target, drafter, prompt, n, config: CheckConfig, generator, see
                        acceptance)
 
 
-def exact_cells(target: Backend, prompt: list[int], config: CheckConfig) -> list[tuple[tuple[int, int], float]]:
+def fixed_k(policy: Policy) -> int | None:
+    """K when `policy` always drafts K tokens (FixedK), else None."""
+    return policy.k_max if isinstance(policy, FixedK) else None
+
+
+def exact_cells(target: Backend, prompt: list[int], config: CheckConfig,
+                k: int | None) -> list[tuple[tuple[int, int], float]]:
     """The likeliest (x1, x2) cells and their exact probabilities, with x1 among the
-    config.cells likeliest first tokens, computed in the sampler's call shapes.
+    config.cells likeliest first tokens, computed in the call shapes of a sampler
+    drafting a fixed `k` (None: sizes that vary).
 
     With max_new_tokens = K + 1 (sample_pairs) the loop scores x1 in the prompt call
     (the prefill's last row) and x2 always in the first row of a K-token call:
@@ -165,7 +166,7 @@ def exact_cells(target: Backend, prompt: list[int], config: CheckConfig) -> list
     scored in a one-token call, as plain decoding scores it."""
     first = _prompt_row(target, prompt, config.sampling)  # [vocab]
     top = first.topk(min(config.cells, int((first > 0).sum()))).indices.tolist()
-    size = 1 if config.k == "auto" else config.k
+    size = 1 if k is None else k
     joint = []
     for x1 in top:
         target.rollback(len(prompt))
@@ -174,17 +175,17 @@ def exact_cells(target: Backend, prompt: list[int], config: CheckConfig) -> list
     return sorted(joint, key=lambda cell: -cell[1])[: config.cells]
 
 
-def sample_pairs(target, drafter, prompt, n, config: CheckConfig, seed_offset: int = 0, progress=None,
-                 policy: Policy | None = None, clock=time.perf_counter):
+def sample_pairs(target, drafter, prompt, n, config: CheckConfig, policy: Policy, seed_offset: int = 0,
+                 progress=None, clock=time.perf_counter):
     """Counts of the first two tokens of n speculative samples, and the acceptance rate."""
     counts: dict[tuple[int, int], int] = {}
     drafted = accepted = 0
     # K + 1 new tokens: x2 is then always scored in a K-token call (exact_cells); with
-    # -k auto, room for the longest round the controller may choose.
+    # -k auto, room for the longest round the controller may choose (k_max either way).
     # No EOS: the reference never stops either.
-    length = (config.k_max if config.k == "auto" else config.k) + 1
+    length = policy.k_max + 1
     for i in range(n):
-        run = GenerationConfig(max_new_tokens=length, k=config.k, k_max=config.k_max, sampling=config.sampling,
+        run = GenerationConfig(max_new_tokens=length, sampling=config.sampling,
                                seed=config.seed * 1_000_003 + seed_offset + i, eos_token_ids=frozenset(),
                                verifier=config.verifier)
         result = generate(target, prompt, run, drafter, policy, clock)

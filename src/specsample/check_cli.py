@@ -10,6 +10,7 @@ import time
 from .arguments import (UsageError, add_draft_length_arguments, add_model_arguments, add_sampling_controls,
                         model_options, sampling_config)
 from .assemble import assemble
+from .calibrate import check_draft_length
 from .check import CheckConfig, CheckResult, check
 from .sampling import SamplingConfig
 
@@ -36,8 +37,9 @@ def add_check_parser(sub) -> None:
 
 
 def cmd_check(args) -> int:
-    config = CheckConfig(samples=args.n, k=args.k, k_max=args.k_max, sampling=sampling_config(args), cells=args.cells,
-                         seed=args.seed)  # a bad value fails before the slow load
+    # A bad value fails before the slow load.
+    check_draft_length(args.k, args.k_max)
+    config = CheckConfig(samples=args.n, sampling=sampling_config(args), cells=args.cells, seed=args.seed)
     if args.draft == "ngram" or args.lookup:
         raise UsageError("check measures a draft model: give one with --draft, without --lookup")
     models = assemble(model_options(args))
@@ -47,9 +49,9 @@ def cmd_check(args) -> int:
     prompts = [target.tokenizer.encode(text) for text in PROMPTS]
     start = time.perf_counter()
     result = check(target, drafter, prompts, config, progress=_progress_printer(start),
-                   policy=models.policy(config.k, config.k_max))
-    print(f"specsample check: target {target.name}, draft {drafter.name}, k={config.k}, {_sampling(config.sampling)}")
-    print(format_check(result, PROMPTS, target.tokenizer.decode, auto=config.k == "auto"))
+                   policy=models.policy(args.k, args.k_max))
+    print(f"specsample check: target {target.name}, draft {drafter.name}, k={args.k}, {_sampling(config.sampling)}")
+    print(format_check(result, PROMPTS, target.tokenizer.decode, auto=args.k == "auto"))
     print(f"wall time {time.perf_counter() - start:.1f} s")
     return 0 if result.passed else 1
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from .arguments import (UsageError, add_draft_length_arguments, add_model_arguments, add_sampling_controls,
                         add_verifier_argument, model_options, sampling_config)
 from .assemble import assemble
+from .calibrate import check_draft_length
 from .constraints import Constraint
 from .fim import fim_prompt
 from .bench.cli import add_bench_parser
@@ -84,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def generation_config(args) -> GenerationConfig:
     return GenerationConfig(
-        max_new_tokens=args.max_new_tokens, k=args.k, k_max=args.k_max, sampling=sampling_config(args),
+        max_new_tokens=args.max_new_tokens, sampling=sampling_config(args),
         seed=args.seed, stop_strings=tuple(getattr(args, "stop", ())), constraint=output_constraint(args),
         verifier=getattr(args, "verifier", "auto"),
         logprobs=getattr(args, "logprobs", None), logprobs_mode=getattr(args, "logprobs_mode", "raw"),
@@ -144,13 +145,14 @@ def prompt_ids(text: str, chat: bool, target, suffix: str = "") -> list[int]:
 
 def cmd_generate(args) -> int:
     # Every input is read and checked before the slow model load.
+    check_draft_length(args.k, args.k_max)
     config = generation_config(args)
     suffix = suffix_text(args)
     text = prompt_text(args, suffix)
     models = assemble(model_options(args), drafting=not args.autoregressive)
     target, drafter = models.target, models.drafter(config.sampling)
     ids = prompt_ids(text, args.chat, target, suffix)
-    s = stream(target, ids, config, drafter, models.policy(config.k, config.k_max))
+    s = stream(target, ids, config, drafter, models.policy(args.k, args.k_max))
     for chunk in s:
         if not args.json:
             sys.stdout.write(chunk.text)

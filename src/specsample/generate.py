@@ -15,12 +15,11 @@ from .constraints import Constraint
 from .constraints import start as start_grammar
 from .batching import PREFILL_CHUNK, BatchStats, Scheduler, slots
 from .context_fit import new_token_room
-from .calibrate import make_policy
+from .calibrate import PolicyLike, as_policy
 from .detokenize import TextTracker
 from .text_stops import TextStop
 from .drafters import Drafter, reuse_model_cache, tell
 from .logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
-from .plans import Policy
 from .rounds import Round, play_round
 from .sampling import InvalidSetting, Sampler, SamplingConfig
 
@@ -112,9 +111,7 @@ class GenerationStats:
 
 @dataclass
 class GenerationConfig:
-    max_new_tokens: int = 128
-    k: int | str = "auto"  # drafts per round, or "auto" (control.py); ignored without a drafter
-    k_max: int = 8  # the most drafts the adaptive policy may propose in one round
+    max_new_tokens: int = 128  # the draft length is the policy's, passed beside the config (stream)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: int | None = 0
     stop_strings: tuple[str, ...] = ()
@@ -137,10 +134,6 @@ class GenerationConfig:
     cache_prompt: bool = False
 
     def __post_init__(self) -> None:
-        if self.k != "auto" and not (isinstance(self.k, int) and self.k >= 1):
-            raise ValueError(f"k must be 'auto' or an integer >= 1, got {self.k!r}")
-        if self.k_max < 1:
-            raise ValueError(f"k-max must be >= 1, got {self.k_max}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if "" in self.stop_strings:  # it would match before the first token
@@ -206,13 +199,14 @@ def stream(
     prompt_ids: list[int],
     config: GenerationConfig,
     drafter: Drafter | None = None,
-    policy: Policy | None = None,
+    policy: PolicyLike | None = None,
     clock=time.perf_counter,
 ) -> Stream:
-    """Generation as an iterator of chunks. `policy` decides each round's drafts (by
-    default from config.k: fixed, or a new adaptive controller that times the models
-    on this prompt first; pass one controller to keep its measurements across calls).
-    `clock` times the rounds."""
+    """Generation as an iterator of chunks. `policy` alone decides each round's drafts:
+    a Policy, or K for a fixed K, or "auto" (the default) for a new planner that times
+    the models on this prompt first (calibrate.make_policy); pass one planner's seat to
+    keep its measurements across calls. Without a drafter it is not needed. `clock`
+    times the rounds."""
     check_prompt(prompt_ids)
     config.sampling.check_vocabulary(target.vocab_size)
     draft_backend = None if drafter is None else drafter.model_backend
@@ -229,9 +223,7 @@ def stream(
             raise ValueError(f"{backend.name} keeps recurrent state that cannot be rolled back, so it cannot take part "
                              "in speculative decoding; run it autoregressively")
     started = clock()
-    if policy is None:
-        policy = make_policy(config.k, config.k_max, target, draft_backend, drafts=drafter is not None,
-                             context=prompt_ids, clock=clock)
+    policy = as_policy(policy, target, draft_backend, drafts=drafter is not None, context=prompt_ids, clock=clock)
     calibration_seconds = clock() - started
     for role, backend in (("target", target), ("draft", draft_backend)):
         if backend is None:
@@ -389,9 +381,9 @@ def generate_many(target, prompts: list[list[int]], configs, draft=None,
     loaded with `sequences=N`, or SeparateSequences); `configs` is one
     GenerationConfig or one per prompt; `make_drafter(draft_slot)` builds a sequence's
     drafter on its slot of the draft model (the draft is None for lookup alone);
-    `policy` is forked for each sequence (control.py: the seats of one planner; by
-    default the first config's k, made by calibrate.make_policy for this many
-    sequences); `clock` times the calls. Returns the GenerationResults
+    `policy` is forked for each sequence (control.py: the seats of one planner), or
+    made by calibrate.make_policy for this many sequences from K or "auto" (the
+    default), as stream's; `clock` times the calls. Returns the GenerationResults
     in the prompts' order, and the batch's statistics. A prompt that fails raises
     after the others are done.
     """
@@ -400,9 +392,8 @@ def generate_many(target, prompts: list[list[int]], configs, draft=None,
         raise ValueError(f"{len(prompts)} prompts but {len(configs)} configurations")
     if draft is not None and draft.sequences < target.sequences:
         raise ValueError(f"the draft model holds {draft.sequences} sequences, the target {target.sequences}")
-    if policy is None:  # one, timed now and alone, rather than one per sequence timed inside the batch
-        policy = make_policy(configs[0].k, configs[0].k_max, target, draft, drafts=make_drafter is not None,
-                             parallel=target.sequences)
+    # One, timed now and alone, rather than one per sequence timed inside the batch.
+    policy = as_policy(policy, target, draft, drafts=make_drafter is not None, parallel=target.sequences)
     target_slots = slots(target)
     draft_slots = slots(draft) if draft is not None else [None] * len(target_slots)
     scheduler = Scheduler(target, prefill_chunk, clock)
@@ -411,8 +402,7 @@ def generate_many(target, prompts: list[list[int]], configs, draft=None,
 
     def one(i: int, seq: int) -> GenerationResult:
         drafter = None if make_drafter is None else make_drafter(draft_slots[seq])
-        own = None if policy is None else policy.fork()
-        return generate(target_slots[seq], prompts[i], configs[i], drafter, own)
+        return generate(target_slots[seq], prompts[i], configs[i], drafter, policy.fork())
 
     def admit(admission: Admission) -> bool:
         # The prompts in order, each on the slot free longest, until every one has run.

@@ -142,8 +142,8 @@ def _worker(argv: list[str]) -> None:
     ids = target.tokenizer.encode(PROMPT)
 
     def sample(seed: int) -> float:
-        config = GenerationConfig(max_new_tokens=args.tokens, k=3, sampling=sampling, seed=seed)
-        return generate(target, ids, config, drafter).stats.total_seconds
+        config = GenerationConfig(max_new_tokens=args.tokens, sampling=sampling, seed=seed)
+        return generate(target, ids, config, drafter, 3).stats.total_seconds
 
     sample(-1 % (1 << 32))  # warm-up: first-call costs are not contention
     print("ready", flush=True)

@@ -56,7 +56,7 @@ class OurMode:
 
     def __init__(self, name: str, family: str, target, k: int | str | None = None, draft=None, ngram_max: int = 3,
                  k_max: int = 8):
-        self.name, self.family, self.k, self.k_max = name, family, k, k_max
+        self.name, self.family, self.k = name, family, k
         self.target, self.draft, self.ngram_max = target, draft, ngram_max
         self.policy = make_policy(k or 1, k_max, target, draft if family in ("spec", "spec-auto") else None,
                                   drafts=family != "ar")
@@ -66,8 +66,8 @@ class OurMode:
         # draft model alone; ngram: lookup alone; ar: none.
         draft = self.draft if self.family in ("spec", "spec-auto") else None
         drafter = make_drafter(draft, sampling, lookup=self.family in ("spec-auto", "ngram"), ngram_max=self.ngram_max)
-        config = GenerationConfig(max_new_tokens=max_new_tokens, k=self.k or 1, k_max=self.k_max, sampling=sampling,
-                                  seed=seed, stop_strings=tuple(stop_strings),
+        config = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                                  stop_strings=tuple(stop_strings),
                                   constraint=self._constraint(schema, tools))
         result = generate(self.target, prompt_ids, config, drafter, self.policy)
         return Outcome(result.token_ids, result.text, result.stop_reason, result.stats.as_dict())

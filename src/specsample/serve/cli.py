@@ -9,8 +9,8 @@ import os
 
 from ..arguments import UsageError, add_draft_length_arguments, add_model_arguments, model_options
 from ..assemble import assemble
-from ..calibrate import slots_that_pay
-from ..generate import VERIFIERS, GenerationConfig
+from ..calibrate import check_draft_length, slots_that_pay
+from ..generate import VERIFIERS
 
 
 def add_serve_parser(sub) -> None:
@@ -115,7 +115,7 @@ def cmd_serve(args) -> int:
         raise UsageError(f"--max-request-tokens must be positive, got {args.max_request_tokens}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
-    GenerationConfig(k=args.k, k_max=args.k_max)  # a bad -k fails now, not on every request
+    check_draft_length(args.k, args.k_max)  # a bad -k fails now, not on every request
     doors = door_settings(args)
     import uvicorn
 
@@ -134,9 +134,8 @@ def cmd_serve(args) -> int:
         curve = ", ".join(f"{n}: {costs(n) / costs(1):.2f}x" for n in (2, 4, MOST_SLOTS))
         print(f"specsample serve: --parallel auto: {parallel} request(s) at once (a target call of n tokens costs, "
               f"against one: {curve})", flush=True)
-    settings = Settings(model_name=models.target.name, k=args.k, k_max=args.k_max, parallel=parallel,
-                        policy=policy, api_key=args.api_key, max_queue=args.max_queue,
-                        queue_timeout=args.queue_timeout, max_body_bytes=args.max_body_bytes,
+    settings = Settings(model_name=models.target.name, parallel=parallel, policy=policy, api_key=args.api_key,
+                        max_queue=args.max_queue, queue_timeout=args.queue_timeout, max_body_bytes=args.max_body_bytes,
                         max_tokens=args.max_tokens, max_request_tokens=args.max_request_tokens,
                         verifier=args.verifier, cache_prompt=args.cache_prompt, **doors)
     app = create_app(models.target, models.drafter, models.drafter_name, settings, models.draft)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..backends.base import Backend, ChatTemplateError
 from ..constraints import Constraint, ConstraintError
+from ..calibrate import K_MAX, most_drafts
 from ..context_fit import new_token_room
 from ..fim import ExtraFile, FimFormat, fim_prompt
 from ..generate import GenerationConfig, check_prompt
@@ -46,6 +47,7 @@ class Plan:
     echo: bool
     budget: int  # the most tokens one request may ask for: every choice's max_tokens, and the prompts echo scores
     warm: bool = False  # nothing to generate, but the prompt goes into a slot's cache for the next request to reuse
+    k_max: int = K_MAX  # the most drafts the server's policy adds in a round: room the context must leave
 
 
 def plan(request: GenerationRequest, settings: Settings, vocab_size: int, tools: ToolPlan | None = None) -> Plan:
@@ -91,9 +93,9 @@ def _plan(request: GenerationRequest, requested: int | None, echo: bool, setting
     )
     logprobs = requested_logprobs(request)
     # Built even when nothing is generated: its checks (logprobs, seed) hold for scoring too.
-    config = GenerationConfig(max_new_tokens=requested or settings.max_tokens, k=settings.k, k_max=settings.k_max,
-                              sampling=sampling, seed=request.seed, stop_strings=tuple(stop),
-                              verifier=settings.verifier, logprobs=logprobs,
+    config = GenerationConfig(max_new_tokens=requested or settings.max_tokens, sampling=sampling,
+                              seed=request.seed, stop_strings=tuple(stop), verifier=settings.verifier,
+                              logprobs=logprobs,
                               cache_prompt=settings.cache_prompt if request.cache_prompt is None
                               else request.cache_prompt,
                               logprobs_mode=request.logprobs_mode or "raw",
@@ -103,7 +105,7 @@ def _plan(request: GenerationRequest, requested: int | None, echo: bool, setting
     # with the text its next requests start with.
     warm = requested == 0 and config.cache_prompt and not echo
     return Plan(None if requested == 0 else config, requested, logprobs, request.n or 1, echo,
-                settings.request_budget, warm)
+                settings.request_budget, warm, most_drafts(settings.policy))
 
 
 def response_headers(plan: Plan) -> dict[str, str]:
@@ -312,7 +314,7 @@ def fit_context(plan: Plan, prompt_length: int, context: int, param: str) -> Gen
             raise APIError(400, f"the prompt has {prompt_length} tokens, but this model's context takes at most "
                            f"{context}", param=param, code="context_length_exceeded")
         return None
-    room = new_token_room(context, prompt_length, config.k if isinstance(config.k, int) else config.k_max)
+    room = new_token_room(context, prompt_length, plan.k_max)
     if room < 1:
         raise APIError(400, f"the prompt has {prompt_length} tokens, but this model's context of {context} tokens "
                        f"takes prompts of at most {prompt_length + room - 1}", param=param,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from ..backends.base import Backend
-from ..control import Policy
+from ..calibrate import PolicyLike, check_draft_length
 from ..drafters import Drafter
 from ..sampling import SamplingConfig
 from .metrics import Metrics
@@ -19,9 +19,9 @@ from .worker import Worker
 @dataclass
 class Settings:
     model_name: str  # the id clients pass as "model"
-    k: int | str = "auto"  # draft tokens per round, or "auto"
-    k_max: int = 8  # the most drafts "auto" proposes in a round
-    policy: Policy | None = None  # forked for each slot; the forks share the measured costs
+    # The draft-length policy, forked for each slot (the forks share the measured costs);
+    # or K, or "auto": calibrate.make_policy makes one per request.
+    policy: PolicyLike = "auto"
     parallel: int = 1  # requests generated at once, in one target call per round (slots)
     api_key: str | None = None  # None: no key; an empty one is refused (it would be no key, silently)
     allowed_hosts: tuple[str, ...] | None = ()  # Host names served besides loopback ones; None: any
@@ -38,6 +38,8 @@ class Settings:
 
     def __post_init__(self):
         check_api_key(self.api_key)
+        if isinstance(self.policy, (int, str)):
+            check_draft_length(self.policy)
         if self.tokenizer_threads < 1:
             raise ValueError(f"tokenizer_threads must be at least 1, got {self.tokenizer_threads}")
         if self.parallel < 1:

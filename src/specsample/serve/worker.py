@@ -5,10 +5,11 @@ Each request waits in a FIFO queue of at most max_queue live requests until a sl
 (one sequence of the models' caches) is free; then it runs `stream` on its slot, in a
 sequence of the batch scheduler (batching.py), which makes one target call per
 round for every request being generated (continuous batching: requests join and
-leave between calls, admitted by admission.py's loop with this module's policy). Every chunk is handed back to the event loop that is
-answering the request (`loop.call_soon_threadsafe`), so the loop never blocks on a
-model. A request whose client went away is cancelled: its sequence stops at its
-next round and frees its slot.
+leave between calls, admitted by admission.py's loop with this module's policy).
+Every chunk is handed back to the event loop that is answering the request
+(`loop.call_soon_threadsafe`), so the loop never blocks on a model. A request
+whose client went away is cancelled: its sequence stops at its next round and frees
+its slot.
 """
 
 from __future__ import annotations
@@ -117,8 +118,8 @@ class Worker:
         """`target` and `draft` (None: no draft model) hold at least `parallel`
         sequences (backends loaded with sequences=N); `policy` is forked for each slot
         (control.py), so each keeps its own state across the requests it serves and
-        all share the machine's costs; `on_call(target, sequences, tokens, seconds,
-        prompt)` hears of every model call (metrics; batching.Scheduler)."""
+        all share the machine's costs (K or "auto": each request makes its own);
+        `on_call(target, sequences, tokens, seconds, prompt)` hears of every model call (metrics; batching.Scheduler)."""
         if not 1 <= parallel <= target.sequences:
             raise ValueError(f"--parallel {parallel}: the target holds {target.sequences} sequences")
         if draft is not None and draft.sequences < parallel:
@@ -127,7 +128,7 @@ class Worker:
         self.parallel = parallel
         self.slots = slots(target)[:parallel]
         self.draft_slots = slots(draft)[:parallel] if draft is not None else [None] * parallel
-        if policy is None or parallel == 1:
+        if policy is None or isinstance(policy, (int, str)) or parallel == 1:
             self.policies = [policy] * parallel
         else:
             self.policies = [policy.fork() for _ in range(parallel)]

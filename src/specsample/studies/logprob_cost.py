@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             for mode, sampling in (("greedy", SamplingConfig(0.0)), ("sample", SamplingConfig(0.8, top_p=0.95))):
                 drafter_for = models.drafter(sampling)  # a model drafter draws from the run's own sampling
                 for logprobs in order:
-                    config = GenerationConfig(max_new_tokens=args.max_new_tokens, k=args.k, k_max=args.k_max,
-                                              sampling=sampling, seed=repeat * 100 + i, logprobs=logprobs)
+                    config = GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=sampling,
+                                              seed=repeat * 100 + i, logprobs=logprobs)
                     stats = generate(target, ids, config, drafter_for, policy).stats
                     decode = stats.total_seconds - stats.prefill_seconds - stats.calibration_seconds
                     cell = totals.setdefault(f"{mode}, logprobs {logprobs}", [0, 0.0])
