@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
+from .admission import Admission
 from .backends.base import Backend, check_cache, check_same_vocabulary, claim_cache, common_prefix_length
 from .constraints import Constraint
 from .constraints import start as start_grammar
@@ -394,27 +396,22 @@ def generate_many(target, prompts: list[list[int]], configs, draft=None,
     policy = as_policy(policy, target, draft, drafts=make_drafter is not None, parallel=target.sequences)
     target_slots = slots(target)
     draft_slots = slots(draft) if draft is not None else [None] * len(target_slots)
-    free = list(range(len(target_slots)))
     scheduler = Scheduler(target, prefill_chunk, clock)
     jobs = [None] * len(prompts)
-
-    def job(i: int, seq: int) -> Callable[[], object]:
-        def run():
-            try:
-                drafter = None if make_drafter is None else make_drafter(draft_slots[seq])
-                own = policy.fork()
-                return generate(target_slots[seq], prompts[i], configs[i], drafter, own)
-            finally:
-                free.append(seq)
-        return run
-
     waiting = list(range(len(prompts)))
-    while waiting or scheduler.live:
-        while waiting and free:
+
+    def one(i: int, seq: int) -> GenerationResult:
+        drafter = None if make_drafter is None else make_drafter(draft_slots[seq])
+        return generate(target_slots[seq], prompts[i], configs[i], drafter, policy.fork())
+
+    def admit(admission: Admission) -> bool:
+        # The prompts in order, each on the slot free longest, until every one has run.
+        while waiting and admission.free:
             i = waiting.pop(0)
-            jobs[i] = scheduler.add(job(i, free.pop(0)))
-        if not scheduler.step() and not (waiting and free):
-            break
+            jobs[i] = admission.start(admission.free[0], functools.partial(one, i))
+        return scheduler.live > 0
+
+    Admission(scheduler, len(target_slots)).run(admit)
     for j in jobs:
         if j.error is not None:
             raise j.error

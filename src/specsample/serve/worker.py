@@ -5,10 +5,11 @@ Each request waits in a FIFO queue of at most max_queue live requests until a sl
 (one sequence of the models' caches) is free; then it runs `stream` on its slot, in a
 sequence of the batch scheduler (batching.py), which makes one target call per
 round for every request being generated (continuous batching: requests join and
-leave between calls). Every chunk is handed back to the event loop that is
-answering the request (`loop.call_soon_threadsafe`), so the loop never blocks on a
-model. A request whose client went away is cancelled: its sequence stops at its
-next round and frees its slot.
+leave between calls, admitted by admission.py's loop with this module's policy).
+Every chunk is handed back to the event loop that is answering the request
+(`loop.call_soon_threadsafe`), so the loop never blocks on a model. A request
+whose client went away is cancelled: its sequence stops at its next round and frees
+its slot.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import functools
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..admission import Admission
 from ..backends.base import Backend, common_prefix_length
 from ..batching import Cancelled, Scheduler, slots
 from ..drafters import Drafter
@@ -131,7 +134,7 @@ class Worker:
             self.policies = [policy.fork() for _ in range(parallel)]
         self.max_queue = max_queue
         self.scheduler = Scheduler(target, on_call=on_call)
-        self._free = list(range(parallel))  # slots without a request; only the worker thread changes it
+        self.admission = Admission(self.scheduler, parallel)  # its free slots: only the worker thread changes them
         self._salts: list[str | None] = [None] * parallel  # the cache_salt of what each slot's cache holds
         self._waiting: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}  # slot -> the job being generated on it
@@ -143,11 +146,12 @@ class Worker:
         # Seconds the thread spent on generations (model calls and every sequence's own
         # work between them), not waiting for requests: /metrics, for bench --serve.
         self.busy_seconds = 0.0
+        self._woke: float | None = None  # when the thread last stopped waiting for work
 
     @property
     def active(self) -> int:
         """Requests being generated now (slots in use)."""
-        return self.parallel - len(self._free)
+        return self.parallel - len(self.admission.free)
 
     @property
     def busy(self) -> bool:
@@ -230,7 +234,7 @@ class Worker:
         with self._changed:
             erasing, self._erasing = self._erasing, []
         for seq, done in erasing:
-            if seq not in self._free:
+            if seq not in self.admission.free:
                 _settle(done, error=SlotBusy(f"slot {seq} is generating a request"))
                 continue
             held = self.slots[seq].length
@@ -247,8 +251,30 @@ class Worker:
             self._waiting.remove(job)
             job.emit(Ended(End.CANCELLED))
 
-    def _admit(self) -> list[Job] | None:
-        """The jobs to start now, as many as the free slots hold (a job of n choices takes
+    def _run(self) -> None:
+        self.admission.run(self._admit)
+
+    def _admit(self, admission: Admission) -> bool:
+        """The server's policy between rounds: waits while there is nothing to do, then
+        empties the slots asked to be erased and starts the waiting requests that the free
+        slots hold; False once stopped and every generation has ended."""
+        if self._woke is not None:  # the round just made was work
+            self.busy_seconds += time.perf_counter() - self._woke
+        admitted = self._next_jobs(len(admission.free))
+        self._woke = time.perf_counter()
+        if admitted is None:
+            return False
+        self._erase()  # before the newcomers: they were submitted after the erase was asked
+        for job in admitted:
+            # A request's choices go to as many free slots as they fill, as llama-server
+            # and vLLM spread n: each slot takes the job's next choice until none is left.
+            job.parts = min(len(job.tasks), len(admission.free))  # all counted before any can end
+            for _ in range(job.parts):
+                admission.start(self._slot_for(job), functools.partial(self._serve, job), job.cancelled.is_set)
+        return True
+
+    def _next_jobs(self, free: int) -> list[Job] | None:
+        """The jobs to start now, as many as `free` slots hold (a job of n choices takes
         up to n), waiting for one while nothing is being generated; None once stopped and
         every generation has ended."""
         with self._changed:
@@ -256,7 +282,7 @@ class Worker:
                 self._changed.wait()
             if self._stopping:  # the cancelled generations still run to their next call
                 return [] if self.scheduler.live else None
-            admitted, free = [], len(self._free)
+            admitted = []
             while self._waiting and free:
                 job = self._waiting.popleft()
                 if job.cancelled.is_set():  # timed out or disconnected while waiting
@@ -266,30 +292,15 @@ class Worker:
                     free -= min(len(job.tasks), free)
             return admitted
 
-    def _run(self) -> None:
-        while (admitted := self._admit()) is not None:
-            self._erase()  # before the newcomers: they were submitted after the erase was asked
-            started = time.perf_counter()
-            for job in admitted:
-                # A request's choices go to as many free slots as they fill, as llama-server
-                # and vLLM spread n: each slot takes the job's next choice until none is left.
-                job.parts = min(len(job.tasks), len(self._free))  # all counted before any can end
-                for _ in range(job.parts):
-                    seq = self._slot_for(job)
-                    self._free.remove(seq)
-                    self.scheduler.add(lambda job=job, seq=seq: self._serve(job, seq), cancelled=job.cancelled.is_set)
-            self.scheduler.step()  # one round of calls; then newcomers are admitted
-            self.busy_seconds += time.perf_counter() - started
-
     def _slot_for(self, job: Job) -> int:
         """A free slot for the job: with cache_prompt, the one whose cache holds the longest
         start of its first prompt (a chat's earlier turns, an editor's file); else the
         first."""
-        first = job.tasks[0]
+        first, free = job.tasks[0], self.admission.free
         if not first.cache_prompt:
-            return self._free[0]
+            return free[0]
         # Only a slot filled under the job's own salt may be reused (-1: any other is emptied first).
-        return max(self._free, key=lambda seq: -1 if self._salts[seq] != job.cache_salt else
+        return max(free, key=lambda seq: -1 if self._salts[seq] != job.cache_salt else
                    common_prefix_length(self.slots[seq].cached_tokens() or [], first.prompt_ids))
 
     def _serve(self, job: Job, seq: int) -> None:
@@ -307,7 +318,6 @@ class Worker:
         finally:
             with self._changed:
                 self._running.pop(seq, None)  # lose() may have cleared it
-            self._free.append(seq)
 
     def _generate(self, job: Job, seq: int) -> None:
         # Every job ends with exactly one Ended, sent by the last of its slots to stop
