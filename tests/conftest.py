@@ -21,7 +21,7 @@ import pytest
 
 pytest_plugins = ["process_guard"]  # nothing a test starts outlives the run
 
-from specsample.models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, cache_dir
+from specsample.backends.models import DEFAULT_DRAFT, DEFAULT_MODELS, DEFAULT_TARGET, cache_dir
 
 PLACES = ("pure", "system", "real")
 

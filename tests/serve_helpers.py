@@ -10,7 +10,7 @@ import time
 
 import uvicorn
 
-from specsample.assemble import Models
+from specsample.app.assemble import Models
 from specsample.serve.app import create_app
 from specsample.serve.settings import Settings
 
@@ -116,7 +116,7 @@ def served_pair(make_backend):
     and its kin), k = 3, as model "toy": its base URL, and an openai client of it."""
     from openai import OpenAI
 
-    from specsample.drafters import ModelDrafter
+    from specsample.decoding.drafters import ModelDrafter
 
     draft = make_backend(1, "draft")
     app = create_app(make_backend(0), lambda sampling, slot: ModelDrafter(slot or draft, sampling), draft.name,

@@ -5,10 +5,10 @@ longest when it asks for free[0]; the loop goes on until the policy says stop.""
 
 import pytest
 
-from specsample.admission import Admission
-from specsample.batching import Cancelled, Scheduler, slots
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
+from specsample.decoding.admission import Admission
+from specsample.decoding.batching import Cancelled, Scheduler, slots
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig
 
 from toy import TrigramSequences, random_table
 

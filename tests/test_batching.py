@@ -7,12 +7,12 @@ state between sequences)."""
 import pytest
 import torch
 
-from specsample.batching import Scheduler, slots
-from specsample.generate import generate_many
-from specsample.plans import FixedK
-from specsample.drafters import ModelDrafter
-from specsample.generate import GenerationConfig, generate, stream
-from specsample.sampling import SamplingConfig
+from specsample.decoding.batching import Scheduler, slots
+from specsample.decoding.generate import generate_many
+from specsample.decoding.plans import FixedK
+from specsample.decoding.drafters import ModelDrafter
+from specsample.decoding.generate import GenerationConfig, generate, stream
+from specsample.decoding.sampling import SamplingConfig
 
 from toy import CrossTalk, TrigramBackend, TrigramSequences, assert_fits, assert_misfits, exact_distribution, random_table
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from specsample.backends import load_backend
-from specsample.batching import Scheduler, slots
-from specsample.generate import generate_many
-from specsample.plans import FixedK
-from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
-from specsample.generate import GenerationConfig, generate, stream
-from specsample.sampling import SamplingConfig
+from specsample.decoding.batching import Scheduler, slots
+from specsample.decoding.generate import generate_many
+from specsample.decoding.plans import FixedK
+from specsample.decoding.drafters import HybridDrafter, ModelDrafter, NgramDrafter
+from specsample.decoding.generate import GenerationConfig, generate, stream
+from specsample.decoding.sampling import SamplingConfig
 
 pytestmark = pytest.mark.real
 

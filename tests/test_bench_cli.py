@@ -2,11 +2,11 @@ from dataclasses import fields
 
 import pytest
 
-from specsample.assemble import ModelOptions
+from specsample.app.assemble import ModelOptions
 from specsample.bench import cli as bench_cli
 from specsample.bench.cli import serve_argv, target_types
 from specsample.bench.options import bench_config, parse_prompts, resolve_options
-from specsample.arguments import UsageError, model_options
+from specsample.app.arguments import UsageError, model_options
 from specsample.cli import build_parser
 
 from test_assemble import other_value

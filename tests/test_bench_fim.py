@@ -10,7 +10,7 @@ from specsample.bench.fim_task import fim_cases, similarity
 from specsample.bench.modes import OurMode
 from specsample.bench.runner import BenchConfig, PreparedPrompt, prompt_ids, run_bench
 from specsample.bench.tasks import TASKS, Prompt, load_task
-from specsample.fim import fim_prompt
+from specsample.output.fim import fim_prompt
 
 from test_serve_fim import fim_pair
 from toy import byte_backend

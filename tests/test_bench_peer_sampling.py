@@ -11,7 +11,7 @@ from specsample.bench.modes import SETTINGS, HFGenerateMode
 from specsample.bench.native import completion_request
 from specsample.bench.peer_sampling import FIELDS, INFILL_ONLY, PEERS, peer_sampling
 from specsample.bench.serving import ServedMode
-from specsample.sampling import SamplingConfig
+from specsample.decoding.sampling import SamplingConfig
 
 from tiny_hf import tiny_backend
 
@@ -95,7 +95,7 @@ def test_a_peer_without_our_control_refuses_it_on(peer, control):
 
 
 def test_a_named_order_reaches_llama_server_as_its_samplers_list_and_no_other_peer():
-    from specsample.infill_sampler import InfillVocab
+    from specsample.output.infill_sampler import InfillVocab
 
     infill = SamplingConfig(top_k=40, top_p=0.9, order=("top_k", "top_p", "infill"),
                             infill=InfillVocab(lambda t: b"", frozenset(), None))

@@ -5,7 +5,7 @@ the axes on the command line. Fake servers and a fake load client: nothing start
 
 import pytest
 
-from specsample.arguments import UsageError
+from specsample.app.arguments import UsageError
 from specsample.bench import serving
 from specsample.bench.cli import draft_lengths, serve_argv, serve_axes
 from specsample.bench.options import resolve_options

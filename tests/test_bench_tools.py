@@ -10,7 +10,7 @@ from specsample.bench.modes import LlamaServerMode, OurMode
 from specsample.bench.runner import BenchConfig, PreparedPrompt, prompt_ids, run_bench
 from specsample.bench.tasks import TASKS, load_task
 from specsample.bench.tool_task import call_grammar, calls_valid, library_tools
-from specsample.constraints import Constraint
+from specsample.output.constraints import Constraint
 
 from test_bench_structured import FakeServer, PlainOnly
 from toy import byte_backend, tool_backend

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from specsample.backends.base import common_prefix_length
-from specsample.batching import slots
-from specsample.drafters import ModelDrafter
-from specsample.generate import GenerationConfig, generate, reusable_prefix
-from specsample.sampling import SamplingConfig
+from specsample.decoding.batching import slots
+from specsample.decoding.drafters import ModelDrafter
+from specsample.decoding.generate import GenerationConfig, generate, reusable_prefix
+from specsample.decoding.sampling import SamplingConfig
 
 from tiny_hf import tiny_backend
 from toy import TrigramBackend, TrigramSequences, random_table

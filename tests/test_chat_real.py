@@ -52,7 +52,7 @@ def test_tools_and_a_tool_turn_go_through_qwens_own_template(qwen):
     assert '<tools>\n{"type": "function", "function": {"name": "get_weather", "description": "The forecast."' in text
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
     assert "<tool_response>\nsunny\n</tool_response>" in text
-    from specsample.tools import HERMES, tool_format
+    from specsample.output.tools import HERMES, tool_format
     assert tool_format(qwen.chat_template) is HERMES
 
 

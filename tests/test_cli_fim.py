@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from specsample import assemble
+from specsample.app import assemble
 from specsample.backends import load_backend
 from specsample.cli import main
-from specsample.fim import fim_prompt
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
+from specsample.output.fim import fim_prompt
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig
 
 from test_cli import assert_one_line_error, run
 from tiny_hf import tiny_fim_tokenizer, tiny_model

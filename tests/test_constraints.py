@@ -22,22 +22,22 @@ import re
 import pytest
 import torch
 
-from specsample.constraints import Constraint, ConstraintError, constrained_logits, start
-from specsample.calibrate import make_policy
-from specsample.control import Planner
-from specsample.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
-from specsample.plans import FORCED, MODEL
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig, logits_to_probs
-from specsample.verify import Verdict
+from specsample.output.constraints import Constraint, ConstraintError, constrained_logits, start
+from specsample.policy.calibrate import make_policy
+from specsample.policy.control import Planner
+from specsample.decoding.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
+from specsample.decoding.plans import FORCED, MODEL
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig, logits_to_probs
+from specsample.decoding.verify import Verdict
 
 from toy import (CostedBackend, DrafterWrapper, FakeClock, PieceTokenizer, TrigramBackend, byte_backend,
                  assert_fits, assert_misfits, exact_constrained_distribution, random_table)
 
 pytestmark = pytest.mark.pure
 
-rounds_module = importlib.import_module("specsample.rounds")
-drafters_module = importlib.import_module("specsample.drafters")
+rounds_module = importlib.import_module("specsample.decoding.rounds")
+drafters_module = importlib.import_module("specsample.decoding.drafters")
 
 PIECES = [b"a", b"b", b"ab", b"<", b">", b"=", b"c", b"<eos>"]
 A, B, AB, LT, GT, EQ, C, EOS = range(8)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from specsample.constraints import Constraint, ConstraintError, start
-from specsample.generate import GenerationConfig, stream
+from specsample.output.constraints import Constraint, ConstraintError, start
+from specsample.decoding.generate import GenerationConfig, stream
 
 from toy import byte_backend
 

@@ -5,10 +5,10 @@ import dataclasses
 
 import pytest
 
-from specsample.calibrate import most_drafts
-from specsample.context_fit import new_token_room
-from specsample.control import Planner
-from specsample.generate import GenerationConfig, stream
+from specsample.policy.calibrate import most_drafts
+from specsample.decoding.context_fit import new_token_room
+from specsample.policy.control import Planner
+from specsample.decoding.generate import GenerationConfig, stream
 from specsample.serve.errors import APIError
 from specsample.serve.request_config import Plan, fit_context
 

@@ -4,11 +4,11 @@ transformers configs, and assemble loading both models with it."""
 
 import pytest
 
-from specsample import assemble as assemble_module
-from specsample.assemble import ModelOptions, OptionError, assemble
+from specsample.app import assemble as assemble_module
+from specsample.app.assemble import ModelOptions, OptionError, assemble
 from specsample.backends import model_context
 from specsample.backends.gguf_header import GGUFHeaderError, gguf_metadata
-from specsample.context_size import ModelContext, choose_context, config_context, gguf_context
+from specsample.backends.context_size import ModelContext, choose_context, config_context, gguf_context
 
 from test_assemble import tiny_target  # noqa: F401 (a fixture: a tiny hf model directory)
 from tiny_gguf import write_tiny_gguf

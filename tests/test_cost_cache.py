@@ -8,8 +8,8 @@ import math
 import pytest
 
 from specsample.cli import main
-from specsample.calibrate import wide_sizes
-from specsample.calibrate import make_policy
+from specsample.policy.calibrate import wide_sizes
+from specsample.policy.calibrate import make_policy
 
 from test_cli import tiny_dirs  # noqa: F401 (a fixture)
 from toy import CostedBackend, FakeClock, TrigramBackend, random_table

@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from specsample.detokenize import TextTracker
+from specsample.output.detokenize import TextTracker
 
 from toy import ByteTokenizer
 

@@ -29,12 +29,12 @@ import importlib
 import pytest
 import torch
 
-from specsample.calibrate import make_policy
-from specsample.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
-from specsample.estimates import Goodput
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig, logits_to_probs, sample
-from specsample.verify import Verdict, verify
+from specsample.policy.calibrate import make_policy
+from specsample.decoding.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
+from specsample.policy.estimates import Goodput
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig, logits_to_probs, sample
+from specsample.decoding.verify import Verdict, verify
 
 from toy import (CostedBackend, DrafterWrapper, FakeClock, TrigramBackend, assert_does_not_follow, assert_follows,
                  mixed_tables, random_table)
@@ -42,7 +42,7 @@ from toy import (CostedBackend, DrafterWrapper, FakeClock, TrigramBackend, asser
 pytestmark = pytest.mark.pure
 
 # The module, not the function of the same name that specsample/__init__ exports.
-rounds_module = importlib.import_module("specsample.rounds")
+rounds_module = importlib.import_module("specsample.decoding.rounds")
 
 VOCAB, LENGTH = 6, 4
 N = 6_000  # each adaptive check (the planner's), token by token as the fixed-length ones

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from specsample.plans import FixedK
-from specsample.drafters import ModelDrafter, draft_round
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import Sampler, SamplingConfig
+from specsample.decoding.plans import FixedK
+from specsample.decoding.drafters import ModelDrafter, draft_round
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import Sampler, SamplingConfig
 
 from toy import TrigramBackend, random_table
 

@@ -68,7 +68,7 @@ def test_leftovers_of_a_killed_build_are_reclaimed_and_a_stale_directory_replace
 # returns the finished artifact's folder and what it must contain.
 
 def fetch_site(root: Path, builds: Path):
-    from specsample import models
+    from specsample.backends import models
 
     def download(package, version, dest):
         with open(builds, "a") as f:
@@ -105,7 +105,7 @@ def requantize_site(root: Path, builds: Path):
 
 def convert_site(root: Path, builds: Path):
     from specsample.backends import hf
-    from specsample.models import cache_dir
+    from specsample.backends.models import cache_dir
 
     class Saves:
         def save_pretrained(self, directory):

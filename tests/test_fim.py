@@ -10,10 +10,10 @@ import pytest
 
 from specsample.backends.hf import HFBackend, HFTokenizer
 from specsample.backends.llamacpp import vocab_fim
-from specsample.drafters import NgramDrafter
-from specsample.fim import ExtraFile, FimFormat, fim_from_ids, fim_from_tokens, fim_prompt
-from specsample.generate import GenerationConfig, stream
-from specsample.sampling import SamplingConfig
+from specsample.decoding.drafters import NgramDrafter
+from specsample.output.fim import ExtraFile, FimFormat, fim_from_ids, fim_from_tokens, fim_prompt
+from specsample.decoding.generate import GenerationConfig, stream
+from specsample.decoding.sampling import SamplingConfig
 from specsample.serve.errors import APIError
 from specsample.serve.request_config import completion_prompts, infill_prompts
 from specsample.serve.schemas import CompletionRequest, InfillRequest

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from specsample.plans import FixedK
-from specsample.drafters import ModelDrafter, NgramDrafter, draft_round
-from specsample.generate import GenerationConfig, generate, stream
-from specsample.sampling import SamplingConfig, logits_to_probs
+from specsample.decoding.plans import FixedK
+from specsample.decoding.drafters import ModelDrafter, NgramDrafter, draft_round
+from specsample.decoding.generate import GenerationConfig, generate, stream
+from specsample.decoding.sampling import SamplingConfig, logits_to_probs
 
 from tiny_hf import tiny_backend, tiny_model
 from specsample.backends.hf import HFBackend

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from specsample.backends.hf import HFBackend
-from specsample.drafters import ModelDrafter
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
+from specsample.decoding.drafters import ModelDrafter
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig
 
 from tiny_hf import tiny_model, tiny_windowed_model
 from toy import assert_does_not_follow, assert_follows

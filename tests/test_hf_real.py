@@ -10,9 +10,9 @@ Skipped, saying why, when the files are absent.
 
 import pytest
 
-from specsample.drafters import ModelDrafter, NgramDrafter
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
+from specsample.decoding.drafters import ModelDrafter, NgramDrafter
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig
 
 pytestmark = pytest.mark.real
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from specsample.backends.hf import HFBackend, RollbackUnsupported
-from specsample.drafters import ModelDrafter
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
+from specsample.decoding.drafters import ModelDrafter
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig
 
 from tiny_hf import VOCAB, WINDOW, WINDOWED, tiny_recurrent_model, tiny_windowed_model
 

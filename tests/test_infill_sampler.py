@@ -9,10 +9,10 @@ import random
 import pytest
 import torch
 
-from specsample.drafters import ModelDrafter
-from specsample.generate import GenerationConfig, generate
-from specsample.infill_sampler import InfillVocab, infill_filter, infill_keep
-from specsample.sampling import InvalidSetting, SamplingConfig, logits_to_probs
+from specsample.decoding.drafters import ModelDrafter
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.output.infill_sampler import InfillVocab, infill_filter, infill_keep
+from specsample.decoding.sampling import InvalidSetting, SamplingConfig, logits_to_probs
 
 from toy import TrigramBackend, assert_fits, assert_misfits, exact_distribution, random_table
 

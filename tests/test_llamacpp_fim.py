@@ -4,9 +4,9 @@ tokenizer.ggml.fim_*_token_id keys, or absent; and user text that spells one sta
 
 import pytest
 
-from specsample.fim import FimFormat, fim_prompt
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
+from specsample.output.fim import FimFormat, fim_prompt
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig
 
 from tiny_gguf import write_tiny_gguf
 
@@ -50,7 +50,7 @@ def test_a_fim_prompt_on_llama_cpp_keeps_user_text_as_text(tmp_path):
 
 
 def test_the_infill_sampler_reads_llama_cpps_own_token_texts(tmp_path):
-    from specsample.infill_sampler import infill_vocab
+    from specsample.output.infill_sampler import infill_vocab
 
     backend = load(write_tiny_gguf(tmp_path / "qwen.gguf"))
     vocab = infill_vocab(backend)

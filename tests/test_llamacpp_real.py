@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from specsample.control import Planner
-from specsample.curve import Curve
-from specsample.estimates import Prices
-from specsample.drafters import HybridDrafter, ModelDrafter, NgramDrafter
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
+from specsample.policy.control import Planner
+from specsample.policy.curve import Curve
+from specsample.policy.estimates import Prices
+from specsample.decoding.drafters import HybridDrafter, ModelDrafter, NgramDrafter
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig
 
 from toy import assert_fits
 
@@ -167,7 +167,7 @@ def test_sampling_through_llamacpp_scoring_follows_exact_target(real_pair, q4_0_
 
 
 def assert_samples_follow_exact_target(model, drafter_backend, sampling, n):
-    from specsample.sampling import logits_to_probs
+    from specsample.decoding.sampling import logits_to_probs
 
     prompt = model.tokenizer.encode("def")
     assert len(prompt) == 1

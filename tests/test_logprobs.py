@@ -5,10 +5,10 @@ gives each prompt token's log-probability given the tokens before it."""
 import pytest
 import torch
 
-from specsample.drafters import ModelDrafter, NgramDrafter
-from specsample.generate import GenerationConfig, generate, stream
-from specsample.logprobs import score_prompt
-from specsample.sampling import Sampler, SamplingConfig
+from specsample.decoding.drafters import ModelDrafter, NgramDrafter
+from specsample.decoding.generate import GenerationConfig, generate, stream
+from specsample.output.logprobs import score_prompt
+from specsample.decoding.sampling import Sampler, SamplingConfig
 
 from toy import CostedBackend, FakeClock, TrigramBackend, random_table
 

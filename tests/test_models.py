@@ -5,8 +5,9 @@ import zipfile
 
 import pytest
 
-from specsample import files, models
-from specsample.models import ChunkedModel, ModelError, cache_dir, fetch_default, resolve
+from specsample import files
+from specsample.backends import models
+from specsample.backends.models import ChunkedModel, ModelError, cache_dir, fetch_default, resolve
 
 pytestmark = pytest.mark.system
 

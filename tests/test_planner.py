@@ -5,13 +5,13 @@ plain decoding's do."""
 
 import pytest
 
-from specsample.control import PLAIN, Planner
-from specsample.drafters import ModelDrafter
-from specsample.curve import Curve
-from specsample.estimates import Goodput, Prices
-from specsample.generate import GenerationConfig, generate, stream
-from specsample.plans import MODEL, ModelCall, Offer, lookup_source
-from specsample.sampling import SamplingConfig
+from specsample.policy.control import PLAIN, Planner
+from specsample.decoding.drafters import ModelDrafter
+from specsample.policy.curve import Curve
+from specsample.policy.estimates import Goodput, Prices
+from specsample.decoding.generate import GenerationConfig, generate, stream
+from specsample.decoding.plans import MODEL, ModelCall, Offer, lookup_source
+from specsample.decoding.sampling import SamplingConfig
 
 from toy import CostedBackend, FakeClock, TrigramBackend, random_table
 

@@ -16,7 +16,7 @@ import pytest
 from specsample import files
 from specsample.backends import llamacpp, reencode
 from specsample.backends.llamacpp import LoadError
-from specsample.models import ModelError
+from specsample.backends.models import ModelError
 
 pytestmark = pytest.mark.pure
 

@@ -14,7 +14,7 @@ def test_the_real_draft_re_encoded_carries_its_key_and_loads(real_pair):
     tokenizer's arrays) is a file llama.cpp loads and that generates as the copy did."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     from specsample.backends import load_backend
-    from specsample.models import resolve
+    from specsample.backends.models import resolve
 
     model = resolve(real_pair.draft, fetch=False)
     backend = load_backend(real_pair.draft, "llamacpp", quant="q4_0", threads=1)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from specsample.assemble import ModelOptions, OptionError, check_options
-from specsample.rpc import RpcUnsupported, Workers, parse_workers, require_rpc
+from specsample.app.assemble import ModelOptions, OptionError, check_options
+from specsample.backends.rpc import RpcUnsupported, Workers, parse_workers, require_rpc
 
 pytestmark = pytest.mark.pure
 
@@ -48,7 +48,7 @@ def test_a_build_without_rpc_is_refused_with_how_to_get_it():
 def test_the_bench_on_workers_runs_only_our_modes_never_a_peer_that_would_load_the_target_here():
     from argparse import Namespace
 
-    from specsample.arguments import UsageError
+    from specsample.app.arguments import UsageError
     from specsample.bench.cli import check_remote_modes
 
     check_remote_modes(Namespace(target_rpc="h:1"), ["ar", "spec-auto"])

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from specsample.rpc import PROTOCOL, WorkerError, probe
+from specsample.backends.rpc import PROTOCOL, WorkerError, probe
 
 from process_guard import end_group, popen
 
@@ -95,15 +95,15 @@ def test_greedy_speculation_on_a_target_split_over_two_workers_equals_plain_gree
     """The 0.5B model as the target, its layers on two local workers, batch-invariant
     kernels; the 0.5B draft drafts here. Greedy speculative output is plain greedy output."""
     from specsample.backends import load_backend
-    from specsample.generate import GenerationConfig, generate
-    from specsample.rpc import parse_workers
-    from specsample.sampling import SamplingConfig
+    from specsample.decoding.generate import GenerationConfig, generate
+    from specsample.backends.rpc import parse_workers
+    from specsample.decoding.sampling import SamplingConfig
 
     split = parse_workers(workers, "1,1")
     target = load_backend(real_pair.draft, "llamacpp", threads=1, batch_invariant=True, workers=split, n_ctx=512)
     draft = load_backend(real_pair.draft, "llamacpp", threads=1, n_ctx=512)
     assert split.key in target.cost_key
-    from specsample.drafters import ModelDrafter
+    from specsample.decoding.drafters import ModelDrafter
 
     greedy = SamplingConfig(temperature=0)
     prompt = target.tokenizer.chat_prompt("Write a Python function that reverses a string.")
@@ -122,7 +122,7 @@ def test_a_target_on_two_workers_scores_the_rows_it_scores_here_to_the_bit(real_
     import torch
 
     from specsample.backends import load_backend
-    from specsample.rpc import parse_workers
+    from specsample.backends.rpc import parse_workers
 
     split = load_backend(real_pair.draft, "llamacpp", threads=1, batch_invariant=True,
                          workers=parse_workers(workers, "1,1"), n_ctx=512)
@@ -168,7 +168,7 @@ def test_a_worker_killed_mid_generation_ends_the_client_with_one_line_not_a_hang
 FREE = """
 import gc, sys
 from specsample.backends import load_backend
-from specsample.rpc import connections_to, parse_workers
+from specsample.backends.rpc import connections_to, parse_workers
 path, endpoints = sys.argv[1:]
 workers = parse_workers(endpoints, "1,1")
 model = load_backend(path, "llamacpp", threads=1, workers=workers, n_ctx=256)

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from specsample.sampling import (MIN_TEMPERATURE, InvalidSetting, SamplingConfig, _top_p_filter, bias_entry,
-                                 logits_to_probs, sample)
+from specsample.decoding.sampling import (MIN_TEMPERATURE, InvalidSetting, SamplingConfig, _top_p_filter, bias_entry,
+                                          logits_to_probs, sample)
 
 pytestmark = pytest.mark.pure
 
@@ -78,7 +78,7 @@ def test_sample_is_reproducible_with_a_generator():
 
 # --- min_p, logit_bias and the penalties --------------------------------------
 
-from specsample.sampling import History, Sampler, coupled_choice, process_logits, race_noise  # noqa: E402
+from specsample.decoding.sampling import History, Sampler, coupled_choice, process_logits, race_noise  # noqa: E402
 
 
 def test_min_p_keeps_tokens_within_a_factor_of_the_top_one():

@@ -19,15 +19,15 @@ import importlib
 import pytest
 import torch
 
-from specsample.drafters import ModelDrafter
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import Sampler, SamplingConfig
+from specsample.decoding.drafters import ModelDrafter
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import Sampler, SamplingConfig
 
 from toy import TrigramBackend, assert_fits, assert_misfits, exact_distribution, random_table
 
 pytestmark = pytest.mark.pure
 
-generate_module = importlib.import_module("specsample.generate")
+generate_module = importlib.import_module("specsample.decoding.generate")
 
 VOCAB, LENGTH, N = 6, 3, 6_000
 PROMPT = [1, 2]

@@ -6,9 +6,9 @@ own floor"), so there only the size of the log-probability difference is bounded
 
 import pytest
 
-from specsample.drafters import ModelDrafter, NgramDrafter
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
+from specsample.decoding.drafters import ModelDrafter, NgramDrafter
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig
 
 pytestmark = pytest.mark.real
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")

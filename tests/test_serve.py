@@ -7,9 +7,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from specsample.drafters import ModelDrafter
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
+from specsample.decoding.drafters import ModelDrafter
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig
 
 from serve_helpers import WordTokenizer, running, toy_app, toy_pair
 
@@ -155,8 +155,8 @@ def test_the_default_auto_mode_with_the_hybrid_drafter():
     every request, the draft model with lookup beside it. Greedy answers equal plain
     greedy decoding; the controller drafts (target calls are made the costly part)
     and keeps its measurements from one request to the next."""
-    from specsample.assemble import Models
-    from specsample.plans import MODEL
+    from specsample.app.assemble import Models
+    from specsample.decoding.plans import MODEL
     from specsample.serve.app import create_app
     from specsample.serve.settings import Settings
 

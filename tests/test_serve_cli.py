@@ -10,9 +10,9 @@ from transformers import PreTrainedTokenizerFast
 
 from specsample.backends.hf import HFTokenizer
 from specsample.cli import main
-from specsample.arguments import draft_length
-from specsample.calibrate import check_draft_length
-from specsample.plans import FixedK
+from specsample.app.arguments import draft_length
+from specsample.policy.calibrate import check_draft_length
+from specsample.decoding.plans import FixedK
 
 from serve_helpers import running
 from test_cli import WORDS, save_tiny

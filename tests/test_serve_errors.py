@@ -7,7 +7,7 @@ import httpx
 import pytest
 from openai import AuthenticationError, OpenAI
 
-from specsample.drafters import ModelDrafter
+from specsample.decoding.drafters import ModelDrafter
 
 from serve_helpers import ToyBackend, running, toy_app
 
@@ -208,7 +208,7 @@ def test_ctx_size_is_the_limit_models_reports_and_a_longer_prompt_gets_a_400(tmp
     """Assembled as `serve --ctx-size 128` assembles (a tiny GGUF trained for 256):
     /v1/models says max_model_len 128, and a prompt over it gets the 400 with the numbers."""
     pytest.importorskip("llama_cpp")
-    from specsample.assemble import ModelOptions, assemble
+    from specsample.app.assemble import ModelOptions, assemble
     from specsample.serve.app import create_app
     from specsample.serve.settings import Settings
 

@@ -8,12 +8,12 @@ import json
 import httpx
 import pytest
 
-from specsample.assemble import Models
+from specsample.app.assemble import Models
 from specsample.backends.hf import HFBackend, HFTokenizer
-from specsample.drafters import ModelDrafter
-from specsample.fim import ExtraFile, fim_prompt
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
+from specsample.decoding.drafters import ModelDrafter
+from specsample.output.fim import ExtraFile, fim_prompt
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig
 from specsample.serve.app import create_app
 from specsample.serve.settings import Settings
 

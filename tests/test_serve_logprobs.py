@@ -10,10 +10,10 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from specsample.drafters import ModelDrafter
-from specsample.generate import GenerationConfig, generate
-from specsample.logprobs import score_prompt
-from specsample.sampling import SamplingConfig
+from specsample.decoding.drafters import ModelDrafter
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.output.logprobs import score_prompt
+from specsample.decoding.sampling import SamplingConfig
 
 from serve_helpers import WordTokenizer, running, toy_app, toy_pair
 from test_serve import client, url  # noqa: F401 (fixtures: one toy server for the module)

@@ -11,9 +11,9 @@ import httpx
 import pytest
 from openai import APIStatusError, OpenAI
 
-from specsample.drafters import ModelDrafter
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
+from specsample.decoding.drafters import ModelDrafter
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig
 from specsample.serve.events import End, Ended
 from specsample.serve.worker import Job, Task, Worker
 

@@ -3,9 +3,9 @@
 
 import pytest
 
-from specsample.drafters import ModelDrafter
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
+from specsample.decoding.drafters import ModelDrafter
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig
 
 from serve_helpers import running
 
@@ -18,7 +18,7 @@ def test_streamed_chat_on_the_default_pair_equals_the_library(real_pair):
 
     from specsample.serve.app import create_app
     from specsample.serve.settings import Settings
-    from specsample.assemble import Models
+    from specsample.app.assemble import Models
 
     target, draft = real_pair.load("llamacpp")
     greedy = SamplingConfig(temperature=0)

@@ -81,7 +81,7 @@ def test_a_lost_target_answers_every_request_with_a_503_naming_it_and_health_say
 def test_the_reload_keeps_the_listening_socket_for_the_process_that_replaces_this_one(monkeypatch):
     """What a reload hands over: the listening socket by descriptor number, inheritable
     across exec, and nothing else of ours (recovery._reload, up to the exec itself)."""
-    from specsample import rpc
+    from specsample.backends import rpc
     from specsample.serve import recovery
 
     listener = socket.create_server(("127.0.0.1", 0))

@@ -301,7 +301,7 @@ def test_the_serve_flags_bound_connections_and_reach_uvicorn_and_the_settings(mo
 
 def fake_assemble(options, drafting, sequences=1):
     """The toy pair in place of loading models: these tests are about the flags."""
-    from specsample.assemble import Models
+    from specsample.app.assemble import Models
 
     from serve_helpers import toy_pair
 

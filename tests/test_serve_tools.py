@@ -9,10 +9,10 @@ import httpx
 import jsonschema
 import pytest
 
-from specsample.drafters import ModelDrafter
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
-from specsample.tools import HERMES, Tool, parse_tool_calls, tool_constraint
+from specsample.decoding.drafters import ModelDrafter
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig
+from specsample.output.tools import HERMES, Tool, parse_tool_calls, tool_constraint
 
 from serve_helpers import running, served_pair, toy_app
 from toy import tool_backend

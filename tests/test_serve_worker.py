@@ -4,8 +4,8 @@ generation)."""
 
 import pytest
 
-from specsample.generate import GenerationConfig
-from specsample.logprobs import score_prompt
+from specsample.decoding.generate import GenerationConfig
+from specsample.output.logprobs import score_prompt
 from specsample.serve.events import End, Ended, PromptScored
 from specsample.serve.worker import Job, Task, Worker
 

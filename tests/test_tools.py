@@ -17,12 +17,12 @@ import random
 import jsonschema
 import pytest
 
-from specsample.constraints import start
-from specsample.drafters import ModelDrafter
-from specsample.generate import GenerationConfig, generate
-from specsample.sampling import SamplingConfig
-from specsample.tools import (HERMES, Arguments, CallStart, Content, Tool, ToolParser, parse_tool_calls,
-                              special_markers, tool_constraint, tool_format)
+from specsample.output.constraints import start
+from specsample.decoding.drafters import ModelDrafter
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.sampling import SamplingConfig
+from specsample.output.tools import (HERMES, Arguments, CallStart, Content, Tool, ToolParser, parse_tool_calls,
+                                     special_markers, tool_constraint, tool_format)
 
 from toy import (TOOL_TEMPLATE, PieceTokenizer, TrigramBackend, byte_backend, assert_fits, assert_misfits,
                  exact_constrained_distribution, random_table)
@@ -269,7 +269,7 @@ def test_a_call_cut_off_by_max_tokens_leaves_no_markup_in_content_and_no_brace_i
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_answer_cut_inside_a_further_call_ends_in_tool_calls_with_the_whole_ones(stream):
-    from specsample.generate import GenerationResult, GenerationStats
+    from specsample.decoding.generate import GenerationResult, GenerationStats
     from specsample.serve.replies import Choice, Reply
 
     between = Reply(True, "m", 5, None, tools=HERMES, tool_names=NAMES).whole(

@@ -25,7 +25,7 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris right now,
 @pytest.fixture(scope="module")
 def url(real_pair):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    from specsample.assemble import Models
+    from specsample.app.assemble import Models
     from specsample.serve.app import create_app
     from specsample.serve.settings import Settings
 
@@ -104,8 +104,8 @@ def test_qwens_tags_are_special_tokens_that_the_grammar_names_by_id(real_pair):
     """llguidance reads llama.cpp's user-defined <...> tokens as special: written as
     text in a grammar, <tool_call> could not be produced by the token Qwen writes."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    from specsample.constraints import start
-    from specsample.tools import HERMES, Tool, special_markers, tool_constraint
+    from specsample.output.constraints import start
+    from specsample.output.tools import HERMES, Tool, special_markers, tool_constraint
 
     target = real_pair.shared("target")
     markers = special_markers(target, HERMES)

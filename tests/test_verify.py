@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from specsample.sampling import sample
-from specsample.verify import residual_distribution, verify
+from specsample.decoding.sampling import sample
+from specsample.decoding.verify import residual_distribution, verify
 
 from toy import assert_fits, counted
 

@@ -9,7 +9,7 @@ import math
 import torch
 
 from specsample.backends.base import Backend
-from specsample.sampling import Sampler, SamplingConfig, logits_to_probs
+from specsample.decoding.sampling import Sampler, SamplingConfig, logits_to_probs
 
 
 class TrigramBackend(Backend):

@@ -11,16 +11,16 @@ import sys
 import threading
 from pathlib import Path
 
-from .arguments import (UsageError, add_draft_length_arguments, add_model_arguments, add_sampling_controls,
-                        add_verifier_argument, model_options, sampling_config)
-from .assemble import assemble
-from .calibrate import check_draft_length
-from .constraints import Constraint
-from .fim import fim_prompt
+from .app.arguments import (UsageError, add_draft_length_arguments, add_model_arguments, add_sampling_controls,
+                            add_verifier_argument, model_options, sampling_config)
+from .app.assemble import assemble
+from .policy.calibrate import check_draft_length
+from .output.constraints import Constraint
+from .output.fim import fim_prompt
 from .bench.cli import add_bench_parser
-from .check_cli import add_check_parser
-from .generate import GenerationConfig, check_prompt, stream
-from .models import DEFAULT_MODELS, ModelError, fetch_default
+from .app.check_cli import add_check_parser
+from .decoding.generate import GenerationConfig, check_prompt, stream
+from .backends.models import DEFAULT_MODELS, ModelError, fetch_default
 from .serve.cli import add_serve_parser
 
 
@@ -208,8 +208,8 @@ def cmd_rpc_worker(args) -> int:
     # Its threads sleep between graphs instead of spinning: the other workers on this
     # machine (and the client) run while it waits. Read when llama.cpp loads, below.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from .models import cache_dir
-    from .rpc import TRUST_WARNING, serve_worker
+    from .backends.models import cache_dir
+    from .backends.rpc import TRUST_WARNING, serve_worker
 
     threads = args.threads or os.cpu_count() or 1
     failed: list[BaseException] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..models import ModelError, cache_dir, check_hub_reachable, resolve
+from .models import ModelError, cache_dir, check_hub_reachable, resolve
 
 BACKENDS = ("auto", "hf", "llamacpp")
 # backend -> (the module it imports, the package that provides it); the extra is the backend's name.
@@ -46,7 +46,7 @@ def _engine_and_model(name: str, backend: str, device: str):
 def model_context(name: str, backend: str = "auto", *, device: str = "cpu", dtype: str = "float32"):
     """What the model `name` asks of a context on `backend` (context_size.ModelContext),
     read before loading it: from its GGUF header, else its transformers config."""
-    from ..context_size import config_context, gguf_context
+    from .context_size import config_context, gguf_context
 
     backend, model = _engine_and_model(name, backend, device)
     from .hf import DTYPES  # torch's dtypes; transformers is imported only for a config below

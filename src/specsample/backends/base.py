@@ -10,7 +10,7 @@ from typing import Protocol
 
 import torch
 
-from ..fim import FimFormat
+from ..output.fim import FimFormat
 
 
 class Tokenizer(Protocol):

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..files import build_once
-from ..fim import FimFormat, fim_from_tokens
+from ..output.fim import FimFormat, fim_from_tokens
 from .base import Backend, ChatTemplateError, trim_padding
 from .chat import TextOnly, chat_token_ids
 from .cpushare import SHARED

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..fim import FimFormat, fim_from_ids
+from ..output.fim import FimFormat, fim_from_ids
 from .base import Backend, BackendError, ChatTemplateError, trim_padding
 from .chat import TextOnly, chat_token_ids
 from .cpushare import SHARED
@@ -57,7 +57,7 @@ class LoadedModel:
             params.use_extra_bufts = False
         keep = []  # what params point into, alive through the load
         if workers is not None:  # the layers live on llama.cpp RPC workers (rpc.py)
-            from ..rpc import place_on
+            from .rpc import place_on
 
             place_on(params, lib, workers, keep)
         self.pointer = lib.llama_model_load_from_file(str(path).encode(), params)
@@ -79,7 +79,7 @@ def _workers_answer(workers) -> bool:
     the process (rpc.guard_aborts), so memory left on a lost worker is left behind."""
     if workers is None:
         return True
-    from ..rpc import still_connected
+    from .rpc import still_connected
 
     return still_connected(workers)
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from ..files import build_once, content_sha256, locked, read_cached_json, remember_sha256, sha256_of, verified_sha256
-from ..models import ModelError, cache_dir
+from .models import ModelError, cache_dir
 
 FTYPES = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
           "iq4_nl": "LLAMA_FTYPE_MOSTLY_IQ4_NL", "q3_k_m": "LLAMA_FTYPE_MOSTLY_Q3_K_M",

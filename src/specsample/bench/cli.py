@@ -13,8 +13,8 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from ..arguments import UsageError, model_options
-from ..assemble import assemble
+from ..app.arguments import UsageError, model_options
+from ..app.assemble import assemble
 from .budget import Cell, estimate_seconds, format_duration, trim_to_budget
 from .costs import measure_cost_curve
 from .modes import FAMILIES, OUR_FAMILIES, OurMode, build_modes
@@ -63,7 +63,7 @@ def delayed_workers(args):
         raise UsageError("--rpc-delay-ms delays the messages to --target-rpc workers; none is named")
     if delay < 0:
         raise UsageError(f"--rpc-delay-ms must be >= 0, got {delay:g}")
-    from ..rpc import parse_workers
+    from ..backends.rpc import parse_workers
     from .relay import DelayRelay
 
     try:
@@ -186,7 +186,7 @@ def target_types(args) -> list[tuple[str | None, str]]:
     if args.target_quant != "none":
         raise UsageError("give --target-quant or --target-quants, not both")
     from ..backends.reencode import TARGET_QUANTS, file_type
-    from ..models import resolve
+    from ..backends.models import resolve
 
     gguf = resolve(args.target).gguf_path
     if gguf is None:
@@ -346,7 +346,7 @@ def _start_server(args, families, n_ctx: int, k_max: int, target_gguf: Path | No
     when it cannot run here."""
     if not {"llamacpp-spec", "llamacpp-server"} & set(families):
         return None
-    from ..models import resolve
+    from ..backends.models import resolve
 
     if args.draft == "ngram":
         raise ServerUnavailable("needs a draft model")
@@ -364,7 +364,7 @@ def _target_file(args, quant: str) -> Path:
     """The target file our servers load for a --target-quants type: the GGUF file as
     given, or its re-encoding (made once, cached)."""
     from ..backends.reencode import reencoded
-    from ..models import resolve
+    from ..backends.models import resolve
 
     gguf = resolve(args.target).gguf_path
     return gguf if quant == "none" else reencoded(gguf, quant)

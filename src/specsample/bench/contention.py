@@ -126,10 +126,10 @@ def _line(worker, expired: threading.Event, timeout: float) -> str:
 def _worker(argv: list[str]) -> None:
     import argparse
 
-    from ..arguments import add_model_arguments, model_options
-    from ..assemble import assemble
-    from ..generate import GenerationConfig, generate
-    from ..sampling import SamplingConfig
+    from ..app.arguments import add_model_arguments, model_options
+    from ..app.assemble import assemble
+    from ..decoding.generate import GenerationConfig, generate
+    from ..decoding.sampling import SamplingConfig
 
     p = argparse.ArgumentParser()
     add_model_arguments(p)

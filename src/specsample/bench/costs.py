@@ -20,7 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from ..calibrate import timed_call
+from ..policy.calibrate import timed_call
 
 
 def expected_tokens_per_round(alpha: float, k: int) -> float:

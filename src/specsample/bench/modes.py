@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..assemble import make_drafter
-from ..constraints import Constraint
-from ..calibrate import make_policy
-from ..generate import GenerationConfig, generate
-from ..sampling import SamplingConfig
-from ..tools import special_markers, tool_constraint
+from ..app.assemble import make_drafter
+from ..output.constraints import Constraint
+from ..policy.calibrate import make_policy
+from ..decoding.generate import GenerationConfig, generate
+from ..decoding.sampling import SamplingConfig
+from ..output.tools import special_markers, tool_constraint
 from .native import LlamaServer, completion_request, parse_completion
 from .peer_sampling import peer_sampling
 from .tasks import first_stop

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .. import processes
 from ..files import build_once
-from ..models import cache_dir
+from ..backends.models import cache_dir
 from .peer_sampling import peer_sampling
 from .servers import ServerProcess, ServerUnavailable
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..arguments import UsageError, add_model_arguments
+from ..app.arguments import UsageError, add_model_arguments
 from .modes import FAMILIES, SETTINGS
 from .runner import BenchConfig
 from .tasks import TASKS

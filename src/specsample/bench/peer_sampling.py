@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..sampling import SamplingConfig
+from ..decoding.sampling import SamplingConfig
 
 PEERS = ("llama_server", "llama_cpp_python", "hf_generate", "openai")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from ..fim import fim_prompt
+from ..output.fim import fim_prompt
 from .modes import SETTINGS
 from .records import Record
 from .structured import is_valid

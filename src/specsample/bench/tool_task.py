@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from ..tools import HERMES, Tool, ToolFormat, parse_tool_calls, tool_format
+from ..output.tools import HERMES, Tool, ToolFormat, parse_tool_calls, tool_format
 
 
 def _function(name: str, description: str, properties: dict, required: list[str]) -> dict:

@@ -13,8 +13,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..backends.base import Backend
-from ..drafters import Drafter
-from ..sampling import SamplingConfig
+from ..decoding.drafters import Drafter
+from ..decoding.sampling import SamplingConfig
 from . import routes
 from .doors import CheckHost, RequireKey
 from .errors import APIError

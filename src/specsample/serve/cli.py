@@ -7,10 +7,10 @@ import argparse
 import math
 import os
 
-from ..arguments import UsageError, add_draft_length_arguments, add_model_arguments, model_options
-from ..assemble import assemble
-from ..calibrate import check_draft_length, slots_that_pay
-from ..generate import VERIFIERS
+from ..app.arguments import UsageError, add_draft_length_arguments, add_model_arguments, model_options
+from ..app.assemble import assemble
+from ..policy.calibrate import check_draft_length, slots_that_pay
+from ..decoding.generate import VERIFIERS
 
 
 def add_serve_parser(sub) -> None:
@@ -119,7 +119,7 @@ def cmd_serve(args) -> int:
     doors = door_settings(args)
     import uvicorn
 
-    from ..rpc import parse_workers
+    from ..backends.rpc import parse_workers
     from . import connections, recovery
     from .app import create_app
     from .settings import Settings

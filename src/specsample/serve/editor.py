@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from ..generate import GenerationConfig
-from ..infill_sampler import InfillVocab, infill_vocab
-from ..sampling import STEP_OFF, InvalidSetting, SamplingConfig
-from ..text_stops import IndentStop, TimeStop
+from ..decoding.generate import GenerationConfig
+from ..output.infill_sampler import InfillVocab, infill_vocab
+from ..decoding.sampling import STEP_OFF, InvalidSetting, SamplingConfig
+from ..output.text_stops import IndentStop, TimeStop
 from .errors import APIError
 from .schemas import EditorFields
 

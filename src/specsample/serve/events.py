@@ -8,8 +8,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ..generate import Chunk, GenerationResult
-from ..logprobs import TokenLogprob
+from ..decoding.generate import Chunk, GenerationResult
+from ..output.logprobs import TokenLogprob
 
 
 @dataclass(frozen=True)

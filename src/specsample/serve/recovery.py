@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-from .. import rpc
+from ..backends import rpc
 from .worker import TargetLost, Worker
 
 LISTENER_FD = "SPECSAMPLE_LISTEN_FD"  # the socket a reload inherits, by descriptor number

@@ -9,9 +9,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..backends.base import Tokenizer
-from ..generate import GenerationResult
-from ..logprobs import TokenLogprob
-from ..tools import Arguments, CallStart, Content, Delta, ToolFormat, ToolParser
+from ..decoding.generate import GenerationResult
+from ..output.logprobs import TokenLogprob
+from ..output.tools import Arguments, CallStart, Content, Delta, ToolFormat, ToolParser
 from .editor import pick_fields
 from .events import ChoiceEvent, Finished, Generated, PromptScored
 

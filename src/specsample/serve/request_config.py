@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..backends.base import Backend, ChatTemplateError
-from ..constraints import Constraint, ConstraintError
-from ..calibrate import K_MAX, most_drafts
-from ..context_fit import new_token_room
-from ..fim import ExtraFile, FimFormat, fim_prompt
-from ..generate import GenerationConfig, check_prompt
-from ..sampling import InvalidSetting, SamplingConfig, bias_entry, check_range
+from ..output.constraints import Constraint, ConstraintError
+from ..policy.calibrate import K_MAX, most_drafts
+from ..decoding.context_fit import new_token_room
+from ..output.fim import ExtraFile, FimFormat, fim_prompt
+from ..decoding.generate import GenerationConfig, check_prompt
+from ..decoding.sampling import InvalidSetting, SamplingConfig, bias_entry, check_range
 from .errors import APIError, ClientGone
 from .schemas import ChatRequest, CompletionRequest, GenerationRequest, InfillRequest, ResponseFormat, TokenizeRequest
 from .settings import Settings

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import anyio
 
 from ..backends.base import Backend
-from ..calibrate import PolicyLike, check_draft_length
-from ..drafters import Drafter
-from ..sampling import SamplingConfig
+from ..policy.calibrate import PolicyLike, check_draft_length
+from ..decoding.drafters import Drafter
+from ..decoding.sampling import SamplingConfig
 from .metrics import Metrics
 from .worker import Worker
 

@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass
 
 from ..backends.base import Backend
-from ..constraints import Constraint, ConstraintError
-from ..tools import Tool, ToolFormat, special_markers, tool_constraint, tool_format
+from ..output.constraints import Constraint, ConstraintError
+from ..output.tools import Tool, ToolFormat, special_markers, tool_constraint, tool_format
 from .errors import APIError
 from .schemas import ChatRequest, Message, ToolDef
 

@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..admission import Admission
+from ..decoding.admission import Admission
 from ..backends.base import Backend, common_prefix_length
-from ..batching import Cancelled, Scheduler, slots
-from ..drafters import Drafter
-from ..generate import GenerationConfig, GenerationResult, GenerationStats, stream
-from ..logprobs import score_prompt
+from ..decoding.batching import Cancelled, Scheduler, slots
+from ..decoding.drafters import Drafter
+from ..decoding.generate import GenerationConfig, GenerationResult, GenerationStats, stream
+from ..output.logprobs import score_prompt
 from .events import End, Ended, Event, Finished, Generated, PromptScored, Started
 
 

@@ -98,7 +98,7 @@ def measure(backend, texts: list[list[int]], subjects: int = SUBJECTS) -> dict[t
 def models(target: str) -> list[tuple[str, Path]]:
     """The target's GGUF file, and its BF16 re-encoding where one is cached."""
     from ..backends.reencode import cached_reencoding
-    from ..models import resolve
+    from ..backends.models import resolve
 
     path = resolve(target).gguf_path
     found = [(f"{target} ({path.name})", path)]
@@ -114,7 +114,7 @@ def main(argv=None) -> None:
     from ..backends.llamacpp import LlamaCppBackend
     from ..bench.tables import machine_description, markdown_table
     from ..bench.tasks import humaneval_problems
-    from ..models import DEFAULT_TARGET
+    from ..backends.models import DEFAULT_TARGET
 
     p = argparse.ArgumentParser(prog="python -m specsample.studies.batch_numerics", description=__doc__.splitlines()[0])
     p.add_argument("--target", default=DEFAULT_TARGET)

@@ -62,7 +62,7 @@ def library_loglikelihood(target, context: str, continuation: str) -> float:
     whole, and takes the continuation's tokens as the whole's past the context's
     length; it sends context tokens + those, which is not the whole's encoding where
     BPE merges across the boundary (")\n" in ")\n 3")."""
-    from ..logprobs import score_prompt
+    from ..output.logprobs import score_prompt
 
     spaces = len(context) - len(context.rstrip())
     if spaces:
@@ -89,8 +89,8 @@ def compare(runs: dict[str, dict], target=None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..arguments import add_model_arguments, model_options
-    from ..assemble import assemble
+    from ..app.arguments import add_model_arguments, model_options
+    from ..app.assemble import assemble
     from ..bench.servers import specsample_server
 
     p = argparse.ArgumentParser(prog="python -m specsample.studies.harness", description=__doc__.splitlines()[0])

@@ -23,10 +23,10 @@ PROMPTS = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..arguments import add_draft_length_arguments, add_model_arguments, model_options
-    from ..assemble import assemble
-    from ..generate import GenerationConfig, generate
-    from ..sampling import SamplingConfig
+    from ..app.arguments import add_draft_length_arguments, add_model_arguments, model_options
+    from ..app.assemble import assemble
+    from ..decoding.generate import GenerationConfig, generate
+    from ..decoding.sampling import SamplingConfig
 
     p = argparse.ArgumentParser(prog="python -m specsample.studies.logprob_cost", description=__doc__.splitlines()[0])
     add_model_arguments(p)

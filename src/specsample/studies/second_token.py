@@ -28,7 +28,7 @@ def long_prompt(target, tokens: int) -> list[int]:
 
 def timed_stream(target, ids, config, drafter, policy) -> tuple[float, float, dict]:
     """Seconds to the first and to the second token, and the run's statistics."""
-    from ..generate import stream
+    from ..decoding.generate import stream
 
     start = time.perf_counter()
     s = stream(target, ids, config, drafter, policy)
@@ -41,10 +41,10 @@ def timed_stream(target, ids, config, drafter, policy) -> tuple[float, float, di
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..arguments import add_model_arguments, model_options
-    from ..assemble import assemble
-    from ..generate import GenerationConfig
-    from ..sampling import SamplingConfig
+    from ..app.arguments import add_model_arguments, model_options
+    from ..app.assemble import assemble
+    from ..decoding.generate import GenerationConfig
+    from ..decoding.sampling import SamplingConfig
 
     p = argparse.ArgumentParser(prog="python -m specsample.studies.second_token", description=__doc__.splitlines()[0])
     add_model_arguments(p)

@@ -59,9 +59,9 @@ import copy
 import time
 from typing import NamedTuple
 
-from .batching import in_batch, request_plan
+from ..decoding.batching import in_batch, request_plan
 from .estimates import Acceptance, AnswerLength, Goodput, Prices, ShadowLookup, SourceModel, kind_of
-from .plans import MODEL, ModelCall, Offer, Plan, Policy, RoundReport, Source
+from ..decoding.plans import MODEL, ModelCall, Offer, Plan, Policy, RoundReport, Source
 
 
 class Option(NamedTuple):

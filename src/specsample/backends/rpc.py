@@ -282,7 +282,7 @@ def place_on(params, lib, workers: Workers, keep: list) -> None:
     guard_aborts()
     # A worker on this machine computes while we wait on it: its CPU time is ours, or
     # the draft's steps, run right after each target call, would yield it their cores.
-    from .backends.cpushare import SHARED
+    from .cpushare import SHARED
 
     SHARED.count_as_ours(local_worker_pids(workers))
     params.devices = ctypes.cast(found, ctypes.c_void_p)

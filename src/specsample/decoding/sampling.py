@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .infill_sampler import MAX_CANDIDATES, InfillVocab, infill_filter
+from ..output.infill_sampler import MAX_CANDIDATES, InfillVocab, infill_filter
 
 
 # Temperatures below this are greedy (vLLM's threshold too). There softmax(logits / T)

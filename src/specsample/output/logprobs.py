@@ -69,7 +69,7 @@ def score_prompt(target, prompt_ids: list[int], top: int = 0, chunk: int = 128,
     if len(prompt_ids) > target.context_length:
         raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit the context of {target.name}: "
                          f"{target.context_length} tokens")
-    from .backends.base import claim_cache, finite_logits
+    from ..backends.base import claim_cache, finite_logits
 
     claim_cache(target)
     target.rollback(0)

@@ -20,8 +20,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import processes
-from .files import build_once, remember_sha256, sha256_of, verified_sha256
+from .. import processes
+from ..files import build_once, remember_sha256, sha256_of, verified_sha256
 
 
 @dataclass(frozen=True)

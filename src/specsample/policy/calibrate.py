@@ -29,9 +29,9 @@ from pathlib import Path
 from .control import Planner
 from .curve import Curve
 from .estimates import Prices
-from .files import read_cached_json, write_cached_json
-from .machine import fingerprint
-from .plans import FixedK, Policy
+from ..files import read_cached_json, write_cached_json
+from ..machine import fingerprint
+from ..decoding.plans import FixedK, Policy
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import greenlet
 import torch
 
-from .backends.base import Backend, take_model_attributes
+from ..backends.base import Backend, take_model_attributes
 from .plans import ModelCall, Offer, Plan
 
 PREFILL_CHUNK = 128  # prompt tokens a newcomer adds to one call while others decode

@@ -10,16 +10,16 @@ from dataclasses import dataclass, field
 import torch
 
 from .admission import Admission
-from .backends.base import Backend, check_cache, check_same_vocabulary, claim_cache, common_prefix_length
-from .constraints import Constraint
-from .constraints import start as start_grammar
+from ..backends.base import Backend, check_cache, check_same_vocabulary, claim_cache, common_prefix_length
+from ..output.constraints import Constraint
+from ..output.constraints import start as start_grammar
 from .batching import PREFILL_CHUNK, BatchStats, Scheduler, slots
 from .context_fit import new_token_room
-from .calibrate import PolicyLike, as_policy
-from .detokenize import TextTracker
-from .text_stops import TextStop
+from ..policy.calibrate import PolicyLike, as_policy
+from ..output.detokenize import TextTracker
+from ..output.text_stops import TextStop
 from .drafters import Drafter, reuse_model_cache, tell
-from .logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
+from ..output.logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
 from .rounds import Round, play_round
 from .sampling import InvalidSetting, Sampler, SamplingConfig
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .curve import Curve
-from .plans import FORCED, MODEL, RoundReport, Source, lookup_source
+from ..decoding.plans import FORCED, MODEL, RoundReport, Source, lookup_source
 
 
 @dataclass

@@ -15,8 +15,8 @@ from typing import Protocol
 
 import torch
 
-from .backends.base import Backend, claim_cache, common_prefix_length, finite_logits, holds_cache
-from .constraints import GrammarState, allows_any, mask_logits
+from ..backends.base import Backend, claim_cache, common_prefix_length, finite_logits, holds_cache
+from ..output.constraints import GrammarState, allows_any, mask_logits
 from .plans import FORCED, MODEL, DraftCall, Offer, Plan, Source, lookup_source
 from .sampling import Sampler, SamplingConfig
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends.base import Backend, finite_logits
-from .constraints import GrammarState, constrained_logits
+from ..backends.base import Backend, finite_logits
+from ..output.constraints import GrammarState, constrained_logits
 from .drafters import Draft, Drafter, draft_round
 from .plans import Policy, RoundReport
 from .sampling import Sampler, SamplingConfig

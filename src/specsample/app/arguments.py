@@ -8,7 +8,7 @@ import argparse
 from dataclasses import fields
 
 from .assemble import ModelOptions, option_flag
-from .sampling import SamplingConfig
+from ..decoding.sampling import SamplingConfig
 
 
 class UsageError(Exception):
@@ -63,7 +63,7 @@ def add_sampling_controls(p: argparse.ArgumentParser, temperature: float = 0.0) 
 
 
 def add_verifier_argument(p: argparse.ArgumentParser) -> None:
-    from .generate import VERIFIERS
+    from ..decoding.generate import VERIFIERS
 
     p.add_argument("--verifier", choices=VERIFIERS, default="auto",
                    help="rejection: modified rejection sampling; coupled: Gumbel-max coupling keyed by seed and "

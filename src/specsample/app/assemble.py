@@ -14,17 +14,17 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field, fields
 
-from .backends import BACKENDS, load_backend, model_context, pick_backend
-from .backends.base import Backend, SeparateSequences, check_same_vocabulary
-from .backends.hf import DTYPES
-from .backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
-from .calibrate import cached_or_measured, cost_cache_path, make_policy, probe_context
-from .context_size import available_memory, choose_context
-from .curve import Curve
-from .drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
-from .models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_dir
-from .plans import Policy
-from .sampling import SamplingConfig
+from ..backends import BACKENDS, load_backend, model_context, pick_backend
+from ..backends.base import Backend, SeparateSequences, check_same_vocabulary
+from ..backends.hf import DTYPES
+from ..backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
+from ..policy.calibrate import cached_or_measured, cost_cache_path, make_policy, probe_context
+from ..backends.context_size import available_memory, choose_context
+from ..policy.curve import Curve
+from ..decoding.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
+from ..backends.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_dir
+from ..decoding.plans import Policy
+from ..decoding.sampling import SamplingConfig
 
 
 class OptionError(ValueError):
@@ -175,7 +175,7 @@ def assemble(options: ModelOptions, drafting: bool = True, sequences: int = 1) -
     draft = load_backend(options.draft, draft_engine, quant=quant, **kw)
     check_same_vocabulary(target, draft)  # before any prompt work
     if options.draft_vocab:
-        from .vocab import restrict_draft_vocabulary
+        from ..backends.draft_vocab import restrict_draft_vocabulary
 
         restrict_draft_vocabulary(draft, options.draft_vocab, cache_dir())
     return Models(target, hold_sequences(draft, sequences), lookup=options.lookup, ngram_max=options.ngram_max)
@@ -232,7 +232,7 @@ def target_workers(options: ModelOptions, target_engine: str):
         return None
     if target_engine != "llamacpp":
         raise OptionError(f"--target-rpc places a llama.cpp target on RPC workers; the target runs on {target_engine}")
-    from .rpc import parse_workers
+    from ..backends.rpc import parse_workers
 
     try:
         return parse_workers(options.target_rpc, options.tensor_split)

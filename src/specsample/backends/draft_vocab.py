@@ -20,7 +20,7 @@ import sysconfig
 from collections import Counter
 from pathlib import Path
 
-from .files import read_cached_json, write_cached_json
+from ..files import read_cached_json, write_cached_json
 
 CORPUS_CHARS = 4_000_000  # ~1M tokens: enough to rank the first tens of thousands
 
