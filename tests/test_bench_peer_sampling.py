@@ -95,10 +95,10 @@ def test_a_peer_without_our_control_refuses_it_on(peer, control):
 
 
 def test_a_named_order_reaches_llama_server_as_its_samplers_list_and_no_other_peer():
-    from specsample.output.infill_sampler import InfillVocab
+    from specsample.output.infill_sampler import InfillStep, InfillVocab
 
     infill = SamplingConfig(top_k=40, top_p=0.9, order=("top_k", "top_p", "infill"),
-                            infill=InfillVocab(lambda t: b"", frozenset(), None))
+                            extra_step=InfillStep(InfillVocab(lambda t: b"", frozenset(), None)))
     assert peer_sampling("llama_server", infill)["samplers"] == ["penalties", "top_k", "top_p", "infill"]
     with pytest.raises(ValueError, match="no order"):
         peer_sampling("hf_generate", infill)

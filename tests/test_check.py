@@ -10,21 +10,20 @@ at the suite's false-alarm rate), that the report is consistent with its verdict
 that wrong samplers FAIL (they miss by far more than the bound).
 """
 
-import importlib
-
 import pytest
 import torch
 
+from specsample.app import check as check_module
 from specsample.app.assemble import Models
 from specsample.app.check import CheckConfig, check, total_variation
 from specsample.cli import main
+from specsample.decoding import rounds as rounds_module
 from specsample.decoding.drafters import ModelDrafter
 from specsample.decoding.sampling import SamplingConfig, logits_to_probs
 
 from test_distribution import accept_everything, recover_from_target
 from toy import TrigramBackend, assert_fits, random_table
 
-rounds_module = importlib.import_module("specsample.decoding.rounds")
 
 pytestmark = pytest.mark.pure
 
@@ -122,7 +121,6 @@ def test_an_engine_with_call_shape_dependent_logits_fits_with_its_floor_reported
 def test_a_reference_in_the_wrong_call_shapes_would_fail(monkeypatch):
     """Why the shapes matter: with the reference from one-token calls (the toy's plain
     logits), the same correct sampler on the same engine fails."""
-    check_module = importlib.import_module("specsample.app.check")
     exact_cells = check_module.exact_cells
     monkeypatch.setattr(check_module, "exact_cells",
                         lambda target, prompt, config, k: exact_cells(TrigramBackend(TARGET), prompt, config, k))
@@ -144,7 +142,6 @@ def test_an_error_above_the_detectable_tv_fails_and_the_bound_shrinks_with_n(mon
     small, large = run_check(config=CheckConfig(samples=500, sampling=SAMPLING)), run_check()
     assert large.perfect_tv[1] < large.detectable < small.detectable
     assert large.detectable == pytest.approx(small.detectable / 2, rel=0.25)  # 4x the samples: half the TV
-    check_module = importlib.import_module("specsample.app.check")
     exact_cells = check_module.exact_cells  # the reference from the true target, the samples from the biased one
     monkeypatch.setattr(check_module, "exact_cells",
                         lambda target, prompt, config, k: exact_cells(TrigramBackend(TARGET), prompt, config, k))

@@ -2,13 +2,12 @@
 the timings of a fake clock that toy backends move by what their calls cost, so
 what it chooses is the same in every run, whatever else the machine is doing."""
 
-import importlib
-
 import pytest
 
-from specsample.policy.calibrate import make_policy
 from specsample.app.check import CheckConfig, check
+from specsample.decoding import rounds as rounds_module
 from specsample.decoding.drafters import ModelDrafter
+from specsample.policy.calibrate import make_policy
 
 from test_check import DRAFT, PROMPTS, SAMPLING, TARGET
 from test_distribution import accept_everything
@@ -16,7 +15,6 @@ from toy import CostedBackend, FakeClock, TrigramBackend, assert_fits, assert_mi
 
 pytestmark = pytest.mark.pure
 
-rounds_module = importlib.import_module("specsample.decoding.rounds")
 
 # Per prompt, the chance that a correct sampler's counts fit worse than this; three
 # prompts, so a false alarm rate of at most 3e-6 over the seeds such a run could draw

@@ -16,28 +16,27 @@ p = 0, and the run stops there. At this N the negative controls still fail with
 p < 1e-12 at every seed tried, and the correct samplers pass with p from 0.1 to 0.9.
 """
 
-import importlib
 import re
 
 import pytest
 import torch
 
+from specsample.decoding import drafters as drafters_module
+from specsample.decoding import rounds as rounds_module
+from specsample.decoding.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
+from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.plans import FORCED, MODEL
+from specsample.decoding.sampling import SamplingConfig, logits_to_probs
+from specsample.decoding.verify import Verdict
 from specsample.output.constraints import Constraint, ConstraintError, constrained_logits, start
 from specsample.policy.calibrate import make_policy
 from specsample.policy.control import Planner
-from specsample.decoding.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
-from specsample.decoding.plans import FORCED, MODEL
-from specsample.decoding.generate import GenerationConfig, generate
-from specsample.decoding.sampling import SamplingConfig, logits_to_probs
-from specsample.decoding.verify import Verdict
 
 from toy import (CostedBackend, DrafterWrapper, FakeClock, PieceTokenizer, TrigramBackend, byte_backend,
                  assert_fits, assert_misfits, exact_constrained_distribution, random_table)
 
 pytestmark = pytest.mark.pure
 
-rounds_module = importlib.import_module("specsample.decoding.rounds")
-drafters_module = importlib.import_module("specsample.decoding.drafters")
 
 PIECES = [b"a", b"b", b"ab", b"<", b">", b"=", b"c", b"<eos>"]
 A, B, AB, LT, GT, EQ, C, EOS = range(8)

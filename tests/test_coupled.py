@@ -9,22 +9,20 @@ each token still follows its own row, but neighbours are correlated, and the joi
 distribution test must reject it.
 """
 
-import importlib
-
 import pytest
 import torch
 
-from specsample.policy.calibrate import make_policy
+from specsample.decoding import sampling as sampling_module
 from specsample.decoding.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig, race_noise
 from specsample.decoding.verify import verify_coupled
+from specsample.policy.calibrate import make_policy
 
 from toy import CostedBackend, FakeClock, TrigramBackend, assert_fits, assert_misfits, exact_distribution, mixed_tables, random_table
 
 pytestmark = pytest.mark.pure
 
-sampling_module = importlib.import_module("specsample.decoding.sampling")
 
 VOCAB, LENGTH, N = 6, 3, 8_000
 PROMPT = [1, 2]

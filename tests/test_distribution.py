@@ -24,17 +24,16 @@ sequences, at the same rate; their two wrong draft-length rules must fail it, an
 the current round's verdict: p ~ 3e-11).
 """
 
-import importlib
-
 import pytest
 import torch
 
-from specsample.policy.calibrate import make_policy
+from specsample.decoding import rounds as rounds_module
 from specsample.decoding.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
-from specsample.policy.estimates import Goodput
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig, logits_to_probs, sample
 from specsample.decoding.verify import Verdict, verify
+from specsample.policy.calibrate import make_policy
+from specsample.policy.estimates import Goodput
 
 from toy import (CostedBackend, DrafterWrapper, FakeClock, TrigramBackend, assert_does_not_follow, assert_follows,
                  mixed_tables, random_table)
@@ -42,7 +41,6 @@ from toy import (CostedBackend, DrafterWrapper, FakeClock, TrigramBackend, asser
 pytestmark = pytest.mark.pure
 
 # The module, not the function of the same name that specsample/__init__ exports.
-rounds_module = importlib.import_module("specsample.decoding.rounds")
 
 VOCAB, LENGTH = 6, 4
 N = 6_000  # each adaptive check (the planner's), token by token as the fixed-length ones

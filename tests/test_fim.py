@@ -11,7 +11,8 @@ import pytest
 from specsample.backends.hf import HFBackend, HFTokenizer
 from specsample.backends.llamacpp import vocab_fim
 from specsample.decoding.drafters import NgramDrafter
-from specsample.output.fim import ExtraFile, FimFormat, fim_from_ids, fim_from_tokens, fim_prompt
+from specsample.backends.fim_tokens import FimFormat, fim_from_ids, fim_from_tokens
+from specsample.output.fim import ExtraFile, fim_prompt
 from specsample.decoding.generate import GenerationConfig, stream
 from specsample.decoding.sampling import SamplingConfig
 from specsample.serve.errors import APIError

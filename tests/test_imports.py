@@ -89,3 +89,65 @@ def test_the_cycle_finder_finds_a_lazy_cycle(tmp_path):
     graph = import_graph(tmp_path)
     assert cycles(graph) == [["specsample.bench.cli", "specsample.cli"]]
     assert graph["specsample.models"] == {"specsample.cli"}
+
+
+# The layers, lowest first: a module imports from its own folder or from a layer below
+# (docs/architecture.md). decoding and policy are one layer in two folders: the loop
+# asks the policy for a plan, and the policy's seats ask the loop's scheduler for the
+# batch's, so they import each other; the no-cycle test above keeps that to module
+# arrows that never loop.
+LAYERS = (("files", "processes", "machine"), ("backends",), ("output",), ("decoding", "policy"), ("app",),
+          ("serve", "bench"), ("studies",), ("cli", "__main__", ""))
+PEERS = ({"decoding", "policy"}, {"cli", "__main__", ""})  # folders of one layer that import each other
+# The editor's rules (a FIM prompt, llama.cpp's infill sampler) plug into the sampler
+# from above; the loop and the policy never know them.
+EDITOR_RULES = {"specsample.output.fim", "specsample.output.infill_sampler"}
+
+
+def folder(module: str) -> str:
+    """The top-level folder (or module) of specsample that holds a module; "" for the package."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def layer(module: str) -> int:
+    return next(i for i, names in enumerate(LAYERS) if folder(module) in names)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The arrows that break the layering: up, sideways between folders, or from the
+    loop or the policy to an editor rule."""
+    wrong = []
+    for source, targets in graph.items():
+        for target in targets:
+            a, b = folder(source), folder(target)
+            sideways = layer(source) == layer(target) and a != b and not any({a, b} <= p for p in PEERS)
+            editor = a in PEERS[0] and target in EDITOR_RULES
+            if layer(target) > layer(source) or sideways or editor:
+                wrong.append((source, target))
+    return sorted(wrong)
+
+
+def test_imports_point_down_the_layers():
+    graph = import_graph()
+    assert {folder(m) for m in graph} <= {name for names in LAYERS for name in names}  # every folder has a layer
+    assert upward_imports(graph) == []
+
+
+def test_the_layering_check_finds_an_upward_import(tmp_path):
+    """Negative control: the loop importing the server, a backend importing the editor's
+    FIM prompt, and the sampler importing the infill sampler are each reported."""
+    for folder_name in ("decoding", "serve", "backends", "output"):
+        (tmp_path / folder_name).mkdir()
+        (tmp_path / folder_name / "__init__.py").write_text("")
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "output" / "fim.py").write_text("")
+    (tmp_path / "output" / "infill_sampler.py").write_text("")
+    (tmp_path / "serve" / "worker.py").write_text("from ..decoding import generate\n")
+    (tmp_path / "decoding" / "generate.py").write_text("def f():\n    from ..serve import worker\n")
+    (tmp_path / "decoding" / "sampling.py").write_text("from ..output.infill_sampler import x\n")
+    (tmp_path / "backends" / "base.py").write_text("from ..output.fim import FimFormat\n")
+    assert upward_imports(import_graph(tmp_path)) == [
+        ("specsample.backends.base", "specsample.output.fim"),
+        ("specsample.decoding.generate", "specsample.serve.worker"),
+        ("specsample.decoding.sampling", "specsample.output.infill_sampler"),
+    ]

@@ -11,7 +11,7 @@ import torch
 
 from specsample.decoding.drafters import ModelDrafter
 from specsample.decoding.generate import GenerationConfig, generate
-from specsample.output.infill_sampler import InfillVocab, infill_filter, infill_keep
+from specsample.output.infill_sampler import InfillStep, InfillVocab, infill_filter, infill_keep
 from specsample.decoding.sampling import InvalidSetting, SamplingConfig, logits_to_probs
 
 from toy import TrigramBackend, assert_fits, assert_misfits, exact_distribution, random_table
@@ -81,7 +81,7 @@ def test_merged_tokens_go_to_the_likelier_and_only_the_kept_are_drawn():
     # "re" is a prefix of "return" and "ret": both merge into the likelier, "return".
     assert infill_keep([1, 0, 2, 3], [0.3, 0.25, 0.25, 0.2], table) == [1]
     logits = torch.log(torch.tensor([[0.25, 0.3, 0.25, 0.2, 1e-9]]))
-    probs = logits_to_probs(logits, SamplingConfig(top_k=4, order=("top_k", "infill"), infill=table))
+    probs = logits_to_probs(logits, SamplingConfig(top_k=4, order=("top_k", "infill"), extra_step=InfillStep(table)))
     assert probs[0].tolist() == [0.0, 1.0, 0.0, 0.0, 0.0]
     # Nothing above the floor but the end token: the end of text alone, even where the
     # samplers before it had removed it.
@@ -96,11 +96,13 @@ def test_a_config_names_its_order_and_refuses_what_it_cannot_take():
     with pytest.raises(InvalidSetting, match="leaves out temperature"):
         SamplingConfig(temperature=0.5, order=("top_k",))
     with pytest.raises(InvalidSetting, match="top_k of 1 to"):
-        SamplingConfig(order=("infill",), infill=table)
+        SamplingConfig(order=("infill",), extra_step=InfillStep(table))
     with pytest.raises(InvalidSetting, match="at most once"):
         SamplingConfig(order=("top_k", "top_k"))
-    with pytest.raises(ValueError, match="come together"):
-        SamplingConfig(top_k=3, order=("top_k",), infill=table)
+    with pytest.raises(InvalidSetting, match="at most once"):  # the core has no infill step of its own
+        SamplingConfig(top_k=3, order=("top_k", "infill"))
+    with pytest.raises(ValueError, match="not in the order"):
+        SamplingConfig(top_k=3, order=("top_k",), extra_step=InfillStep(table))
     logits = torch.randn(4, 30)
     for plain in (SamplingConfig(0.7, 5, 0.9, 0.05), SamplingConfig(0.0, 3)):  # the default order, named
         named = SamplingConfig(plain.temperature, plain.top_k, plain.top_p, plain.min_p,
@@ -115,7 +117,7 @@ TARGET, FAR = random_table(VOCAB, seed=0), random_table(VOCAB, seed=2)
 # the comparison with llama.cpp's loop above covers it).
 PIECES = [b"a", b"ab", b"c", b"d", b"e", b""]
 FILTER = InfillVocab(PIECES.__getitem__, frozenset(), eot=5)
-INFILL = SamplingConfig(top_k=4, order=("top_k", "infill"), infill=FILTER, logit_bias={5: -2.0})
+INFILL = SamplingConfig(top_k=4, order=("top_k", "infill"), extra_step=InfillStep(FILTER), logit_bias={5: -2.0})
 
 
 def empirical(target_sampling, draft_sampling):

@@ -4,7 +4,8 @@ tokenizer.ggml.fim_*_token_id keys, or absent; and user text that spells one sta
 
 import pytest
 
-from specsample.output.fim import FimFormat, fim_prompt
+from specsample.backends.fim_tokens import FimFormat
+from specsample.output.fim import fim_prompt
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig
 

@@ -14,11 +14,10 @@ verification corrects any draft distribution, so it stays exact and only accepts
 less often; test_target_only_control_is_exact_but_accepts_less says so.
 """
 
-import importlib
-
 import pytest
 import torch
 
+from specsample.decoding import generate as generate_module
 from specsample.decoding.drafters import ModelDrafter
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import Sampler, SamplingConfig
@@ -27,7 +26,6 @@ from toy import TrigramBackend, assert_fits, assert_misfits, exact_distribution,
 
 pytestmark = pytest.mark.pure
 
-generate_module = importlib.import_module("specsample.decoding.generate")
 
 VOCAB, LENGTH, N = 6, 3, 6_000
 PROMPT = [1, 2]

@@ -11,7 +11,7 @@ import pytest
 from specsample.decoding.drafters import ModelDrafter
 from specsample.output.fim import ExtraFile, fim_prompt
 from specsample.decoding.generate import GenerationConfig, generate
-from specsample.output.infill_sampler import infill_vocab
+from specsample.output.infill_sampler import InfillStep, infill_vocab
 from specsample.decoding.sampling import SamplingConfig
 from specsample.serve.errors import APIError, ClientGone
 from specsample.serve.request_config import Pieces
@@ -64,7 +64,7 @@ def test_the_infill_sampler_gives_the_librarys_seeded_answer(served):
     body = {**LLAMA_VIM, "seed": 7, "t_max_predict_ms": 0, "response_fields": None}
     answer = infill(url, body)
     lib_target, draft = fim_pair()
-    sampling = SamplingConfig(top_k=40, top_p=0.9, order=("top_k", "top_p", "infill"), infill=infill_vocab(lib_target))
+    sampling = SamplingConfig(top_k=40, top_p=0.9, order=("top_k", "top_p", "infill"), extra_step=InfillStep(infill_vocab(lib_target)))
     config = GenerationConfig(max_new_tokens=12, sampling=sampling, seed=7)
     extra = [(c["filename"], c["text"]) for c in LLAMA_VIM["input_extra"]]
     ids = fim_prompt(lib_target.fim, lib_target.tokenizer.text_ids, PREFIX, SUFFIX, [ExtraFile(*e) for e in extra])

@@ -10,7 +10,7 @@ from typing import Protocol
 
 import torch
 
-from ..output.fim import FimFormat
+from .fim_tokens import FimFormat
 
 
 class Tokenizer(Protocol):
@@ -22,7 +22,7 @@ class Tokenizer(Protocol):
 
     def text_ids(self, text: str) -> list[int]:
         """Token ids of text as text: special-token spellings stay characters, and no
-        BOS/EOS is added (the pieces of a prompt the caller assembles, fim.py)."""
+        BOS/EOS is added (the pieces of a prompt the caller assembles, output/fim.py)."""
         ...
 
     def chat_prompt(self, text: str) -> list[int]:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..files import build_once
-from ..output.fim import FimFormat, fim_from_tokens
+from .fim_tokens import FimFormat, fim_from_tokens
 from .base import Backend, ChatTemplateError, trim_padding
 from .chat import TextOnly, chat_token_ids
 from .cpushare import SHARED
@@ -71,7 +71,7 @@ class HFTokenizer:
         return self._tokens(text, special=False)
 
     def fim_format(self) -> FimFormat | None:
-        """The FIM tokens among this tokenizer's own, by their spelling (fim.py), and the
+        """The FIM tokens among this tokenizer's own, by their spelling (fim_tokens.py), and the
         BOS its encoding puts first, if any."""
         bos = self.hf.bos_token_id
         with self._lock:

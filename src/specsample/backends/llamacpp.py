@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..output.fim import FimFormat, fim_from_ids
+from .fim_tokens import FimFormat, fim_from_ids
 from .base import Backend, BackendError, ChatTemplateError, trim_padding
 from .chat import TextOnly, chat_token_ids
 from .cpushare import SHARED

@@ -46,10 +46,10 @@ FIELDS = {
     "logit_bias": Names("logit_bias", None, "sequence_bias", "logit_bias"),
     # A named order of steps is llama.cpp's samplers list; our server takes it on /infill only.
     "order": Names("samplers", None, None, None),
-    "infill": Names(None, None, None, None),  # the vocabulary of the order's infill step: it goes with the order
+    "extra_step": Names(None, None, None, None),  # the order's infill step: it goes with the order
 }
-CARRIED = {"infill": "order"}  # fields told to a peer through another field's value
-INFILL_ONLY = ("order", "infill")  # what our server takes on /infill, not on /v1/completions
+CARRIED = {"extra_step": "order"}  # fields told to a peer through another field's value
+INFILL_ONLY = ("order", "extra_step")  # what our server takes on /infill, not on /v1/completions
 
 # How a field's value is written where the peer wants another shape.
 VALUES = {

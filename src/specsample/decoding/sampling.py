@@ -21,10 +21,9 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
 
 import torch
-
-from ..output.infill_sampler import MAX_CANDIDATES, InfillVocab, infill_filter
 
 
 # Temperatures below this are greedy (vLLM's threshold too). There softmax(logits / T)
@@ -57,6 +56,20 @@ def check_range(field: str, value: float, low: float, high: float, low_open: boo
 MAX_TOP_K = 1 << 31  # a C int, as every engine's top_k is
 
 
+class ExtraStep(Protocol):
+    """A step of a named order that the sampler's core does not define: the editor's
+    (output/infill_sampler.py, llama.cpp's infill sampler) plugs in here, so the core
+    never knows it. `order` names it by `name`. It takes logits [n, vocab] float32, -inf
+    where earlier steps removed a token, and returns them with -inf wherever it removes
+    one. A step whose work grows with its candidates sets max_candidates: it then needs a
+    top_k of 1 to that many earlier in the order."""
+
+    name: ClassVar[str]
+    max_candidates: ClassVar[int | None]
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor: ...
+
+
 def bias_entry(token: int | str, bias: float, vocab_size: int | None = None) -> tuple[int, float]:
     """One logit_bias entry, checked: a token id (an int, or a string of ASCII digits:
     str.isdigit also takes other scripts' digits, int() too) in [0, vocab_size), and a
@@ -86,7 +99,7 @@ class SamplingConfig:
     # None: the order above. Else the steps of STEPS to take, in this order; a control
     # left out must be at its neutral value (llama.cpp's samplers list turns it off).
     order: tuple[str, ...] | None = None
-    infill: InfillVocab | None = field(default=None, compare=False)  # the vocabulary, when order names "infill"
+    extra_step: ExtraStep | None = field(default=None, compare=False)  # a step from outside the core, in order
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -106,19 +119,26 @@ class SamplingConfig:
     def _check_order(self) -> None:
         order = tuple(self.order)
         object.__setattr__(self, "order", order)
-        unknown = [s for s in order if s not in STEPS]
+        extra = self.extra_step
+        known = STEPS + ((extra.name,) if extra is not None else ())
+        unknown = [s for s in order if s not in known]
         if unknown or len(set(order)) < len(order):
-            raise InvalidSetting("samplers", f"takes each of {', '.join(STEPS)} at most once", list(order))
+            raise InvalidSetting("samplers", f"takes each of {', '.join(known)} at most once", list(order))
         off = [s for s, (name, neutral) in STEP_OFF.items() if getattr(self, name) != neutral and s not in order]
         if off:
             raise InvalidSetting("samplers", f"leaves out {', '.join(off)}, which is set", list(order))
-        if ("infill" in order) != (self.infill is not None):
-            raise ValueError("the infill step and its vocabulary (SamplingConfig.infill) come together")
-        if "infill" in order:
-            before = order[: order.index("infill")]
-            if "top_k" not in before or not 1 <= self.top_k <= MAX_CANDIDATES:
-                raise InvalidSetting("samplers", f"puts infill after a top_k of 1 to {MAX_CANDIDATES} (its work grows "
-                                     "with the square of the tokens before it)", list(order))
+        if extra is not None:
+            self._check_extra_step(order, extra)
+
+    def _check_extra_step(self, order: tuple[str, ...], extra: ExtraStep) -> None:
+        if extra.name not in order:
+            raise ValueError(f"the {extra.name} step (SamplingConfig.extra_step) is not in the order {list(order)}")
+        limit = extra.max_candidates
+        if limit is not None:
+            before = order[: order.index(extra.name)]
+            if "top_k" not in before or not 1 <= self.top_k <= limit:
+                raise InvalidSetting("samplers", f"puts {extra.name} after a top_k of 1 to {limit} (its work grows "
+                                     "with the tokens before it)", list(order))
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """logit_bias ids past the vocabulary are refused, on the CLI as on the server,
@@ -153,8 +173,9 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig, history: Histo
     """
     logits = process_logits(logits, config, history)
     if config.order is not None:
+        extra = config.extra_step
         for step in config.order:
-            logits = _STEP[step](logits, config)
+            logits = extra(logits) if extra is not None and step == extra.name else _STEP[step](logits, config)
         return torch.softmax(logits, dim=-1)
     if config.greedy:
         # Ties resolve to the lowest token id, as torch.argmax does in plain greedy.
@@ -197,14 +218,11 @@ def _top_p(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     return logits.masked_fill(kept == 0, float("-inf"))
 
 
-def _infill(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
-    return infill_filter(logits, config.infill)
-
-
 # Each step's field and the value that turns it off: a step an order leaves out must be off.
 STEP_OFF = {"temperature": ("temperature", 1.0), "min_p": ("min_p", 0.0), "top_k": ("top_k", 0), "top_p": ("top_p", 1.0)}
-# The steps a config's order may name, by llama.cpp's names for its samplers.
-_STEP = {"temperature": _temperature, "min_p": _min_p, "top_k": _top_k, "top_p": _top_p, "infill": _infill}
+# The core's steps a config's order may name, by llama.cpp's names for its samplers (and
+# the config's extra_step, by its own name).
+_STEP = {"temperature": _temperature, "min_p": _min_p, "top_k": _top_k, "top_p": _top_p}
 STEPS = tuple(_STEP)
 
 

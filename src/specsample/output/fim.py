@@ -1,11 +1,5 @@
-"""Fill-in-the-middle: a model's FIM tokens, and the prompt that asks it for the text
-between a prefix and a suffix.
-
-The tokens are the model's own: llama.cpp names them in a GGUF's vocabulary
-(`llama_vocab_fim_pre` ...), and a Hugging Face tokenizer has them among its tokens,
-spelled as the model family spells them (FIM_SPELLINGS, the spellings llama.cpp's
-vocabulary loader recognises). A model without prefix, suffix and middle tokens has no
-FimFormat, and a FIM request to it is refused.
+"""Fill-in-the-middle: the prompt that asks a model for the text between a prefix and a
+suffix, in the model's own FIM tokens (backends/fim_tokens.py, Backend.fim).
 
 The prompt is PSM (prefix, suffix, middle), with other files of the project before it
 as llama.cpp's server lays out /infill (the repository-level pattern of Qwen2.5-Coder,
@@ -20,21 +14,10 @@ piece is tokenized as text: a user's `<|fim_middle|>` stays those characters.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class FimFormat:
-    """A model's fill-in-the-middle token ids (None: the model has no such token)."""
-
-    prefix: int
-    suffix: int
-    middle: int
-    pad: int | None = None
-    repo: int | None = None  # opens the repository-level context
-    file_sep: int | None = None  # starts each file of it
-    bos: int | None = None  # the token the model's vocabulary puts first, if it wants one
+from ..backends.fim_tokens import FimFormat
 
 
 @dataclass(frozen=True)
@@ -45,41 +28,12 @@ class ExtraFile:
     text: str
 
 
-# The spellings llama.cpp's vocabulary loader recognises for each FIM token, by family.
-FIM_SPELLINGS = {
-    "prefix": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-               "<|code_prefix|>"),
-    "suffix": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-               "<|code_suffix|>"),
-    "middle": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
-               "<|code_middle|>"),
-    "pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
-    "repo": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-    "file_sep": ("<|file_sep|>",),
-}
-
 # llama.cpp's server names the repository and the file being edited with these
 # placeholders (its /infill takes no names for them); the separator between extra files
 # when the model has no file-separator token is its plain-text one.
 REPO_NAME = "myproject"
 CURRENT_FILE = "filename"
 SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"
-
-
-def fim_from_tokens(token_ids: Mapping[str, int], bos: int | None = None) -> FimFormat | None:
-    """The FimFormat of a vocabulary given as token text -> id; None without prefix,
-    suffix and middle tokens. The first spelling the vocabulary has wins, as in llama.cpp."""
-    found = {role: next((token_ids[s] for s in spellings if s in token_ids), None)
-             for role, spellings in FIM_SPELLINGS.items()}
-    return fim_from_ids(found, bos)
-
-
-def fim_from_ids(ids: Mapping[str, int | None], bos: int | None = None) -> FimFormat | None:
-    """The FimFormat of role -> id (None or a negative id: no such token)."""
-    known = {role: i for role, i in ids.items() if i is not None and i >= 0}
-    if not all(role in known for role in ("prefix", "suffix", "middle")):
-        return None
-    return FimFormat(**known, bos=bos)
 
 
 def fim_prompt(fim: FimFormat, text_ids: Callable[[str], list[int]], prefix: str, suffix: str,

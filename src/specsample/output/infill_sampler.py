@@ -16,9 +16,10 @@ descending order of probability (renormalized among them):
    kind left: the end-of-text token alone.
 4. Renormalize; keep those with p >= 1 / (kept text tokens + 1) and the end tokens.
 
-Target and draft rows go through it alike (sampling.py), so speculative sampling stays
-exact for the filtered distribution. Its work is quadratic in the candidates in the
-worst case, so sampling.py asks for a top_k before it (llama.vim sends 40).
+It plugs into the sampler as SamplingConfig's extra_step (InfillStep). Target and draft
+rows go through it alike, so speculative sampling stays exact for the filtered
+distribution. Its work is quadratic in the candidates in the worst case, so it asks for
+a top_k before it (llama.vim sends 40).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -121,3 +123,15 @@ def infill_filter(logits: torch.Tensor, vocab: InfillVocab) -> torch.Tensor:
         else:
             out[row, index] = logits[row, index]
     return out
+
+
+@dataclass(frozen=True)
+class InfillStep:
+    """The infill sampler as the step `infill` of a SamplingConfig's order (its extra_step)."""
+
+    vocab: InfillVocab
+    name: ClassVar[str] = "infill"
+    max_candidates: ClassVar[int | None] = MAX_CANDIDATES
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        return infill_filter(logits, self.vocab)

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 
 from ..decoding.generate import GenerationConfig
-from ..output.infill_sampler import InfillVocab, infill_vocab
+from ..output.infill_sampler import InfillStep, infill_vocab
 from ..decoding.sampling import STEP_OFF, InvalidSetting, SamplingConfig
 from ..output.text_stops import IndentStop, TimeStop
 from .errors import APIError
@@ -86,15 +86,15 @@ def ordered_sampling(samplers: list[str] | str, sampling: SamplingConfig, target
     order = tuple(s for s in steps if s != "penalties")
     try:
         return dataclasses.replace(sampling, **changes, order=order,
-                                   infill=vocabulary(target) if "infill" in named else None)
+                                   extra_step=infill_step(target) if "infill" in named else None)
     except InvalidSetting as e:
         raise APIError(400, e.message("samplers"), param="samplers", code="invalid_value") from None
 
 
 @functools.cache
-def vocabulary(target) -> InfillVocab:
-    """One per target: it keeps the token texts it has looked up."""
-    return infill_vocab(target)
+def infill_step(target) -> InfillStep:
+    """One per target: its vocabulary keeps the token texts it has looked up."""
+    return InfillStep(infill_vocab(target))
 
 
 def pick_fields(body: dict, paths: list[str] | None) -> dict:

@@ -17,7 +17,8 @@ from ..backends.base import Backend, ChatTemplateError
 from ..output.constraints import Constraint, ConstraintError
 from ..policy.calibrate import K_MAX, most_drafts
 from ..decoding.context_fit import new_token_room
-from ..output.fim import ExtraFile, FimFormat, fim_prompt
+from ..backends.fim_tokens import FimFormat
+from ..output.fim import ExtraFile, fim_prompt
 from ..decoding.generate import GenerationConfig, check_prompt
 from ..decoding.sampling import InvalidSetting, SamplingConfig, bias_entry, check_range
 from .errors import APIError, ClientGone
