@@ -10,7 +10,7 @@ from specsample.decoding.context_fit import new_token_room
 from specsample.policy.control import Planner
 from specsample.decoding.generate import GenerationConfig, stream
 from specsample.serve.errors import APIError
-from specsample.serve.request_config import Plan, fit_context
+from specsample.serve.request_config import RequestPlan, fit_context
 
 from toy import TrigramBackend, random_table
 
@@ -28,7 +28,7 @@ def test_the_server_fits_max_tokens_to_what_stream_accepts(policy, k_max):
     config = GenerationConfig(max_new_tokens=100)
 
     def plan(requested=None):  # as the server's plan() makes it under this policy
-        return Plan(config, requested, None, 1, False, budget=1 << 20, k_max=most_drafts(policy))
+        return RequestPlan(config, requested, None, 1, False, budget=1 << 20, k_max=most_drafts(policy))
 
     fitted = fit_context(plan(), len(PROMPT), target.context_length, "prompt")
     assert fitted.max_new_tokens == room

@@ -5,7 +5,7 @@ turn; a request over the cap is a 400 that gives the numbers."""
 import pytest
 
 from specsample.serve.errors import APIError
-from specsample.serve.request_config import plan, tasks
+from specsample.serve.request_config import plan, make_choices
 from specsample.serve.schemas import CompletionRequest
 from specsample.serve.settings import Settings
 
@@ -17,7 +17,7 @@ CONTEXT = 4096
 def choices(budget, **body):
     request = CompletionRequest(model="toy", **body)
     asked = plan(request, Settings(model_name="toy", policy=3, max_tokens=100, max_request_tokens=budget), 26)
-    return tasks(asked, [(p, None) for p in request.prompt], CONTEXT, "prompt")
+    return make_choices(asked, [(p, None) for p in request.prompt], CONTEXT, "prompt")
 
 
 def refusal(budget, **body) -> str:

@@ -15,7 +15,7 @@ from specsample.decoding.drafters import ModelDrafter
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig
 from specsample.serve.events import End, Ended
-from specsample.serve.worker import Job, Task, Worker
+from specsample.serve.worker import QueuedRequest, ChoiceTask, Worker
 
 from serve_helpers import ToySequences, WordTokenizer, running, toy_app, toy_pair, wait_until
 
@@ -123,7 +123,7 @@ def test_stopping_the_worker_ends_every_request_generating_or_waiting():
     worker = Worker(target, max_queue=4, parallel=2)
     worker.start()
     config = GenerationConfig(max_new_tokens=2000)
-    jobs = [Job([Task(0, [5, 6, 7], config)], lambda draft: None, Inline()) for _ in range(3)]
+    jobs = [QueuedRequest([ChoiceTask(0, [5, 6, 7], config)], lambda draft: None, Inline()) for _ in range(3)]
     for job in jobs:
         worker.submit(job)
     deadline = time.monotonic() + 20

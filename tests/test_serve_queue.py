@@ -133,7 +133,7 @@ def test_an_erase_waiting_when_the_target_is_lost_hears_it():
 def test_erases_and_requests_asked_while_the_server_stops_hear_so():
     """stop() ends the worker's thread: an erase it never comes to, and any erase or
     request asked afterwards, fail with ShuttingDown (a 503) rather than wait for good."""
-    from specsample.serve.worker import Job, ShuttingDown
+    from specsample.serve.worker import QueuedRequest, ShuttingDown
 
     with worker_held() as (app, target, url, results, first):
         worker = app.state.server.worker
@@ -144,7 +144,7 @@ def test_erases_and_requests_asked_while_the_server_stops_hear_so():
         with pytest.raises(ShuttingDown):
             worker.erase(0)
         with pytest.raises(ShuttingDown):
-            worker.submit(Job([], lambda draft: None, None))
+            worker.submit(QueuedRequest([], lambda draft: None, None))
         r = httpx.post(url + "/slots/0?action=erase", json={}, timeout=30)
         assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
         r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)

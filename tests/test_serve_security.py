@@ -218,7 +218,7 @@ def test_a_stream_whose_client_stopped_reading_ends_after_the_send_timeout(serve
     """A client that keeps its connection but reads nothing blocks the stream's sends
     once the socket buffers fill: each send may wait send_timeout, then the stream ends
     (closing its generator, which cancels the generation) with one INFO line."""
-    from specsample.serve.routes import Stream  # here, so that the other tests run without it
+    from specsample.serve.routes import EventStream  # here, so that the other tests run without it
 
     closed = threading.Event()
 
@@ -240,7 +240,7 @@ def test_a_stream_whose_client_stopped_reading_ends_after_the_send_timeout(serve
 
     async def serve():
         scope = {"type": "http", "method": "GET", "client": ("127.0.0.1", 5555), "headers": []}
-        await asyncio.wait_for(Stream(events(), send_timeout=0.2, ping=15)(scope, receive, send), 5)
+        await asyncio.wait_for(EventStream(events(), send_timeout=0.2, ping=15)(scope, receive, send), 5)
 
     asyncio.run(serve())
     assert closed.is_set()

@@ -7,7 +7,7 @@ import pytest
 from specsample.decoding.generate import GenerationConfig
 from specsample.output.logprobs import score_prompt
 from specsample.serve.events import End, Ended, PromptScored
-from specsample.serve.worker import Job, Task, Worker
+from specsample.serve.worker import QueuedRequest, ChoiceTask, Worker
 
 from serve_helpers import ToyBackend
 
@@ -38,7 +38,7 @@ class LeavesAt(ToyBackend):
 
 
 def run(target, tasks) -> list:
-    job = Job(tasks, lambda draft: None, Inline())
+    job = QueuedRequest(tasks, lambda draft: None, Inline())
     target.job = job
     Worker(target, max_queue=1)._generate(job, 0)
     events = []
@@ -47,9 +47,9 @@ def run(target, tasks) -> list:
     return events
 
 
-def echo_tasks(prompts: int, generate: bool = False) -> list[Task]:
+def echo_tasks(prompts: int, generate: bool = False) -> list[ChoiceTask]:
     config = GenerationConfig(max_new_tokens=50) if generate else None
-    return [Task(i, PROMPT, config, prompt_logprobs=0) for i in range(prompts)]
+    return [ChoiceTask(i, PROMPT, config, prompt_logprobs=0) for i in range(prompts)]
 
 
 @pytest.mark.parametrize("at", [1, 2, 3, 5])

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ..backends.base import Tokenizer
 from ..decoding.generate import GenerationResult
 from ..output.logprobs import TokenLogprob
-from ..output.tools import Arguments, CallStart, Content, Delta, ToolFormat, ToolParser
+from ..output.tools import CallStart, Content, Delta, ToolFormat, ToolParser
 from .editor import pick_fields
 from .events import ChoiceEvent, Finished, Generated, PromptScored
 

@@ -25,7 +25,7 @@ from .errors import APIError, ClientGone
 from .schemas import ChatRequest, CompletionRequest, GenerationRequest, InfillRequest, ResponseFormat, TokenizeRequest
 from .settings import Settings
 from .tool_requests import ToolPlan, template_messages, template_tools
-from .worker import Task
+from .worker import ChoiceTask
 
 # OpenAI takes 4; the HumanEval completion protocol needs 5, and vLLM and llama-server
 # set no limit. Each stop string is searched in the text after every round.
@@ -38,7 +38,7 @@ Prompt = tuple[list[int], str | None]  # token ids, and the text when it came as
 
 
 @dataclass
-class Plan:
+class RequestPlan:
     """What a request asks for, checked; max_new_tokens is fitted to each prompt later."""
 
     config: GenerationConfig | None  # None: nothing to generate (echo with max_tokens 0: the prompt is only scored)
@@ -51,7 +51,7 @@ class Plan:
     k_max: int = K_MAX  # the most drafts the server's policy adds in a round: room the context must leave
 
 
-def plan(request: GenerationRequest, settings: Settings, vocab_size: int, tools: ToolPlan | None = None) -> Plan:
+def plan(request: GenerationRequest, settings: Settings, vocab_size: int, tools: ToolPlan | None = None) -> RequestPlan:
     """`tools`: a chat request's (tool_requests.tool_plan), whose grammar the answer follows."""
     chat = isinstance(request, ChatRequest)
     requested = request.max_tokens
@@ -71,7 +71,7 @@ def plan(request: GenerationRequest, settings: Settings, vocab_size: int, tools:
 
 
 def _plan(request: GenerationRequest, requested: int | None, echo: bool, settings: Settings,
-          vocab_size: int, tools: ToolPlan | None) -> Plan:
+          vocab_size: int, tools: ToolPlan | None) -> RequestPlan:
     if request.temperature is not None:
         check_range("temperature", request.temperature, 0, MAX_TEMPERATURE)
     if requested is not None:  # 0: nothing generated (echo's prompt scores; /infill's n_predict 0)
@@ -105,11 +105,11 @@ def _plan(request: GenerationRequest, requested: int | None, echo: bool, setting
     # max_tokens 0 with cache_prompt: llama.vim's warm-up, which readies a slot's cache
     # with the text its next requests start with.
     warm = requested == 0 and config.cache_prompt and not echo
-    return Plan(None if requested == 0 else config, requested, logprobs, request.n or 1, echo,
+    return RequestPlan(None if requested == 0 else config, requested, logprobs, request.n or 1, echo,
                 settings.request_budget, warm, most_drafts(settings.policy))
 
 
-def response_headers(plan: Plan) -> dict[str, str]:
+def response_headers(plan: RequestPlan) -> dict[str, str]:
     """The schema parts a lenient response_format left unenforced, as a header (on
     whole and streamed answers alike; OpenAI's body has no field for it)."""
     constraint = plan.config.constraint if plan.config is not None else None
@@ -275,7 +275,7 @@ def chat_prompt(request: ChatRequest | TokenizeRequest, target: Backend) -> list
 
 # ---- prompts x n -> tasks ---------------------------------------------------------
 
-def tasks(plan: Plan, prompts: list[Prompt], context_length: int, param: str) -> list[Task]:
+def make_choices(plan: RequestPlan, prompts: list[Prompt], context_length: int, param: str) -> list[ChoiceTask]:
     """One task per choice: n samples of each prompt, each fitted to the context, with
     seeds seed, seed + 1, ... (each sample reproducible alone)."""
     if len(prompts) * plan.n > MAX_CHOICES:
@@ -286,12 +286,12 @@ def tasks(plan: Plan, prompts: list[Prompt], context_length: int, param: str) ->
         fitted = fit_context(plan, len(ids), context_length, param)
         for i in range(plan.n):
             seeded = None if fitted is None else dataclasses.replace(fitted, seed=_nth_seed(fitted.seed, i))
-            out.append(Task(p * plan.n + i, ids, seeded, plan.logprobs if plan.echo else None, plan.warm))
+            out.append(ChoiceTask(p * plan.n + i, ids, seeded, plan.logprobs if plan.echo else None, plan.warm))
     check_budget(out, plan.budget)
     return out
 
 
-def check_budget(tasks: list[Task], budget: int) -> None:
+def check_budget(tasks: list[ChoiceTask], budget: int) -> None:
     """The single worker serves one request at a time, so one asking for n x prompts x
     max_tokens would hold everyone else for as long: its generated tokens (each
     choice's max_tokens, fitted to the context) and the prompt tokens echo scores must
@@ -305,7 +305,7 @@ def check_budget(tasks: list[Task], budget: int) -> None:
                        param="max_tokens", code="request_too_large")
 
 
-def fit_context(plan: Plan, prompt_length: int, context: int, param: str) -> GenerationConfig | None:
+def fit_context(plan: RequestPlan, prompt_length: int, context: int, param: str) -> GenerationConfig | None:
     """The config with max_new_tokens fitted to what the prompt leaves of the context
     (context_fit's rule, which stream() checks too); a prompt or max_tokens that
     cannot fit is a 400."""

@@ -23,12 +23,12 @@ from .errors import APIError, ClientGone, ending_error, shutting_down, target_lo
 from .events import Ended, Finished, Generated
 from .replies import FINISH_REASONS, Answer, Choice, InfillReply, Reply
 from .request_config import (chat_prompt, chat_prompts, completion_prompts, infill_prompts, plan, response_headers,
-                             tasks)
+                             make_choices)
 from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, GenerationRequest, InfillRequest,
                       TokenizeRequest, read_request)
 from .settings import Server
 from .tool_requests import tool_plan
-from .worker import Job, QueueFull, ShuttingDown, SlotBusy, TargetLost
+from .worker import QueuedRequest, QueueFull, ShuttingDown, SlotBusy, TargetLost
 
 
 async def completions(request: Request) -> Response:
@@ -82,9 +82,9 @@ async def _answer_body(request: Request, kind: type[GenerationRequest], body: Ge
         asked.config = editor_config(body, asked.config, server.target)
     make_prompts, param = KINDS[kind]
     prompts = await off_the_loop(server, make_prompts, body, server.target, left.is_set)
-    choices = tasks(asked, prompts, server.target.context_length, param)
+    choices = make_choices(asked, prompts, server.target.context_length, param)
     sampling = asked.config.sampling if asked.config is not None else None
-    job = Job(choices, lambda draft: server.make_drafter(sampling, draft), asyncio.get_running_loop(), cancelled=left,
+    job = QueuedRequest(choices, lambda draft: server.make_drafter(sampling, draft), asyncio.get_running_loop(), cancelled=left,
               cache_salt=body.cache_salt)
     try:
         server.worker.submit(job)
@@ -106,7 +106,7 @@ async def _answer_body(request: Request, kind: type[GenerationRequest], body: Ge
     follower = Follower(server, job, Answer(echoes, server.target.tokenizer), arrived)
     await follower.started()
     if body.stream:
-        return Stream(_stream(follower, reply, include_usage), sep="\n", ping=15,
+        return EventStream(_stream(follower, reply, include_usage), sep="\n", ping=15,
                       send_timeout=settings.send_timeout, headers=response_headers(asked))
     async for _ in follower.steps():
         pass
@@ -119,7 +119,7 @@ async def off_the_loop(server: Server, tokenizing, *args):
     return await anyio.to_thread.run_sync(tokenizing, *args, limiter=server.tokenizing)
 
 
-class Stream(EventSourceResponse):
+class EventStream(EventSourceResponse):
     """Server-sent events whose client stopped reading (send_timeout) end with one log
     line: its generation is cancelled as the events' generator closes."""
 
@@ -151,9 +151,9 @@ class Follower:
     """The one consumer of a job's events, for the whole reply and the stream alike: it
     keeps the answer and the metrics, and raises the APIError a job's end means."""
 
-    def __init__(self, server: Server, job: Job, answer: Answer, arrived: float):
+    def __init__(self, server: Server, job: QueuedRequest, answer: Answer, arrived: float):
         self.server, self.job, self.answer, self.arrived = server, job, answer, arrived
-        self._prompts = {task.index: task.prompt_ids for task in job.tasks}  # a batch's prompts differ in length
+        self._prompts = {task.index: task.prompt_ids for task in job.choices}  # a batch's prompts differ in length
 
     async def started(self) -> None:
         """Wait for the worker to take the job, at most the queue timeout."""

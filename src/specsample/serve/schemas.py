@@ -33,7 +33,7 @@ class FunctionCall(_Strict):
     arguments: str  # JSON text, as OpenAI sends it
 
 
-class ToolCall(_Strict):
+class MessageToolCall(_Strict):
     """A call an earlier assistant turn made, sent back with the conversation."""
 
     id: str
@@ -45,7 +45,7 @@ class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None  # None: only an assistant turn that made tool calls
     name: str | None = None
-    tool_calls: list[ToolCall] | None = None  # an assistant turn's
+    tool_calls: list[MessageToolCall] | None = None  # an assistant turn's
     tool_call_id: str | None = None  # a tool turn's: the call it answers
 
 

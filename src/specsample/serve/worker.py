@@ -50,7 +50,7 @@ class TargetLost(Exception):
 
 
 @dataclass
-class Task:
+class ChoiceTask:
     """One choice of a request: a prompt and what to do with it."""
 
     index: int  # the choice's index in the response
@@ -65,8 +65,8 @@ class Task:
 
 
 @dataclass
-class Job:
-    tasks: list[Task]  # n samples of each prompt, spread over the slots free when it starts, taken in turn
+class QueuedRequest:
+    choices: list[ChoiceTask]  # n samples of each prompt, spread over the slots free when it starts, taken in turn
     # make_drafter(draft_slot), built in the worker on the request's slot of the draft
     # model (None: lookup alone or none): a ModelDrafter follows the request's sampling.
     make_drafter: Callable[[Backend | None], Drafter | None]
@@ -84,12 +84,12 @@ class Job:
     parts: int = 1  # set by the worker as it admits the job
     outcome: Ended | None = None
 
-    def take(self) -> Task | None:
+    def take(self) -> ChoiceTask | None:
         """The next task not yet begun on any slot."""
-        if self.taken == len(self.tasks):
+        if self.taken == len(self.choices):
             return None
         self.taken += 1
-        return self.tasks[self.taken - 1]
+        return self.choices[self.taken - 1]
 
     def emit(self, event: Event) -> None:
         """Called from the worker thread."""
@@ -108,7 +108,7 @@ class _Cancelled(Exception):
     pass
 
 
-def _stop_if_cancelled(job: Job) -> None:
+def _stop_if_cancelled(job: QueuedRequest) -> None:
     if job.cancelled.is_set():
         raise _Cancelled
 
@@ -136,8 +136,8 @@ class Worker:
         self.scheduler = Scheduler(target, on_call=on_call)
         self.admission = Admission(self.scheduler, parallel)  # its free slots: only the worker thread changes them
         self._salts: list[str | None] = [None] * parallel  # the cache_salt of what each slot's cache holds
-        self._waiting: collections.deque[Job] = collections.deque()
-        self._running: dict[int, Job] = {}  # slot -> the job being generated on it
+        self._waiting: collections.deque[QueuedRequest] = collections.deque()
+        self._running: dict[int, QueuedRequest] = {}  # slot -> the job being generated on it
         self._erasing: list[tuple[int, concurrent.futures.Future]] = []  # erase(): slots to empty, in order
         self._changed = threading.Condition()  # guards _waiting, _running, _erasing and _stopping
         self._stopping = False
@@ -198,7 +198,7 @@ class Worker:
             self._waiting.clear()
             self._erasing.clear()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: QueuedRequest) -> None:
         with self._changed:
             if self.lost is not None:
                 raise self.lost
@@ -268,12 +268,12 @@ class Worker:
         for job in admitted:
             # A request's choices go to as many free slots as they fill, as llama-server
             # and vLLM spread n: each slot takes the job's next choice until none is left.
-            job.parts = min(len(job.tasks), len(admission.free))  # all counted before any can end
+            job.parts = min(len(job.choices), len(admission.free))  # all counted before any can end
             for _ in range(job.parts):
                 admission.start(self._slot_for(job), functools.partial(self._serve, job), job.cancelled.is_set)
         return True
 
-    def _next_jobs(self, free: int) -> list[Job] | None:
+    def _next_jobs(self, free: int) -> list[QueuedRequest] | None:
         """The jobs to start now, as many as `free` slots hold (a job of n choices takes
         up to n), waiting for one while nothing is being generated; None once stopped and
         every generation has ended."""
@@ -289,21 +289,21 @@ class Worker:
                     job.emit(Ended(End.CANCELLED))
                 else:
                     admitted.append(job)
-                    free -= min(len(job.tasks), free)
+                    free -= min(len(job.choices), free)
             return admitted
 
-    def _slot_for(self, job: Job) -> int:
+    def _slot_for(self, job: QueuedRequest) -> int:
         """A free slot for the job: with cache_prompt, the one whose cache holds the longest
         start of its first prompt (a chat's earlier turns, an editor's file); else the
         first."""
-        first, free = job.tasks[0], self.admission.free
+        first, free = job.choices[0], self.admission.free
         if not first.cache_prompt:
             return free[0]
         # Only a slot filled under the job's own salt may be reused (-1: any other is emptied first).
         return max(free, key=lambda seq: -1 if self._salts[seq] != job.cache_salt else
                    common_prefix_length(self.slots[seq].cached_tokens() or [], first.prompt_ids))
 
-    def _serve(self, job: Job, seq: int) -> None:
+    def _serve(self, job: QueuedRequest, seq: int) -> None:
         with self._changed:
             self._running[seq] = job
             if self._stopping:  # admitted as stop() began
@@ -319,7 +319,7 @@ class Worker:
             with self._changed:
                 self._running.pop(seq, None)  # lose() may have cleared it
 
-    def _generate(self, job: Job, seq: int) -> None:
+    def _generate(self, job: QueuedRequest, seq: int) -> None:
         # Every job ends with exactly one Ended, sent by the last of its slots to stop
         # (_end). A task's checks (stream()'s) come before any model call for it, so a
         # refusal is told apart by where it was raised, and the first task's comes
@@ -366,7 +366,7 @@ class Worker:
         self._end(job, Ended(End.DONE))
 
     @staticmethod
-    def _end(job: Job, ended: Ended) -> None:
+    def _end(job: QueuedRequest, ended: Ended) -> None:
         """One slot of the job stopped: the first early end cancels the others, and the
         last to stop sends the job's one Ended (the early end's, if any)."""
         job.parts -= 1
