@@ -1,11 +1,11 @@
 import pytest
 
-from specsample.bench.budget import Cell, estimate_seconds, format_duration, trim_to_budget
+from specsample.bench.budget import TaskLoad, estimate_seconds, format_duration, trim_to_budget
 
 pytestmark = pytest.mark.pure
 
-CELLS = {"humaneval": Cell(prompts=8, runs=6, new_tokens=384, prompt_tokens=150),
-         "copy": Cell(prompts=4, runs=6, new_tokens=384, prompt_tokens=250)}
+CELLS = {"humaneval": TaskLoad(prompts=8, runs=6, new_tokens=384, prompt_tokens=150),
+         "copy": TaskLoad(prompts=4, runs=6, new_tokens=384, prompt_tokens=250)}
 
 
 def test_estimate_prices_every_generation_at_the_token_limit():
@@ -23,7 +23,7 @@ def test_budget_trims_prompts_evenly_and_fits():
     total = estimate_seconds(CELLS, 0.1, 0.01)
     kept = trim_to_budget(CELLS, 0.1, 0.01, budget_seconds=total / 2)
     assert kept == {"humaneval": 4, "copy": 2}
-    trimmed = {t: Cell(kept[t], c.runs, c.new_tokens, c.prompt_tokens) for t, c in CELLS.items()}
+    trimmed = {t: TaskLoad(kept[t], c.runs, c.new_tokens, c.prompt_tokens) for t, c in CELLS.items()}
     assert estimate_seconds(trimmed, 0.1, 0.01) <= total / 2
 
 

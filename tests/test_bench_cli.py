@@ -2,11 +2,10 @@ from dataclasses import fields
 
 import pytest
 
+from specsample.app.arguments import UsageError, model_options
 from specsample.app.assemble import ModelOptions
 from specsample.bench import cli as bench_cli
-from specsample.bench.cli import serve_argv, target_types
-from specsample.bench.options import bench_config, parse_prompts, resolve_options
-from specsample.app.arguments import UsageError, model_options
+from specsample.bench.options import bench_config, parse_prompts, resolve_options, serve_argv, start_server, target_types
 from specsample.cli import build_parser
 
 from test_assemble import other_value
@@ -89,10 +88,8 @@ def test_bad_target_types_are_usage_errors(q4_k_m_file, argv, message):
         target_types(_args("--target", q4_k_m_file, *argv))
 
 
-def test_target_quants_run_the_per_sequence_bench_and_serve_but_not_contention(q4_k_m_file, monkeypatch):
-    with pytest.raises(UsageError, match="give one --target-quant"):
-        bench_cli.cmd_bench(_args("--target", q4_k_m_file, "--contention", "--target-quants", "bf16"))
-    monkeypatch.setattr(bench_cli, "cmd_serve_load", lambda args: "served")
+def test_target_quants_go_with_serve_to_the_serving_run(q4_k_m_file, monkeypatch):
+    monkeypatch.setattr("specsample.bench.serve_run.run", lambda args: "served")
     assert bench_cli.cmd_bench(_args("--target", q4_k_m_file, "--serve", "--target-quants", "q4_k_m,bf16")) == "served"
 
 
@@ -100,9 +97,9 @@ def test_no_native_server_is_none_when_unasked_and_a_reason_when_it_cannot_run()
     from specsample.bench.servers import ServerUnavailable
 
     args = _args("--draft", "ngram")
-    assert bench_cli._start_server(args, ["ar", "spec-auto"], 512, 4, None) is None
+    assert start_server(args, ["ar", "spec-auto"], 512, 4, None) is None
     with pytest.raises(ServerUnavailable, match="needs a draft model"):
-        bench_cli._start_server(args, ["ar", "llamacpp-spec"], 512, 4, None)
+        start_server(args, ["ar", "llamacpp-spec"], 512, 4, None)
 
 
 # Every model option away from its default, so that one dropped on the way shows.
@@ -140,7 +137,7 @@ def test_the_harness_servers_get_every_model_option(monkeypatch, tmp_path):
 
 
 def test_k_max_reaches_the_spec_auto_mode_and_a_bad_one_is_a_usage_error():
-    from specsample.bench.cli import draft_lengths
+    from specsample.bench.options import draft_lengths
     from specsample.bench.modes import build_modes
 
     with pytest.raises(UsageError, match="--k-max must be >= 1"):

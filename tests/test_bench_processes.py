@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from specsample.bench import contention, native
+from specsample.bench import native
 from specsample.bench.servers import ServerProcess
+from specsample.studies import contention
 
 pytestmark = pytest.mark.system
 

@@ -8,7 +8,7 @@ import pytest
 from openai import OpenAI
 
 from specsample.app.arguments import model_options
-from specsample.bench.cli import serve_argv
+from specsample.bench.options import serve_argv
 from specsample.bench.options import BENCH_CONTEXT, resolve_options
 from specsample.bench.load import run_load, summarise_load
 from specsample.bench.modes import SETTINGS

@@ -7,7 +7,7 @@ import pytest
 
 from specsample.app.arguments import UsageError
 from specsample.bench import serving
-from specsample.bench.cli import draft_lengths, serve_argv, serve_axes
+from specsample.bench.options import draft_lengths, serve_argv, serve_axes
 from specsample.bench.options import resolve_options
 from specsample.bench.records import RequestTiming
 from specsample.bench.runner import PreparedPrompt

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Cell:
+class TaskLoad:
     """One task's generations: `prompts` prompts, each run `runs` times (modes x settings)."""
 
     prompts: int
@@ -22,11 +22,11 @@ class Cell:
     prompt_tokens: float  # mean prompt length
 
 
-def estimate_seconds(cells: dict[str, Cell], token_seconds: float, prefill_token_seconds: float) -> float:
+def estimate_seconds(cells: dict[str, TaskLoad], token_seconds: float, prefill_token_seconds: float) -> float:
     return sum(_per_prompt(c, token_seconds, prefill_token_seconds) * c.prompts for c in cells.values())
 
 
-def trim_to_budget(cells: dict[str, Cell], token_seconds: float, prefill_token_seconds: float,
+def trim_to_budget(cells: dict[str, TaskLoad], token_seconds: float, prefill_token_seconds: float,
                    budget_seconds: float) -> dict[str, int]:
     """Prompts per cell that fit the budget: every count scaled by the same factor,
     never below one prompt. Tokens per answer are never cut: shortening answers
@@ -40,7 +40,7 @@ def trim_to_budget(cells: dict[str, Cell], token_seconds: float, prefill_token_s
     return {name: max(1, math.floor(c.prompts * scale)) for name, c in cells.items()}
 
 
-def _per_prompt(cell: Cell, token_seconds: float, prefill_token_seconds: float) -> float:
+def _per_prompt(cell: TaskLoad, token_seconds: float, prefill_token_seconds: float) -> float:
     return cell.runs * (cell.new_tokens * token_seconds + cell.prompt_tokens * prefill_token_seconds)
 
 

@@ -1,14 +1,23 @@
-"""The `bench` subcommand's options: defaults, presets, the parser's arguments and
-their checks, shared by the per-sequence run, --serve and --contention (cli.py)."""
+"""The `bench` subcommand's options: defaults, presets, the parser's arguments, their
+checks, and what they name (target types, draft lengths, the files and the native
+server of a run, the report's command and machine lines), shared by the per-sequence
+run (sequence_run.py) and --serve (serve_run.py)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import sys
+from dataclasses import replace
 from pathlib import Path
 
-from ..app.arguments import UsageError, add_model_arguments
-from .modes import FAMILIES, SETTINGS
+from ..app.arguments import UsageError, add_model_arguments, model_options
+from .modes import FAMILIES, OUR_FAMILIES, SETTINGS
+from .native import LlamaServer, ensure_server
 from .runner import BenchConfig
+from .servers import ServerUnavailable
+from .tables import machine_description
 from .tasks import TASKS
 
 # `make bench`: every task, both settings, 8 prompts each, answers to their task's limit, and 40
@@ -76,9 +85,6 @@ def add_bench_arguments(b) -> None:
     b.add_argument("--slots", default="1,4",
                    help="--serve: requests each server decodes at once, N or a comma list: specsample serve "
                         "--parallel N, llama-server -np N (default 1,4)")
-    b.add_argument("--contention", action="store_true",
-                   help="measure instead how two model processes at once slow each other, with and without "
-                        "specsample's core sharing, writing contention.md")
     b.add_argument("--neighbour", type=int, default=0, metavar="N",
                    help="run N busy processes (one spinning thread each) beside the whole benchmark, as a user's "
                         "other programs would; the report's machine line says so")
@@ -130,3 +136,141 @@ def names(text: str, allowed, what: str) -> tuple[str, ...]:
     if not names:
         raise UsageError(f"no {what} given")
     return names
+
+
+def check_remote_modes(args, families) -> None:
+    """With --target-rpc, only our own modes: a peer (transformers, llama-server) would run
+    the target on this machine, and its row would compare a local target with ours."""
+    local = [f for f in families if f not in OUR_FAMILIES]
+    if getattr(args, "target_rpc", None) and local:
+        raise UsageError(f"--target-rpc runs the target on its workers in {', '.join(OUR_FAMILIES)} only; "
+                         f"{', '.join(local)} would run it here (pass --modes)")
+
+
+def draft_lengths(args) -> tuple[list[int], list[int]]:
+    """--ks and --peer-k as lists of K >= 1 (and --k-max checked)."""
+    if args.k_max < 1:
+        raise UsageError(f"--k-max must be >= 1, got {args.k_max}")
+    return list(counts(args.ks, "--ks")), list(counts(args.peer_k, "--peer-k"))
+
+
+def serve_axes(args) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """--clients and --slots as tuples of counts >= 1, in the order given."""
+    return counts(args.clients, "--clients"), counts(args.slots, "--slots")
+
+
+def counts(text, flag: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(n) for n in str(text).split(","))
+    except ValueError:
+        raise UsageError(f"{flag} takes N or a comma list of N; got {text!r}") from None
+    if min(counts) < 1:
+        raise UsageError(f"{flag} must be >= 1; got {text!r}")
+    return counts
+
+
+def target_types(args) -> list[tuple[str | None, str]]:
+    """(label, --target-quant value) for each target type to run: one, or each of
+    --target-quants, where the target file's own type means the file as given."""
+    if not args.target_quants:
+        return [(None, args.target_quant)]
+    if args.target_quant != "none":
+        raise UsageError("give --target-quant or --target-quants, not both")
+    from ..backends.reencode import TARGET_QUANTS, file_type
+    from ..backends.models import resolve
+
+    gguf = resolve(args.target).gguf_path
+    if gguf is None:
+        raise UsageError("--target-quants re-encodes a GGUF target file; this target is not one")
+    own = file_type(gguf)
+    types = []
+    for name in names(args.target_quants, [own, *TARGET_QUANTS], "--target-quants type"):
+        types.append((name, "none" if name == own else name))
+    return types
+
+
+def target_label(target, args) -> str:
+    """What the target's weights are: the GGUF file's own type, or the hf dtype."""
+    path = getattr(target, "path", None)
+    if is_llamacpp(target) and path is not None:
+        from ..backends.reencode import file_type
+
+        return file_type(path)
+    return args.dtype
+
+
+def serve_argv(args, target_quant: str | None = None, n_ctx: int | None = None) -> list[str]:
+    """This run's model arguments for a `specsample serve` child process (the target
+    re-encoded as target_quant says, when given; each slot's context n_ctx, when given),
+    with a queue that holds every client and never times out."""
+    options = replace(model_options(args), target_quant=target_quant or args.target_quant,
+                      ctx_size=n_ctx or args.ctx_size)
+    queue = max(16, *counts(args.clients, "--clients"))
+    return options.argv() + ["--max-queue", str(queue), "--queue-timeout", "3600"]
+
+
+def command_line() -> str:
+    return shlex.join(["specsample"] + sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "specsample bench (library call)"
+
+
+def threads(args) -> int:
+    if args.threads:
+        return args.threads
+    import torch
+
+    return torch.get_numthreads()
+
+
+def is_llamacpp(target) -> bool:
+    return target.engine == "llamacpp"
+
+
+def machine_line(engine: str, args, load_at_start: float) -> str:
+    """The report's machine line: the engine and threads, and how busy the machine was
+    (other work on it skews every timing)."""
+    machine = machine_description(engine, threads(args))
+    machine += f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
+    if args.neighbour:
+        machine += f"; {args.neighbour} busy neighbour process(es) spinning beside the run (--neighbour)"
+    return machine
+
+
+def start_server(args, families, n_ctx: int, k_max: int, target_gguf: Path | None, parallel: int = 1,
+                  loaded_draft=None) -> LlamaServer | None:
+    """A running llama-server for the native peer on the target file our modes run
+    (re-encoded as --target-quant says), with `parallel` slots of n_ctx tokens each;
+    None when no mode asks for one. Raises ServerUnavailable with the one-line reason
+    when it cannot run here."""
+    if not {"llamacpp-spec", "llamacpp-server"} & set(families):
+        return None
+    from ..backends.models import resolve
+
+    if args.draft == "ngram":
+        raise ServerUnavailable("needs a draft model")
+    draft = resolve(args.draft)
+    if target_gguf is None or draft.gguf_path is None:
+        raise ServerUnavailable("needs GGUF files for target and draft")
+    binary = ensure_server(build=args.build, jobs=min(2, os.cpu_count() or 1))
+    # The peer gets the very files our modes use (the draft as requantized by --draft-quant).
+    draft_path = getattr(loaded_draft, "path", None) or draft_file(args, draft.gguf_path)
+    return LlamaServer(binary, target_gguf, draft_path, threads=threads(args), n_ctx=n_ctx, k_max=k_max,
+                       parallel=parallel)
+
+
+def target_file(args, quant: str) -> Path:
+    """The target file our servers load for a --target-quants type: the GGUF file as
+    given, or its re-encoding (made once, cached)."""
+    from ..backends.reencode import reencoded
+    from ..backends.models import resolve
+
+    gguf = resolve(args.target).gguf_path
+    return gguf if quant == "none" else reencoded(gguf, quant)
+
+
+def draft_file(args, gguf: Path) -> Path:
+    """The draft file our llama.cpp modes load: requantized as --draft-quant says."""
+    if args.draft_quant == "none":
+        return gguf
+    from ..backends.reencode import reencoded
+
+    return reencoded(gguf, args.draft_quant)

@@ -3,7 +3,6 @@ there is named and written here, from the sections and tables the other modules 
 
     records.jsonl, cost_curve.json, summary.md, *.png   the per-sequence benchmark
     serve.jsonl, serve.md                                --serve
-    contention.md                                        --contention
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from .targets import by_target_section
 
 RECORDS, CURVES, SUMMARY = "records.jsonl", "cost_curve.json", "summary.md"
 SERVE_RECORDS, SERVE_SUMMARY, CALL_SPLITS = "serve.jsonl", "serve.md", "calls.jsonl"
-CONTENTION_SUMMARY = "contention.md"
 
 
 def write_report(out: Path, runs: list[TargetRun], *, command: str, machine: str, notes: list[str] = (),
@@ -59,11 +57,6 @@ def write_serve_report(out: Path, records: list, sections: list[str], *, command
     if splits:
         write_records(out / CALL_SPLITS, splits)
     _write_markdown(out / SERVE_SUMMARY, "specsample bench --serve", command, machine, sections, notes)
-
-
-def write_contention_report(out: Path, sections: list[str], *, command: str, machine: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    _write_markdown(out / CONTENTION_SUMMARY, "specsample bench --contention", command, machine, sections)
 
 
 def write_records(path: Path, records: list) -> None:

@@ -11,7 +11,6 @@ which is the premise of speculative decoding.
 from __future__ import annotations
 
 from .bandwidth import effective_bandwidth, read_ceiling
-from .costs import recommend
 from .records import Record
 from .tables import cell, markdown_table, predictions_by_group
 from .stats import ModeSummary, summarise

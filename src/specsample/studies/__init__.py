@@ -15,6 +15,8 @@ seeded.py        a seed's text across real `specsample serve` processes, default
                  batch-invariant kernels (python -m specsample.studies.seeded --out DIR)
 prompt_cache.py  what cache_prompt saves a chat's later turns in time to first token
                  (python -m specsample.studies.prompt_cache --out DIR)
+contention.py    how two model processes at once slow each other, with and without
+                 the library's core sharing (python -m specsample.studies.contention --out DIR)
 harness.py       lm-evaluation-harness against `specsample serve` on evaltasks/, the
                  eval extra (python -m specsample.studies.harness --out DIR)
 """

@@ -2,18 +2,22 @@
 
 A user runs a server beside a notebook, or two jobs at once. OpenMP runtimes spin
 at their barriers, and on a machine with no spare core a spinning thread burns the
-time slice its descheduled partner needs: llama.cpp calls once ran many times slower
-in pairs (docs/benchmarks.md, "Two processes at once"). This measures it: each worker process loads the pair once, waits until all
+time slice its descheduled partner needs: llama.cpp calls can run many times slower
+in pairs (docs/benchmarks.md, "Two processes at once").
+This measures it: each worker process loads the pair once, waits until all
 workers are loaded, then draws the same speculative samples through the public
 API; we compare the median sample time of a pair of workers with that of one.
 
-`python -m specsample.bench.contention WORKER ...` is the worker (model arguments,
+    python -m specsample.studies.contention --backend llamacpp --threads 2 --out docs/results/contention
+
+`python -m specsample.studies.contention WORKER ...` is the worker (model arguments,
 then --reps and --tokens); the environment passed to it is the configuration
 under test.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -21,13 +25,14 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
+from ..bench.tables import markdown_table
 from ..processes import dies_with_parent
-from .tables import markdown_table
 
-# Seconds a set of workers may take to load and sample, all together: seven
-# samples of a pair with fixed threads on the transformers backend take about
-# 7 x 54 s here (docs/results/contention-hf), plus the loads.
+# Seconds a set of workers may take to load and sample, all together: room for a
+# pair's samples with fixed threads on the transformers backend, the slowest
+# configuration (docs/results/contention-hf), plus the loads.
 WORKER_TIMEOUT = 1800.0
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
@@ -45,14 +50,14 @@ class Contention:
 
 def measure(model_argv: list[str], label: str, env: dict[str, str] | None = None, reps: int = 6,
             tokens: int = 32, timeout: float = WORKER_TIMEOUT) -> Contention:
-    cmd = [sys.executable, "-m", "specsample.bench.contention", "WORKER", *model_argv, "--reps", str(reps),
+    cmd = [sys.executable, "-m", "specsample.studies.contention", "WORKER", *model_argv, "--reps", str(reps),
            "--tokens", str(tokens)]
     lone = _run_workers(1, cmd, env, timeout)
     paired = _run_workers(2, cmd, env, timeout)
     return Contention(label, statistics.median(lone), statistics.median(paired))
 
 
-# What `bench --contention` compares: the library as shipped, then the same with its
+# What the study compares: the library as shipped, then the same with its
 # core sharing off (OpenMP's own waits, as other llama.cpp programs run), then
 # passive OpenMP waits, the usual advice for shared machines.
 CONFIGURATIONS = (
@@ -79,6 +84,33 @@ def contention_table(results: list[Contention]) -> str:
     rows += [[c.label, f"{c.lone:.3f}", f"{c.paired:.3f}", f"{c.slowdown:.2f}x", f"{c.lone / base:.2f}x"]
              for c in results]
     return markdown_table(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Each configuration, one worker alone then two at once; contention.md in --out."""
+    from ..app.arguments import add_model_arguments, model_options
+    from ..bench.options import BENCH_CONTEXT, threads
+    from ..bench.tables import machine_description
+
+    p = argparse.ArgumentParser(prog="python -m specsample.studies.contention", description=__doc__.splitlines()[0])
+    add_model_arguments(p)
+    p.set_defaults(ctx_size=BENCH_CONTEXT)  # the bench's: a short prompt needs no more
+    p.add_argument("--reps", type=int, default=6, help="timed samples per worker (default 6)")
+    p.add_argument("--tokens", type=int, default=32, help="new tokens per sample (default 32)")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    results = []
+    for label, env in CONFIGURATIONS:
+        print(f"contention: {label}", file=sys.stderr, flush=True)
+        results.append(measure(model_options(args).argv(), label, env, reps=args.reps, tokens=args.tokens))
+    machine = machine_description("gguf" if args.backend != "hf" else args.dtype, threads(args))
+    sections, table = contention_sections(results, args.reps, args.tokens)
+    command = "python -m specsample.studies.contention " + " ".join(argv if argv is not None else sys.argv[1:])
+    args.out.mkdir(parents=True, exist_ok=True)
+    parts = ["# Two model processes at once", f"Command: `{command}`", f"Machine: {machine}", *sections]
+    (args.out / "contention.md").write_text("\n\n".join(parts) + "\n")
+    print(table)
+    return 0
 
 
 def _run_workers(n: int, cmd: list[str], env, timeout: float) -> list[float]:
@@ -151,5 +183,8 @@ def _worker(argv: list[str]) -> None:
     print(json.dumps([sample(seed) for seed in range(args.reps)]), flush=True)
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["WORKER"]:
-    _worker(sys.argv[2:])
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["WORKER"]:
+        _worker(sys.argv[2:])
+    else:
+        sys.exit(main())
