@@ -42,8 +42,7 @@ def choose_context(requested: int, models: list[ModelContext], sequences: int,
     at least SLOT_FLOOR tokens (or the trained context where that is shorter); then
     lowered where their KV caches would take more than 1/KV_SHARE of the memory
     `available` in their pool. Sharing keeps a many-slot server's cache (and its load,
-    which clears it) at one trained context's size: 8 slots of the full 32k took
-    10.7 GB and a 48 s load on this project's machine. One sequence, as an agent's
+    which clears it) at one trained context's size, not one per slot. One sequence, as an agent's
     client on a --parallel 1 server, gets the whole trained context. An explicit size over a trained context is
     refused (a ValueError): positions past it were never trained, so a model's output
     there is noise; one over the memory share is kept, with a warning.

@@ -55,11 +55,9 @@ def busy_ticks(stat: str, cores: set[int]) -> int:
     """Ticks the given cores spent running processes, from /proc/stat's text: user,
     nice, system, irq and softirq. Not idle or iowait, and not steal: time the
     hypervisor gave this virtual core's physical one to another machine is no process
-    here, and counted as one it cost a thread for the next interval after every burst
-    (a 0.37 s burst on this project's VM read as 0.67 of a core in use). Decoding
-    the Q4_K_M target 63 tokens at a time, alternating with llama-server on the same
-    file and threads, steal counted made ours 95-143 ms a token against its 93-106;
-    left out, 80-98 against 81-97."""
+    here, and counted as one it costs a thread for the next interval after every
+    burst (a short burst on a virtual machine reads as most of a core in use), which
+    slows decoding beside a peer on the same cores; left out, the two decode alike."""
     names = {f"cpu{c}" for c in cores}
     busy = 0
     for line in stat.splitlines():

@@ -279,7 +279,7 @@ def load_hf(
 ) -> HFBackend:
     """Load a hub id, a local directory, or a GGUF file (dequantised by transformers).
 
-    A GGUF conversion is slow (the 1.5B takes ~45 s here), so when converted_dir is
+    A GGUF conversion is slow (tens of seconds for a 1.5B model), so when converted_dir is
     given the converted weights are saved there and later loads read them instead.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -4,7 +4,7 @@ machine slowing down over the run charges both alike.
 
     python -m specsample.studies.logprob_cost --out results/logprob-cost        # default pair, -k auto
 
-The target: less than 5% of decode speed at logprobs 5 (issue 16).
+The aim: less than 5% of decode speed at logprobs 5.
 """
 
 from __future__ import annotations
