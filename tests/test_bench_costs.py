@@ -57,7 +57,7 @@ def test_prediction_uses_plain_decoding_as_the_baseline_and_warm_later_draft_ste
     # round's first draft step 20 ms, the next 10 ms. K=2, alpha 0.8: E = 2.44,
     # time/token = (20 + 10 + 120) / 2.44; the baseline is the plain 80 ms.
     target_cost = [0.100, 0.110, 0.120]
-    got = predicted_speedup(0.8, 2, 0.020, target_cost, plain=0.080, draft_warm=0.010)
+    got = predicted_speedup(0.8, 2, 0.020, target_cost, plain=0.080, draft_step=0.010)
     assert got == pytest.approx(0.080 / (0.150 / 2.44))
     assert predict({2: 0.8}, 0.020, target_cost, 0.080, 0.010)[0].speedup == pytest.approx(got)
 

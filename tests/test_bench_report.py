@@ -49,8 +49,8 @@ def test_small_run_writes_records_summary_and_plots(tmp_path):
     assert firsts[:5] == ["ar", "spec-k1", "spec-k2", "ngram-k2", "spec-auto"]
 
     curve = measure_cost_curve(target, draft, prompts["humaneval"][0].ids, 3, reps=2)
-    assert len(curve.target_cost) == 3 and curve.draft_step > 0 and curve.alternating
-    assert curve.plain > 0 and curve.draft_warm > 0
+    assert len(curve.target_cost) == 3 and curve.draft_first > 0 and curve.alternating
+    assert curve.plain > 0 and curve.draft_step > 0
     assert target.length == 0 and draft.length == 0  # both rolled back after measuring
     table = write_report(tmp_path, [TargetRun("toy", records, curve, 2_000_000_000)], command="specsample bench --test",
                          machine="toy", read_bandwidth=10e9)

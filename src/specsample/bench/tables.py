@@ -39,35 +39,35 @@ def _bandwidth_cell(weight_bytes: int | None, decode_rate: float | None, read_ba
 def cost_table(curve: CostCurve) -> str:
     """The cost curve; with a draft model's steps timed, the acceptance rate at which
     K = n - 1 drafts break even (costs.break_even_alpha)."""
-    drafts = curve.draft_step is not None
+    drafts = curve.draft_first is not None
     rows = [["tokens scored in one target call", "median ms", "x a 1-token call"]
             + (["break-even acceptance at K = n - 1"] if drafts else [])]
     for n, t in enumerate(curve.target_cost, start=1):
         row = [str(n), f"{1000 * t:.1f}", f"{curve.ratio(n):.2f}"]
         if drafts:
-            alpha = break_even_alpha(n - 1, curve.draft_step, curve.target_cost, curve.plain,
-                                     curve.draft_warm) if n > 1 else None
+            alpha = break_even_alpha(n - 1, curve.draft_first, curve.target_cost, curve.plain,
+                                     curve.draft_step) if n > 1 else None
             row.append("" if n == 1 else "never pays" if alpha is None else f"{alpha:.2f}")
         rows.append(row)
     blank = [""] if drafts else []
     if curve.plain is not None:
         rows.append(["1, back to back (plain decoding)", f"{1000 * curve.plain:.1f}", ""] + blank)
+    if curve.draft_first is not None:
+        rows.append(["draft step after a target call (a round's first)", f"{1000 * curve.draft_first:.1f}", ""] + blank)
     if curve.draft_step is not None:
-        rows.append(["draft step after a target call (a round's first)", f"{1000 * curve.draft_step:.1f}", ""] + blank)
-    if curve.draft_warm is not None:
-        rows.append(["draft step after a draft step", f"{1000 * curve.draft_warm:.1f}", ""] + blank)
+        rows.append(["draft step after a draft step", f"{1000 * curve.draft_step:.1f}", ""] + blank)
     return markdown_table(rows)
 
 
 def predictions_by_group(summaries: list[ModeSummary], curve: CostCurve | None) -> dict[tuple, list[Prediction]]:
     """Predictions per (task, setting) from the acceptance rate measured at each K."""
-    if curve is None or curve.draft_step is None:
+    if curve is None or curve.draft_first is None:
         return {}
     groups: dict[tuple, dict[int, float]] = {}
     for s in summaries:
         if s.family == "spec" and s.acceptance_rate is not None:
             groups.setdefault((s.task, s.setting), {})[s.k] = s.acceptance_rate
-    return {key: predict(alphas, curve.draft_step, curve.target_cost, curve.plain, curve.draft_warm)
+    return {key: predict(alphas, curve.draft_first, curve.target_cost, curve.plain, curve.draft_step)
             for key, alphas in groups.items()}
 
 
