@@ -16,7 +16,8 @@ from toy import CostedBackend, FakeClock, TrigramBackend, random_table
 
 pytestmark = pytest.mark.pure
 
-GOOD = {"target": [1.0, 1.5, 2.0, 2.5], "reps": 3, "draft_step": 0.2, "draft_first": 0.2, "draft_token": 0.05}
+GOOD = {"target": [1.0, 1.5, 2.0, 2.5], "reps": 3, "draft_step": 0.2, "draft_first": 0.2, "draft_token": 0.05,
+        "draft_long": 6.55}  # the draft of pair() reading 128 tokens: 0.2 + 0.05 * 127
 BAD = {
     "zeros": dict(GOOD, target=[0.0, 0.0, 0.0, 0.0]),
     "negative": dict(GOOD, draft_step=-0.2),

@@ -105,9 +105,12 @@ def test_without_a_calibration_each_size_is_learnt_from_its_first_call():
     assert curve(1) == pytest.approx(0.5) and curve(4) == pytest.approx(1.0) and curve(2) == pytest.approx(2 / 3)
 
 
+EVIDENCE = 7  # rounds of each kind: enough for the guard to judge (Goodput.EVIDENCE)
+
+
 def test_the_goodput_guard_bars_drafting_where_it_realised_less_then_tries_again():
     guard = Goodput()
-    for _ in range(4):
+    for _ in range(EVIDENCE):
         guard.add(1, None, 1, 1.0)  # plain: 1 token/s
         guard.add(1, "model", 2, 3.0)  # drafting with the model: 0.67 token/s
     assert guard.barred(1, "model") and not guard.barred(1, "lookup") and not guard.barred(2, "model")
@@ -123,7 +126,7 @@ def test_the_goodput_guard_bars_drafting_where_it_realised_less_then_tries_again
 
 def test_lookups_that_lose_do_not_bar_the_model():
     guard = Goodput()
-    for _ in range(4):
+    for _ in range(EVIDENCE + 1):
         guard.add(1, None, 1, 1.0)
         guard.add(1, "lookup", 1, 2.0)
         guard.add(1, "model", 3, 1.0)
@@ -139,12 +142,12 @@ def test_where_drafting_is_all_a_size_plays_a_plain_round_is_asked_for_now_and_t
             guard.add(1, None, 1, 1.0)
         else:
             guard.add(1, "model", 3, 1.0)  # drafting pays: it is never barred
-    assert not guard.barred(1, "model") and 2 <= len(rounds) <= 6 and rounds[0] == 4
+    assert not guard.barred(1, "model") and 2 <= len(rounds) <= 6 and rounds[0] == EVIDENCE
 
 
 def test_a_barred_kind_is_left_out_of_the_plans():
     planner = Planner(6, prices(flat))
-    for _ in range(4):
+    for _ in range(EVIDENCE):
         planner.goodput.add(1, None, 1, 1.0)
         planner.goodput.add(1, "model", 1, 2.0)
     assert solo(planner)[1].source is None

@@ -7,8 +7,8 @@ of the larger calls their batches make (wide_sizes; the cost of a call is taken 
 follow the tokens it scores, whoever they belong to). A cache measured for fewer
 sequences is extended with the sizes it lacks. Draft: a few 1-token steps in a row,
 a few right after a target call (as a round's first draft call runs, with its weights
-pushed out of the CPU caches), and one 16-token call on a short context (the
-per-token cost of catching up on unseen text). Each target size is the median of
+pushed out of the CPU caches), and its reading of unseen text in calls of 16 and 128
+tokens on a short context (a catch-up chunk, a prompt). Each target size is the median of
 REPS timed calls, after a warm-up of both a 1-token and a many-token call (llama.cpp
 runs 1 token and more on different kernels, and the first call of each pays one-off
 costs). These are the planner's priors only: every call of a run moves its prices
@@ -50,6 +50,9 @@ def wide_sizes(max_tokens: int, parallel: int) -> list[int]:
 
 
 REPS = 3  # timed calls per target size; the median is kept
+# The draft's reading of unread text, timed at a chunk and at a prompt's length: its
+# per-token cost falls as the calls grow, so a 16-token call alone overprices a prompt.
+READ_CHUNK, READ_LONG = 16, 128
 
 
 def measure(target, draft, context: list[int], max_tokens: int, clock=time.perf_counter,
@@ -71,9 +74,10 @@ def measure(target, draft, context: list[int], max_tokens: int, clock=time.perf_
             timed_call(target, sample[:1], base, clock)
             firsts.append(timed_call(draft, [t], draft_base, clock))
         out["draft_first"] = statistics.median(firsts)
-        batch = (sample * 16)[:16]
-        seconds = timed_call(draft, batch, draft_base, clock, num_logits=1)
-        out["draft_token"] = max(0.0, (seconds - out["draft_step"]) / (len(batch) - 1))
+        reads = {n: statistics.median(timed_call(draft, repeated(sample, n), draft_base, clock, num_logits=1)
+                                      for _ in range(REPS)) for n in (READ_CHUNK, READ_LONG)}
+        out["draft_token"] = max(0.0, (reads[READ_CHUNK] - out["draft_step"]) / (READ_CHUNK - 1))
+        out["draft_long"] = reads[READ_LONG]
         draft.rollback(0)
     return out
 
@@ -139,7 +143,7 @@ def wide_costs(measured: dict) -> dict[int, float]:
     return {int(n): seconds for n, seconds in measured.get("target_wide", {}).items()}
 
 
-DRAFT_COSTS = {"draft_step", "draft_first", "draft_token"}
+DRAFT_COSTS = {"draft_step", "draft_first", "draft_token", "draft_long"}
 STALE = "does not cover this use"  # a valid file that calls for a new measurement without a word
 
 
@@ -158,8 +162,8 @@ def cache_problem(cached, max_tokens: int, with_draft: bool) -> str | None:
         return "holds larger call costs that are not keyed by a number of tokens"
     if not all(_seconds(x) for x in wide.values()):
         return "holds a larger call cost that is not a positive number of seconds"
-    # Files written before the cold first draft call was measured lack "draft_first";
-    # those of one timed call per size, "reps".
+    # Files written before the cold first draft call or the long read were measured lack
+    # "draft_first" or "draft_long"; those of one timed call per size, "reps".
     if len(cached["target"]) < max_tokens or with_draft and not DRAFT_COSTS <= cached.keys():
         return STALE
     if not isinstance(cached.get("reps"), int) or cached["reps"] < REPS:
@@ -244,7 +248,7 @@ def measured_prices(measured: dict) -> Prices:
     draft = {}
     if "draft_step" in measured:
         step, token = measured["draft_step"], measured["draft_token"]
-        draft = {1: step, 16: step + 15 * token}
+        draft = {1: step, READ_CHUNK: step + (READ_CHUNK - 1) * token, READ_LONG: measured["draft_long"]}
     return Prices(Curve(target), Curve(draft))
 
 

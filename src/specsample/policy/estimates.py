@@ -99,13 +99,14 @@ class Goodput:
     decayed by DECAY a round. A drafting kind is barred for a size where it holds
     EVIDENCE rounds, plain steps at least one recent one, and it realised less than
     plain steps (lookups that lose do not bar the model, nor the reverse); while barred
-    its evidence decays, so after about fifty rounds it is tried again. Where drafting
-    is all a size plays, a plain round is asked for once plain evidence has decayed
-    below PROBE (about one round in sixty), so that there is always a plain rate to
-    hold drafting to. Rounds whose calls also read a prompt or caught a draft up are
+    its evidence decays, so after about thirty-five rounds it is tried again. (A few
+    rounds are too few to bar on: a drafting round emits anything from one token to
+    all its drafts and one more.) Where drafting is all a size plays, a plain round
+    is asked for once plain evidence has decayed below PROBE (about one round in
+    sixty), so that there is always a plain rate to hold drafting to. Rounds whose calls also read a prompt or caught a draft up are
     left out: that work is the same whatever the round drafts."""
 
-    EVIDENCE, STALE, RECENT_PLAIN, PROBE, DECAY = 3.5, 1.5, 0.5, 0.3, 0.98
+    EVIDENCE, STALE, RECENT_PLAIN, PROBE, DECAY = 6.0, 3.0, 0.5, 0.3, 0.98
     KINDS = (None, "model", "lookup")  # what a round drafted from; None: a plain step
 
     def __init__(self):
