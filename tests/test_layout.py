@@ -1,6 +1,6 @@
 """The package stays readable at a glance: few modules at its top (the rest sit in the
 folder of their layer), no module a reader cannot hold, no function longer than a
-screen."""
+screen, and no exported name that is also a module's."""
 
 import ast
 from pathlib import Path
@@ -48,3 +48,11 @@ def test_the_length_check_counts_a_long_function(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(58))
     (tmp_path / "m.py").write_text(f'@staticmethod\ndef f():\n    """Doc."""\n{body}\n')
     assert long_functions(tmp_path) == ["m.py:2 f (61 lines)"]
+
+
+def test_the_public_names_are_not_module_names():
+    """specsample.generate is the function: no module or folder at the top has a name
+    the package exports, so `import specsample.x` and `specsample.x` mean one thing."""
+    modules = {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert set(specsample.__all__) & modules == set()
+    assert callable(specsample.generate) and callable(specsample.verify)
