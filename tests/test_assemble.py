@@ -11,10 +11,10 @@ from specsample.app import assemble as assemble_module
 from specsample.app.arguments import add_model_arguments, model_options
 from specsample.app.assemble import ModelOptions, Models, OptionError, assemble, make_drafter, option, option_flag
 from specsample.cli import build_parser
-from specsample.policy.control import Seat
-from specsample.decoding.plans import FixedK
 from specsample.decoding.drafters import HybridDrafter, ModelDrafter, NgramDrafter
+from specsample.decoding.plans import FixedK
 from specsample.decoding.sampling import SamplingConfig
+from specsample.policy.control import Seat
 
 from test_cli import WORDS, save_tiny
 from toy import TrigramBackend, random_table

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from specsample.decoding.batching import Scheduler, slots
-from specsample.decoding.generate import generate_many
-from specsample.decoding.plans import FixedK
 from specsample.decoding.drafters import ModelDrafter
+from specsample.decoding.generate import generate_many
 from specsample.decoding.generate import GenerationConfig, generate, stream
+from specsample.decoding.plans import FixedK
 from specsample.decoding.sampling import SamplingConfig
 
 from toy import CrossTalk, TrigramBackend, TrigramSequences, assert_fits, assert_misfits, exact_distribution, random_table

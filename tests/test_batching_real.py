@@ -8,10 +8,10 @@ import torch
 
 from specsample.backends import load_backend
 from specsample.decoding.batching import Scheduler, slots
-from specsample.decoding.generate import generate_many
-from specsample.decoding.plans import FixedK
 from specsample.decoding.drafters import HybridDrafter, ModelDrafter, NgramDrafter
+from specsample.decoding.generate import generate_many
 from specsample.decoding.generate import GenerationConfig, generate, stream
+from specsample.decoding.plans import FixedK
 from specsample.decoding.sampling import SamplingConfig
 
 pytestmark = pytest.mark.real

@@ -137,8 +137,8 @@ def test_the_harness_servers_get_every_model_option(monkeypatch, tmp_path):
 
 
 def test_k_max_reaches_the_spec_auto_mode_and_a_bad_one_is_a_usage_error():
-    from specsample.bench.options import draft_lengths
     from specsample.bench.modes import build_modes
+    from specsample.bench.options import draft_lengths
 
     with pytest.raises(UsageError, match="--k-max must be >= 1"):
         draft_lengths(_args("--k-max", "0"))

@@ -8,10 +8,10 @@ import pytest
 from openai import OpenAI
 
 from specsample.app.arguments import model_options
-from specsample.bench.options import serve_argv
-from specsample.bench.options import BENCH_CONTEXT, resolve_options
 from specsample.bench.load import run_load, summarise_load
 from specsample.bench.modes import SETTINGS
+from specsample.bench.options import serve_argv
+from specsample.bench.options import BENCH_CONTEXT, resolve_options
 from specsample.bench.servers import ServerProcess, ServerUnavailable, free_port
 from specsample.bench.serving import ServedMode, served_modes
 from specsample.cli import build_parser

@@ -9,8 +9,8 @@ from specsample.bench.modes import SETTINGS, LlamaServerMode, Outcome, OurMode
 from specsample.bench.native import completion_request
 from specsample.bench.report import write_report
 from specsample.bench.runner import BenchConfig, PreparedPrompt, run_bench, total_steps
-from specsample.bench.summary import TargetRun
 from specsample.bench.structured import SCHEMA, is_valid
+from specsample.bench.summary import TargetRun
 from specsample.bench.tasks import TASKS, Prompt, Task, load_task
 
 from toy import byte_backend

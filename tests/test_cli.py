@@ -11,10 +11,10 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from specsample.app import assemble
 from specsample import cli
-from specsample.cli import main
+from specsample.app import assemble
 from specsample.backends.context_size import ModelContext
+from specsample.cli import main
 
 from tiny_hf import tiny_model
 

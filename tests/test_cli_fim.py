@@ -9,9 +9,9 @@ import pytest
 from specsample.app import assemble
 from specsample.backends import load_backend
 from specsample.cli import main
-from specsample.output.fim import fim_prompt
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig
+from specsample.output.fim import fim_prompt
 
 from test_cli import assert_one_line_error, run
 from tiny_hf import tiny_fim_tokenizer, tiny_model

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from specsample.output.constraints import Constraint, ConstraintError, start
 from specsample.decoding.generate import GenerationConfig, stream
+from specsample.output.constraints import Constraint, ConstraintError, start
 
 from toy import byte_backend
 

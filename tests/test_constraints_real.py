@@ -6,11 +6,11 @@ batch-invariant target, whose logits do not depend on how many tokens a call sco
 import pytest
 
 from specsample.bench.structured import SCHEMA, is_valid, prompt_text, structured_docs
-from specsample.output.constraints import Constraint, start
-from specsample.policy.control import Planner
 from specsample.decoding.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig
+from specsample.output.constraints import Constraint, start
+from specsample.policy.control import Planner
 
 pytestmark = pytest.mark.real
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specsample[llamacpp]')")

@@ -7,8 +7,8 @@ import pytest
 from specsample.app import assemble as assemble_module
 from specsample.app.assemble import ModelOptions, OptionError, assemble
 from specsample.backends import model_context
-from specsample.backends.gguf_header import GGUFHeaderError, gguf_metadata
 from specsample.backends.context_size import ModelContext, choose_context, config_context, gguf_context
+from specsample.backends.gguf_header import GGUFHeaderError, gguf_metadata
 
 from test_assemble import tiny_target  # noqa: F401 (a fixture: a tiny hf model directory)
 from tiny_gguf import write_tiny_gguf

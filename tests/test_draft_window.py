@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from specsample.decoding.plans import FixedK
 from specsample.decoding.drafters import ModelDrafter, draft_round
 from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.plans import FixedK
 from specsample.decoding.sampling import Sampler, SamplingConfig
 
 from toy import TrigramBackend, random_table

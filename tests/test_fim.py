@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from specsample.backends.fim_tokens import FimFormat, fim_from_ids, fim_from_tokens
 from specsample.backends.hf import HFBackend, HFTokenizer
 from specsample.backends.llamacpp import vocab_fim
 from specsample.decoding.drafters import NgramDrafter
-from specsample.backends.fim_tokens import FimFormat, fim_from_ids, fim_from_tokens
-from specsample.output.fim import ExtraFile, fim_prompt
 from specsample.decoding.generate import GenerationConfig, stream
 from specsample.decoding.sampling import SamplingConfig
+from specsample.output.fim import ExtraFile, fim_prompt
 from specsample.serve.errors import APIError
 from specsample.serve.request_config import completion_prompts, infill_prompts
 from specsample.serve.schemas import CompletionRequest, InfillRequest

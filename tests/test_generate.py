@@ -1,14 +1,14 @@
 import pytest
 import torch
 
-from specsample.decoding.plans import FixedK
 from specsample.decoding.drafters import ModelDrafter, NgramDrafter, draft_round
 from specsample.decoding.generate import GenerationConfig, generate, stream
+from specsample.decoding.plans import FixedK
 from specsample.decoding.sampling import SamplingConfig, logits_to_probs
 
 from tiny_hf import tiny_backend, tiny_model
-from specsample.backends.hf import HFBackend
 from specsample.backends.base import BackendError
+from specsample.backends.hf import HFBackend
 from toy import ByteTokenizer, PoisonedBackend, ScriptedBackend, TrigramBackend, random_table
 
 pytestmark = pytest.mark.pure

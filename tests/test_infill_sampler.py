@@ -11,8 +11,8 @@ import torch
 
 from specsample.decoding.drafters import ModelDrafter
 from specsample.decoding.generate import GenerationConfig, generate
-from specsample.output.infill_sampler import InfillStep, InfillVocab, infill_filter, infill_keep
 from specsample.decoding.sampling import InvalidSetting, SamplingConfig, logits_to_probs
+from specsample.output.infill_sampler import InfillStep, InfillVocab, infill_filter, infill_keep
 
 from toy import TrigramBackend, assert_fits, assert_misfits, exact_distribution, random_table
 

@@ -5,9 +5,9 @@ tokenizer.ggml.fim_*_token_id keys, or absent; and user text that spells one sta
 import pytest
 
 from specsample.backends.fim_tokens import FimFormat
-from specsample.output.fim import fim_prompt
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig
+from specsample.output.fim import fim_prompt
 
 from tiny_gguf import write_tiny_gguf
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from specsample.policy.control import Planner
-from specsample.policy.curve import Curve
-from specsample.policy.estimates import Prices
 from specsample.decoding.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig
+from specsample.policy.control import Planner
+from specsample.policy.curve import Curve
+from specsample.policy.estimates import Prices
 
 from toy import assert_fits
 

@@ -7,8 +7,8 @@ import torch
 
 from specsample.decoding.drafters import ModelDrafter, NgramDrafter
 from specsample.decoding.generate import GenerationConfig, generate, stream
-from specsample.output.logprobs import score_prompt
 from specsample.decoding.sampling import Sampler, SamplingConfig
+from specsample.output.logprobs import score_prompt
 
 from toy import CostedBackend, FakeClock, TrigramBackend, random_table
 

@@ -5,13 +5,13 @@ plain decoding's do."""
 
 import pytest
 
-from specsample.policy.control import PLAIN, Planner
 from specsample.decoding.drafters import ModelDrafter
-from specsample.policy.curve import Curve
-from specsample.policy.estimates import Goodput, Prices
 from specsample.decoding.generate import GenerationConfig, generate, stream
 from specsample.decoding.plans import MODEL, ModelCall, Offer, lookup_source
 from specsample.decoding.sampling import SamplingConfig
+from specsample.policy.control import PLAIN, Planner
+from specsample.policy.curve import Curve
+from specsample.policy.estimates import Goodput, Prices
 
 from toy import CostedBackend, FakeClock, TrigramBackend, random_table
 

@@ -6,13 +6,13 @@ verdict fails the same check."""
 import pytest
 import torch
 
-from specsample.decoding.generate import generate_many
-from specsample.policy.control import Planner
 from specsample.decoding.drafters import HybridDrafter, ModelDrafter, NgramDrafter
-from specsample.policy.curve import Curve
-from specsample.policy.estimates import Goodput, Prices
+from specsample.decoding.generate import generate_many
 from specsample.decoding.generate import GenerationConfig
 from specsample.decoding.sampling import SamplingConfig, logits_to_probs
+from specsample.policy.control import Planner
+from specsample.policy.curve import Curve
+from specsample.policy.estimates import Goodput, Prices
 
 from test_distribution import LENGTH, MIXED_DRAFT, MIXED_PROMPT, MIXED_TARGET, _Truncating
 from toy import FakeClock, TrigramBackend, TrigramSequences, assert_fits, assert_misfits, exact_distribution

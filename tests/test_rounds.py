@@ -6,9 +6,9 @@ import gc
 import pytest
 
 from specsample.backends.base import BackendError
-from specsample.decoding.plans import FixedK
 from specsample.decoding.drafters import ModelDrafter
 from specsample.decoding.generate import GenerationConfig, generate, stream
+from specsample.decoding.plans import FixedK
 from specsample.decoding.sampling import SamplingConfig
 
 from toy import FakeClock, PoisonedBackend, TrigramBackend, random_table

@@ -95,8 +95,8 @@ def test_greedy_speculation_on_a_target_split_over_two_workers_equals_plain_gree
     """The 0.5B model as the target, its layers on two local workers, batch-invariant
     kernels; the 0.5B draft drafts here. Greedy speculative output is plain greedy output."""
     from specsample.backends import load_backend
-    from specsample.decoding.generate import GenerationConfig, generate
     from specsample.backends.rpc import parse_workers
+    from specsample.decoding.generate import GenerationConfig, generate
     from specsample.decoding.sampling import SamplingConfig
 
     split = parse_workers(workers, "1,1")

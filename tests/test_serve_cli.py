@@ -8,11 +8,11 @@ import pytest
 import uvicorn
 from transformers import PreTrainedTokenizerFast
 
+from specsample.app.arguments import draft_length
 from specsample.backends.hf import HFTokenizer
 from specsample.cli import main
-from specsample.app.arguments import draft_length
-from specsample.policy.calibrate import check_draft_length
 from specsample.decoding.plans import FixedK
+from specsample.policy.calibrate import check_draft_length
 
 from serve_helpers import running
 from test_cli import WORDS, save_tiny

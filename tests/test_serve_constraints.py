@@ -8,10 +8,10 @@ import httpx
 import jsonschema
 import pytest
 
-from specsample.output.constraints import Constraint
 from specsample.decoding.drafters import ModelDrafter
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig
+from specsample.output.constraints import Constraint
 
 from serve_helpers import served_pair
 from toy import byte_backend

@@ -9,14 +9,14 @@ import httpx
 import pytest
 
 from specsample.decoding.drafters import ModelDrafter
-from specsample.output.fim import ExtraFile, fim_prompt
 from specsample.decoding.generate import GenerationConfig, generate
-from specsample.output.infill_sampler import InfillStep, infill_vocab
 from specsample.decoding.sampling import SamplingConfig
+from specsample.output.fim import ExtraFile, fim_prompt
+from specsample.output.infill_sampler import InfillStep, infill_vocab
+from specsample.output.text_stops import IndentStop
 from specsample.serve.errors import APIError, ClientGone
 from specsample.serve.request_config import Pieces
 from specsample.serve.schemas import MAX_EXTRA_CHUNKS
-from specsample.output.text_stops import IndentStop
 
 from test_serve_fim import PREFIX, SUFFIX, fim_pair, served  # noqa: F401 (served: the fixture)
 

@@ -11,9 +11,9 @@ import pytest
 from specsample.app.assemble import Models
 from specsample.backends.hf import HFBackend, HFTokenizer
 from specsample.decoding.drafters import ModelDrafter
-from specsample.output.fim import ExtraFile, fim_prompt
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig
+from specsample.output.fim import ExtraFile, fim_prompt
 from specsample.serve.app import create_app
 from specsample.serve.settings import Settings
 

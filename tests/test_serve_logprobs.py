@@ -12,8 +12,8 @@ from openai import OpenAI
 
 from specsample.decoding.drafters import ModelDrafter
 from specsample.decoding.generate import GenerationConfig, generate
-from specsample.output.logprobs import score_prompt
 from specsample.decoding.sampling import SamplingConfig
+from specsample.output.logprobs import score_prompt
 
 from serve_helpers import WordTokenizer, running, toy_app, toy_pair
 from test_serve import client, url  # noqa: F401 (fixtures: one toy server for the module)

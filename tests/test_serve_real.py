@@ -16,9 +16,9 @@ def test_streamed_chat_on_the_default_pair_equals_the_library(real_pair):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     from openai import OpenAI
 
+    from specsample.app.assemble import Models
     from specsample.serve.app import create_app
     from specsample.serve.settings import Settings
-    from specsample.app.assemble import Models
 
     target, draft = real_pair.load("llamacpp")
     greedy = SamplingConfig(temperature=0)

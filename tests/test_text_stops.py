@@ -5,10 +5,10 @@ clock rule ends on a whole line once its time is up."""
 
 import pytest
 
-from specsample.output.detokenize import TextTracker
 from specsample.decoding.drafters import ModelDrafter
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig
+from specsample.output.detokenize import TextTracker
 from specsample.output.text_stops import IndentStop, TimeStop
 
 from toy import BYTE_EOS, BYTE_PIECES, PieceTokenizer, byte_backend

@@ -17,10 +17,10 @@ import random
 import jsonschema
 import pytest
 
-from specsample.output.constraints import start
 from specsample.decoding.drafters import ModelDrafter
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig
+from specsample.output.constraints import start
 from specsample.output.tools import (HERMES, Arguments, CallStart, Content, Tool, ToolParser, parse_tool_calls,
                                      special_markers, tool_constraint, tool_format)
 

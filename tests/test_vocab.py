@@ -3,10 +3,10 @@
 import pytest
 import torch
 
+from specsample.backends.draft_vocab import frequent_tokens, restrict_draft_vocabulary
 from specsample.decoding.drafters import ModelDrafter
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig
-from specsample.backends.draft_vocab import frequent_tokens, restrict_draft_vocabulary
 
 from tiny_hf import tiny_backend
 from toy import TrigramBackend, assert_fits, exact_distribution, random_table

@@ -1,13 +1,13 @@
 """Exact speculative sampling (Chen et al. 2023) for Hugging Face and llama.cpp models."""
 
-from .output.constraints import Constraint
-from .policy.calibrate import make_policy
-from .policy.control import Planner
 from .decoding.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from .decoding.generate import GenerationConfig, GenerationResult, GenerationStats, generate, stream
 from .decoding.plans import FixedK
 from .decoding.sampling import SamplingConfig, logits_to_probs
 from .decoding.verify import verify
+from .output.constraints import Constraint
+from .policy.calibrate import make_policy
+from .policy.control import Planner
 
 __all__ = [
     "Constraint", "FixedK", "GenerationConfig", "GenerationResult", "GenerationStats", "HybridDrafter",

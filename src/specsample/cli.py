@@ -14,13 +14,13 @@ from pathlib import Path
 from .app.arguments import (UsageError, add_draft_length_arguments, add_model_arguments, add_sampling_controls,
                             add_verifier_argument, model_options, sampling_config)
 from .app.assemble import assemble
-from .policy.calibrate import check_draft_length
+from .app.check_cli import add_check_parser
+from .backends.models import DEFAULT_MODELS, ModelError, fetch_default
+from .bench.cli import add_bench_parser
+from .decoding.generate import GenerationConfig, check_prompt, stream
 from .output.constraints import Constraint
 from .output.fim import fim_prompt
-from .bench.cli import add_bench_parser
-from .app.check_cli import add_check_parser
-from .decoding.generate import GenerationConfig, check_prompt, stream
-from .backends.models import DEFAULT_MODELS, ModelError, fetch_default
+from .policy.calibrate import check_draft_length
 from .serve.cli import add_serve_parser
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from .assemble import ModelOptions, option_flag
 from ..decoding.sampling import SamplingConfig
+from .assemble import ModelOptions, option_flag
 
 
 class UsageError(Exception):

@@ -16,15 +16,15 @@ from dataclasses import dataclass, field, fields
 
 from ..backends import BACKENDS, load_backend, model_context, pick_backend
 from ..backends.base import Backend, SeparateSequences, check_same_vocabulary
-from ..backends.hf import DTYPES
-from ..backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
-from ..policy.calibrate import cached_or_measured, cost_cache_path, make_policy, probe_context
 from ..backends.context_size import available_memory, choose_context
-from ..policy.curve import Curve
-from ..decoding.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
+from ..backends.hf import DTYPES
 from ..backends.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_dir
+from ..backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
+from ..decoding.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from ..decoding.plans import Policy
 from ..decoding.sampling import SamplingConfig
+from ..policy.calibrate import cached_or_measured, cost_cache_path, make_policy, probe_context
+from ..policy.curve import Curve
 
 
 class OptionError(ValueError):

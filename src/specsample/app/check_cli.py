@@ -7,12 +7,12 @@ from __future__ import annotations
 import sys
 import time
 
+from ..decoding.sampling import SamplingConfig
+from ..policy.calibrate import check_draft_length
 from .arguments import (UsageError, add_draft_length_arguments, add_model_arguments, add_sampling_controls,
                         model_options, sampling_config)
 from .assemble import assemble
-from ..policy.calibrate import check_draft_length
 from .check import CheckConfig, CheckResult, check
-from ..decoding.sampling import SamplingConfig
 
 # Short prompts of different kinds, so that a few first tokens carry most of the mass.
 PROMPTS = ("The capital of France is", "def fibonacci(n):\n   ", "Once upon a time, there was a")

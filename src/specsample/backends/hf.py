@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from ..files import build_once
-from .fim_tokens import FimFormat, fim_from_tokens
 from .base import Backend, ChatTemplateError, trim_padding
 from .chat import TextOnly, chat_token_ids
 from .cpushare import SHARED
+from .fim_tokens import FimFormat, fim_from_tokens
 
 
 class RollbackUnsupported(ValueError):

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .fim_tokens import FimFormat, fim_from_ids
 from .base import Backend, BackendError, ChatTemplateError, trim_padding
 from .chat import TextOnly, chat_token_ids
 from .cpushare import SHARED
+from .fim_tokens import FimFormat, fim_from_ids
 
 _quiet_logger = None  # keep the ctypes callback alive for the process's lifetime
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..app.assemble import make_drafter
-from ..output.constraints import Constraint
-from ..policy.calibrate import make_policy
 from ..decoding.generate import GenerationConfig, generate
 from ..decoding.sampling import SamplingConfig
+from ..output.constraints import Constraint
 from ..output.tools import special_markers, tool_constraint
+from ..policy.calibrate import make_policy
 from .native import LlamaServer, completion_request, parse_completion
 from .peer_sampling import peer_sampling
 from .tasks import first_stop

@@ -32,8 +32,8 @@ import tempfile
 from pathlib import Path
 
 from .. import processes
-from ..files import build_once
 from ..backends.models import cache_dir
+from ..files import build_once
 from .peer_sampling import peer_sampling
 from .servers import ServerProcess, ServerUnavailable
 

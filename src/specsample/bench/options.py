@@ -176,8 +176,8 @@ def target_types(args) -> list[tuple[str | None, str]]:
         return [(None, args.target_quant)]
     if args.target_quant != "none":
         raise UsageError("give --target-quant or --target-quants, not both")
-    from ..backends.reencode import TARGET_QUANTS, file_type
     from ..backends.models import resolve
+    from ..backends.reencode import TARGET_QUANTS, file_type
 
     gguf = resolve(args.target).gguf_path
     if gguf is None:
@@ -260,8 +260,8 @@ def start_server(args, families, n_ctx: int, k_max: int, target_gguf: Path | Non
 def target_file(args, quant: str) -> Path:
     """The target file our servers load for a --target-quants type: the GGUF file as
     given, or its re-encoding (made once, cached)."""
-    from ..backends.reencode import reencoded
     from ..backends.models import resolve
+    from ..backends.reencode import reencoded
 
     gguf = resolve(args.target).gguf_path
     return gguf if quant == "none" else reencoded(gguf, quant)

@@ -7,10 +7,10 @@ import platform
 from collections.abc import Callable
 from importlib import metadata
 
-from .costs import CostCurve, Prediction, break_even_alpha, predict, recommend
-from .parity import PassRate
 from .bandwidth import effective_bandwidth
+from .costs import CostCurve, Prediction, break_even_alpha, predict, recommend
 from .fim_task import similarity
+from .parity import PassRate
 from .records import Record
 from .stats import ModeSummary, two_proportion_z_test
 

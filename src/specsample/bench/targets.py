@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from .bandwidth import effective_bandwidth, read_ceiling
 from .records import Record
-from .tables import cell, markdown_table, predictions_by_group
 from .stats import ModeSummary, summarise
 from .summary import TargetRun
+from .tables import cell, markdown_table, predictions_by_group
 
 NOTE = (
     "Decode speedups over each target's own `ar` (our autoregressive loop on the same file), prompt prefill left out, "

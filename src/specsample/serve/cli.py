@@ -9,8 +9,8 @@ import os
 
 from ..app.arguments import UsageError, add_draft_length_arguments, add_model_arguments, model_options
 from ..app.assemble import assemble
-from ..policy.calibrate import check_draft_length, slots_that_pay
 from ..decoding.generate import VERIFIERS
+from ..policy.calibrate import check_draft_length, slots_that_pay
 
 
 def add_serve_parser(sub) -> None:

@@ -12,8 +12,8 @@ import dataclasses
 import functools
 
 from ..decoding.generate import GenerationConfig
-from ..output.infill_sampler import InfillStep, infill_vocab
 from ..decoding.sampling import STEP_OFF, InvalidSetting, SamplingConfig
+from ..output.infill_sampler import InfillStep, infill_vocab
 from ..output.text_stops import IndentStop, TimeStop
 from .errors import APIError
 from .schemas import EditorFields

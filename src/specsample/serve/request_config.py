@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..backends.base import Backend, ChatTemplateError
-from ..output.constraints import Constraint, ConstraintError
-from ..policy.calibrate import K_MAX, most_drafts
-from ..decoding.context_fit import new_token_room
 from ..backends.fim_tokens import FimFormat
-from ..output.fim import ExtraFile, fim_prompt
+from ..decoding.context_fit import new_token_room
 from ..decoding.generate import GenerationConfig, check_prompt
 from ..decoding.sampling import InvalidSetting, SamplingConfig, bias_entry, check_range
+from ..output.constraints import Constraint, ConstraintError
+from ..output.fim import ExtraFile, fim_prompt
+from ..policy.calibrate import K_MAX, most_drafts
 from .errors import APIError, ClientGone
 from .schemas import ChatRequest, CompletionRequest, GenerationRequest, InfillRequest, ResponseFormat, TokenizeRequest
 from .settings import Settings

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import anyio
 
 from ..backends.base import Backend
-from ..policy.calibrate import PolicyLike, check_draft_length
 from ..decoding.drafters import Drafter
 from ..decoding.sampling import SamplingConfig
+from ..policy.calibrate import PolicyLike, check_draft_length
 from .metrics import Metrics
 from .worker import Worker
 

@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..decoding.admission import Admission
 from ..backends.base import Backend, common_prefix_length
+from ..decoding.admission import Admission
 from ..decoding.batching import Cancelled, Scheduler, slots
 from ..decoding.drafters import Drafter
 from ..decoding.generate import GenerationConfig, GenerationResult, GenerationStats, stream

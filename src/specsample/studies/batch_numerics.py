@@ -97,8 +97,8 @@ def measure(backend, texts: list[list[int]], subjects: int = SUBJECTS) -> dict[t
 
 def models(target: str) -> list[tuple[str, Path]]:
     """The target's GGUF file, and its BF16 re-encoding where one is cached."""
-    from ..backends.reencode import cached_reencoding
     from ..backends.models import resolve
+    from ..backends.reencode import cached_reencoding
 
     path = resolve(target).gguf_path
     found = [(f"{target} ({path.name})", path)]
@@ -112,9 +112,9 @@ def models(target: str) -> list[tuple[str, Path]]:
 
 def main(argv=None) -> None:
     from ..backends.llamacpp import LlamaCppBackend
+    from ..backends.models import DEFAULT_TARGET
     from ..bench.tables import machine_description, markdown_table
     from ..bench.tasks import humaneval_problems
-    from ..backends.models import DEFAULT_TARGET
 
     p = argparse.ArgumentParser(prog="python -m specsample.studies.batch_numerics", description=__doc__.splitlines()[0])
     p.add_argument("--target", default=DEFAULT_TARGET)

@@ -16,8 +16,8 @@ import statistics
 
 import torch
 
-from ..policy.calibrate import timed_call
 from ..app.check import total_variation
+from ..policy.calibrate import timed_call
 
 # Setting -> (model params, context params) overrides of llama.cpp's defaults.
 SETTINGS = {
@@ -84,9 +84,9 @@ def load_with(path, threads: int, model_overrides: dict, context_overrides: dict
 
 
 def main(argv=None) -> None:
+    from ..backends.models import DEFAULT_TARGET, resolve
     from ..bench.tables import markdown_table
     from ..bench.tasks import humaneval_problems
-    from ..backends.models import DEFAULT_TARGET, resolve
 
     p = argparse.ArgumentParser(prog="python -m specsample.studies.numerics", description=__doc__.splitlines()[0])
     p.add_argument("--target", default=DEFAULT_TARGET)
