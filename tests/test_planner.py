@@ -178,6 +178,36 @@ def test_a_draft_behind_a_long_prompt_is_not_offered_and_catches_up_in_chunks_af
     assert seat.plan(Offer({MODEL: 6}, 4000)).catch_up == 0
 
 
+def test_a_catch_up_that_pays_alone_is_not_made_where_it_holds_back_a_batch():
+    # Reading 1,000 tokens pays back over 100 tokens for a sequence alone; beside three
+    # that draft, the batch forgoes their tokens too while the draft reads, and it does not.
+    def catch_up(n):
+        planner = Planner(6, prices(flat))
+        seats = [planner.seat() for _ in range(n)]
+        for seat in seats:
+            seat.begin([1] * 10, 100)
+            seat.length.generated = 2
+        plans = planner.plan({seat: Offer({MODEL: 6}, 1000 if i == 0 else 1) for i, seat in enumerate(seats)})
+        assert all(plans[seat].source == MODEL for seat in seats[1:])
+        return plans[seats[0]].catch_up
+    assert catch_up(1) >= 16 and catch_up(4) == 0
+
+
+def test_a_round_in_which_the_draft_caught_up_counts_as_the_models_in_the_goodput_guard():
+    clock = FakeClock()
+    planner = Planner(6, prices(flat), clock)
+    planner.restart()  # a sequence starts: its first round's window opens now
+    for catch_up in (True, False, False):
+        clock.now += 1.0
+        if catch_up:  # a plain round in which the draft read 64 tokens
+            planner.record(ModelCall(False, 64, 1, 0.5, prompt=True))
+        planner.record(ModelCall(True, 1, 1, 0.4))
+        planner.emitted(1)
+    planner.restart()  # the next sequence: the last round's tokens are not lost
+    sums = planner.goodput._sums[1]
+    assert sums["model"][2] == pytest.approx(1, rel=0.05) and sums[None][2] == pytest.approx(2, rel=0.05)
+
+
 def test_a_long_prompt_streams_plain_steps_while_the_draft_reads_it_in_chunks():
     clock = FakeClock()
     target = CostedBackend(TrigramBackend(TABLE), clock, flat)

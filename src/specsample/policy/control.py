@@ -88,7 +88,8 @@ class Planner:
     def __init__(self, k_max: int = 8, prices: Prices | None = None, clock=time.perf_counter):
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
-        self.k_max, self.clock, self.prices, self.goodput = k_max, clock, prices or Prices(), Goodput()
+        self.k_max, self.clock, self._closed, self._tokens = k_max, clock, None, 0
+        self.prices, self.goodput = prices or Prices(), Goodput()
         self.restart()
 
     def seat(self) -> Seat:
@@ -101,13 +102,31 @@ class Planner:
         size, drafting = len(seats) + (load > 0), guard.KINDS[1:]
         barred = set(drafting) if guard.probe(size) else {kind for kind in drafting if guard.barred(size, kind)}
         chosen = self._search([seat.menu(offers[seat], barred) for seat in seats], load)
-        kinds = {kind_of(o.source) for o in chosen if o.m}  # what the coming round drafts, for the goodput guard
-        self._window[2] = "model" if "model" in kinds else kinds.pop() if kinds else None
+        # What the coming round drafts from, for the goodput guard: the model's if any sequence drafts from it.
+        self._window[2] = max((kind_of(o.source) for o in chosen if o.m), key=lambda k: k == "model", default=None)
         rate, tokens = self._rate(chosen, load), load + sum(o.m + 1 for o in chosen)
         widths = [sum(o.steps > j for o in chosen) for j in range(self.k_max)]  # sequences drafting at step j
         return {seat: seat.to_plan(option, offers[seat], rate, tokens - option.m - 1,
-                                   [width - (option.steps > j) for j, width in enumerate(widths)])  # the others'
-                for seat, option in zip(seats, chosen)}
+                                   [width - (option.steps > j) for j, width in enumerate(widths)],  # the others'
+                                   self._catch_up(chosen, i, seat, offers[seat], load, rate))
+                for i, (seat, option) in enumerate(zip(seats, chosen))}
+
+    def _catch_up(self, chosen: list[Option], i: int, seat: Seat, offer: Offer, load: int, now: float) -> int:
+        """Tokens of unread text the draft reads for plain seat i this round: where that
+        text is too long to read in a drafting round, and the batch's tokens gained once
+        seat i drafts, over what it has left to emit, outweigh the batch's tokens forgone
+        while the draft reads it all: a chunk, the largest that costs about what the
+        round's target call does; else none. (Alone: where the time it saves exceeds the
+        reading's.) `now`: the batch's rate as planned."""
+        if chosen[i].m or MODEL not in offer.available or seat.length.generated < 2 or not seat.stalls(offer):
+            return 0
+        call = self.prices.target(load + sum(o.m + 1 for o in chosen))
+        chunk = max([CHUNKS[0]] + [c for c in CHUNKS if self.prices.draft(c) <= call])
+        best, then = max(((o, self._rate(chosen[:i] + [o] + chosen[i + 1:], load))
+                          for o in seat.menu(Offer({MODEL: offer.available[MODEL]}))), key=lambda found: found[1])
+        rounds = (seat.length.expected_remaining() - offer.lag / chunk) / best.expected
+        span = rounds * (sum(o.expected for o in chosen) - 1 + best.expected) / then  # seconds those rounds take
+        return chunk if (then - now) * span > self.prices.draft(offer.lag) * now else 0
 
     def _rate(self, chosen: list[Option], load: int) -> float:
         """Expected tokens per second of a round in which the sequences play `chosen`."""
@@ -147,32 +166,35 @@ class Planner:
         """One model call, recorded once by whoever made it. A target call closes the
         round window (from the previous target call's end to its own): the time in it
         that no call took is the sequences' own work, and the window's tokens (told by
-        the seats' reports after it) go to the goodput guard."""
+        the seats' reports after it) go to the goodput guard. The draft reading unread
+        text is an outlay for drafting: its window counts as the model's."""
         (self.prices.target if call.target else self.prices.draft).observe(call.tokens, call.seconds)
         window = self._window
         window[1] += call.seconds
-        window[3] |= call.prompt
+        window[3 if call.target else 4] |= call.prompt
         if not call.target:
             return
         ended = self.clock() if ended is None else ended
-        if self._closed is not None and self._tokens:
-            size, drafted, seconds = self._closed
-            self.goodput.add(size, drafted, self._tokens, seconds)
-        self._closed, self._tokens = None, 0
-        if window[0] is not None and not window[3]:
+        closed = None
+        if not window[3]:
             seconds = ended - window[0]
             own = seconds - window[1]
             if 0 <= own < seconds:
                 self.prices.work[window[2] is not None].update(own / call.sequences)
-                self._closed = (call.sequences, window[2], seconds)
-        self._window = [ended, 0.0, None, False]
+                closed = (call.sequences, "model" if window[4] else window[2], seconds)
+        self.restart(ended)
+        self._closed = closed
 
-    def restart(self) -> None:
-        """Open no round window until the next target call. A window: since the last
-        target call, [its end, the seconds of calls in it, what the round it holds drafted
-        from (estimates.kind_of), whether a prompt was read]; the last closed one waits
-        for its tokens."""
-        self._window, self._closed, self._tokens = [None, 0.0, None, False], None, 0
+    def restart(self, now: float | None = None) -> None:
+        """Hand the last closed window, with the tokens its round emitted, to the goodput
+        guard, and open one `now` (by default: a sequence starts alone, its prompt
+        read). A window: since the last target call, [its end, the seconds of calls in
+        it, what the round it holds drafted from (estimates.kind_of), whether the target
+        read a prompt, whether the draft read unread text]."""
+        if self._closed is not None and self._tokens:
+            self.goodput.add(*self._closed[:2], self._tokens, self._closed[2])
+        self._window = [self.clock() if now is None else now, 0.0, None, False, False]
+        self._closed, self._tokens = None, 0
 
     def emitted(self, tokens: int) -> None:
         self._tokens += tokens
@@ -186,10 +208,6 @@ class Seat(Policy):
         self.planner, self.k_max = planner, planner.k_max
         self.acceptance, self.length, self.shadow = Acceptance(), AnswerLength(), ShadowLookup()
 
-    @property
-    def sources(self) -> dict[Source, SourceModel]:
-        return self.acceptance.sources
-
     def fork(self) -> Seat:
         """Another sequence's seat at the same planner, starting from what this one has
         learnt of acceptance and answer lengths (then its own: acceptance belongs to
@@ -202,7 +220,7 @@ class Seat(Policy):
     def begin(self, context, max_new_tokens) -> None:
         self.length.begin(max_new_tokens)
         self.shadow.reset()
-        if not in_batch():  # alone, the time since the last sequence's last call was not a round's
+        if not in_batch():  # alone, its first round's window opens now, after its prompt
             self.planner.restart()
 
     def plan(self, offer: Offer) -> Plan:
@@ -212,13 +230,12 @@ class Seat(Policy):
     def menu(self, offer: Offer, barred: set = frozenset()) -> list[Option]:
         """Its options this round: a plain step, then each source and length it offers
         whose goodput kind is not `barred`."""
-        options = [PLAIN]
-        prices, horizon = self.planner.prices, self.length.expected_remaining()
-        lag = prices.draft(offer.lag + 1) - prices.draft(1) if offer.lag > 2 else 0.0
+        options, horizon = [PLAIN], self.length.expected_remaining()
+        lag = self.reading(offer) if offer.lag > 2 else 0.0
         for source, available in offer.available.items():
             model = source == MODEL
-            if kind_of(source) in barred or model and lag > STALL * prices.target(1):
-                continue  # barred, or the draft reads that text in plain rounds first (_catch_up)
+            if kind_of(source) in barred or model and self.stalls(offer):
+                continue  # barred, or the draft reads that text in plain rounds first (Planner._catch_up)
             expected, reach = 1.0, 1.0
             for m in range(1, min(available, self.k_max) + 1):
                 reach *= self.acceptance[source].at(m - 1).value
@@ -227,29 +244,21 @@ class Seat(Policy):
                 options.append(Option(source, m, expected, m if model else 0, extra))
         return options
 
-    def to_plan(self, option: Option, offer: Offer, rate: float, others: int, widths: list[int]) -> Plan:
+    def reading(self, offer: Offer) -> float:
+        """Seconds the draft takes to read the text it has not read."""
+        return self.planner.prices.draft(offer.lag + 1) - self.planner.prices.draft(1)
+
+    def stalls(self, offer: Offer) -> bool:
+        """Whether that reading would hold a drafting round back by more than STALL plain steps."""
+        return self.reading(offer) > STALL * self.planner.prices.target(1)
+
+    def to_plan(self, option: Option, offer: Offer, rate: float, others: int, widths: list[int], catch_up: int) -> Plan:
         self.acceptance.sat_out(option.source)
         if option.source is None:
-            return Plan(None, 0, catch_up=self._catch_up(offer, others))
+            return Plan(None, 0, catch_up=catch_up)
         limit = min(offer.available[option.source], self.k_max)
         extent = Extent(self.acceptance[option.source], self.planner.prices, rate, limit, others, widths)
         return Plan(option.source, option.m, limit, extent if option.source == MODEL else None)
-
-    def _catch_up(self, offer: Offer, load: int) -> int:
-        """Tokens the draft reads in this plain round: where its unread text is too long
-        to read in a drafting round and reading it all is expected to pay back before
-        the answer ends (priced as for this sequence alone), a chunk, the largest that
-        costs about what the round's target call does; else none."""
-        prices, rate = self.planner.prices, self.planner._rate
-        reading = prices.draft(offer.lag + 1) - prices.draft(1)
-        if MODEL not in offer.available or reading <= STALL * prices.target(1) or self.length.generated < 2:
-            return 0
-        chunk = max([CHUNKS[0]] + [c for c in CHUNKS if prices.draft(c) <= prices.target(load + 1)])
-        best = max(rate([o], 0) for o in self.menu(Offer({MODEL: offer.available[MODEL]})))
-        plain = rate([PLAIN], 0)
-        left = self.length.expected_remaining() - offer.lag / chunk
-        saving = left * (1 / plain - 1 / best) if best > plain else 0.0
-        return chunk if saving > prices.draft(offer.lag) else 0
 
     def observe(self, report: RoundReport) -> None:
         self.acceptance.observe(report)
@@ -271,8 +280,7 @@ class Extent:
 
     def __init__(self, model: SourceModel, prices: Prices, rate: float, limit: int, others: int, widths: list[int]):
         self.model, self.prices, self.rate, self.limit = model, prices, rate, limit
-        self.others, self.widths = others, widths
-        self.reach = 1.0  # chance that every draft so far is accepted
+        self.others, self.widths, self.reach = others, widths, 1.0  # reach: chance that all drafts so far are accepted
 
     def __call__(self, i: int, confidence: float) -> int:
         here = self.model.given_confidence(confidence).value
