@@ -147,3 +147,12 @@ def test_k_max_reaches_the_spec_auto_mode_and_a_bad_one_is_a_usage_error():
     auto, fixed = modes
     assert auto.policy.k_max == 12
     assert fixed.policy.k_max == 2  # a fixed K drafts K, whatever -k auto's ceiling
+
+
+def test_threads_are_the_flag_or_torchs_own_count():
+    import torch
+
+    from specsample.bench.options import threads
+
+    assert threads(_args("--threads", "3")) == 3
+    assert threads(_args()) == torch.get_num_threads()

@@ -218,7 +218,7 @@ def threads(args) -> int:
         return args.threads
     import torch
 
-    return torch.get_numthreads()
+    return torch.get_num_threads()
 
 
 def is_llamacpp(target) -> bool:
