@@ -394,7 +394,7 @@ def test_the_adaptive_controller_counts_forced_tokens_as_a_source_of_their_own()
     policy = Planner(4).seat()
     drafter = HybridDrafter(model_drafter("close", GREEDY))
     generate(backend(TARGET), PROMPT, config(GREEDY, max_new_tokens=20), drafter, policy)
-    assert policy.acceptance.sources[FORCED].at(0).value == 1.0 and policy.sources[FORCED].at(0).trials > 0
+    assert policy.acceptance.sources[FORCED].at(0).value == 1.0 and policy.acceptance.sources[FORCED].at(0).trials > 0
 
 
 # ---- JSON schema validity on many samples -------------------------------------------------

@@ -187,4 +187,4 @@ def test_the_default_auto_mode_with_the_hybrid_drafter():
         assert sampled.usage.completion_tokens == 30
     # One controller across requests: calibrated once, the draft model's evidence kept;
     # every answer here was cut by max_tokens, which says nothing of how long answers run.
-    assert policy.planner.prices.target(1) > 0 and MODEL in policy.sources and policy.length.typical.value is None
+    assert policy.planner.prices.target(1) > 0 and MODEL in policy.acceptance.sources and policy.length.typical.value is None

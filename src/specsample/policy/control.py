@@ -90,7 +90,7 @@ class Planner:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max, self.clock, self._closed, self._tokens = k_max, clock, None, 0
         self.prices, self.goodput = prices or Prices(), Goodput()
-        self.restart()
+        self._window = [None, 0.0, None, False, False]  # no round window before the first call or start
 
     def seat(self) -> Seat:
         return Seat(self)
@@ -176,7 +176,7 @@ class Planner:
             return
         ended = self.clock() if ended is None else ended
         closed = None
-        if not window[3]:
+        if window[0] is not None and not window[3]:
             seconds = ended - window[0]
             own = seconds - window[1]
             if 0 <= own < seconds:
