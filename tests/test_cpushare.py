@@ -1,5 +1,6 @@
 """Threads follow the cores other processes leave free."""
 
+import threading
 import time
 
 import pytest
@@ -149,3 +150,38 @@ def test_a_helper_is_read_from_proc_and_one_that_is_gone_counts_nothing():
         child.wait()
     gone = read_proc(frozenset([child.pid, os.getpid() + 10**7]))
     assert gone is not None and gone[1] - read_proc()[1] <= 2  # dead and missing pids: nothing
+
+
+def test_a_slow_call_beside_a_busy_neighbour_is_no_idle_spell():
+    proc = FakeProc()
+    share = CpuShare(interval=0.25, read=proc.read, clock=proc.clock, cores=2)
+    share.threads(2)
+    # A neighbour in another scheduling group holds one core; our two threads share
+    # the other and one call lasts two seconds: the window is long but we worked
+    # throughout, so it is read, and the next call runs on the free core alone.
+    proc.others, proc.own_cores = 1.0, 1.0
+    proc.advance(2.0)
+    assert share.threads(2) == 1 and share.others == pytest.approx(1.0, abs=0.02)
+    proc.advance(0.5)
+    assert share.threads(2) == 1
+
+
+def test_watching_keeps_the_window_fresh_through_an_idle_spell():
+    share = CpuShare(interval=0.1, clock=time.monotonic, cores=2)
+
+    def read(helpers=frozenset()):  # a neighbour holding one core, in real time
+        return int(TICKS * time.monotonic()), 0
+
+    def watchers():
+        return sum(t.name == "specsample-cpushare" for t in threading.enumerate())
+
+    share._read = read
+    before = watchers()
+    share.watch()
+    share.watch()  # once only
+    try:
+        time.sleep(0.5)  # idle: no call asks for threads, yet the window follows now
+        assert share.threads(2) == 1
+        assert watchers() == before + 1
+    finally:
+        share.stop()

@@ -19,10 +19,12 @@ SPECSAMPLE_SHARE_CORES=0 turns this off (as studies/contention.py does to compar
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-STALE = 4  # a window longer than this many intervals is too old to go by
+STALE = 4  # a window longer than this many intervals is too old to go by...
+IDLE = 0.5  # ...if this process used less than this many cores' worth in it
 
 
 def read_proc(helpers: frozenset[int] = frozenset()) -> tuple[int, int] | None:
@@ -90,13 +92,16 @@ class CpuShare:
         self.cores = cores or available_cores()
         self._read, self._clock = read, clock
         self._last: tuple[float, int, int] | None = None
+        self._lock = threading.Lock()
+        self._watching = False
         self.others = 0.0  # cores' worth of CPU time used by other processes lately
 
     def threads(self, wanted: int) -> int:
         """Threads to run now: `wanted`, less the cores others use (rounded), at least 1."""
         if not self.enabled:
             return wanted
-        self._update()
+        with self._lock:
+            self._update()
         free = self.cores - self.others
         return max(1, min(wanted, int(free + 0.5)))
 
@@ -109,18 +114,46 @@ class CpuShare:
             return
         if self._last is not None:
             wall = now - self._last[0]
-            others = (sample[0] - self._last[1]) - (sample[1] - self._last[2])
+            own = (sample[1] - self._last[2]) / TICKS / wall
+            others = (sample[0] - self._last[1]) / TICKS / wall - own
             # After an idle spell (between requests, between a benchmark's modes) the
             # window would average in work that has ended: a process that had just
             # finished made our next call, a whole prompt prefill, run on one thread.
             # Such a window says nothing about now; start afresh, with every thread.
-            self.others = max(0.0, others / TICKS / wall) if wall <= STALE * self.interval else 0.0
+            # A long window in which this process worked throughout is no idle spell:
+            # it is a slow call, and a call is slowest when a neighbour in another
+            # scheduling group (another session, another cgroup) leaves our threads
+            # sharing one core, each spinning while it waits for the other. Taken for
+            # idle, it would hand back every thread and keep the calls that slow.
+            idle = wall > STALE * self.interval and own < IDLE
+            self.others = 0.0 if idle else max(0.0, others)
         self._last = (now, *sample)
 
     def count_as_ours(self, pids) -> None:
         """Count these processes' CPU time as this one's from now on (read_proc)."""
-        self.helpers = self.helpers | frozenset(pids)
-        self._last = None  # a window that straddles the change would mix two meanings of "own"
+        with self._lock:
+            self.helpers = self.helpers | frozenset(pids)
+            self._last = None  # a window that straddles the change would mix two meanings of "own"
+
+    def watch(self) -> None:
+        """Re-read /proc every interval on a daemon thread, idle or not, so that the
+        first call after an idle spell (a request's prefill, the call a user waits
+        for) goes by the last quarter second instead of every thread: beside a
+        neighbour in another scheduling group, two threads on one core made a
+        118-token prefill take 3 s instead of 0.3. A read costs tens of microseconds."""
+        if self._watching or not self.enabled:
+            return
+        self._watching = True
+        threading.Thread(target=self._watch, name="specsample-cpushare", daemon=True).start()
+
+    def stop(self) -> None:
+        self._watching = False
+
+    def _watch(self) -> None:
+        while self._watching:
+            with self._lock:
+                self._update()
+            time.sleep(self.interval)
 
 
 # One per process: every backend reads the same measurement.

@@ -149,6 +149,8 @@ class HFBackend(Backend):
         # (cpushare.py), up to the count set when the model was loaded.
         self._threads = torch.get_num_threads()
         self._share = SHARED if self.device.type == "cpu" else None
+        if self._share is not None:
+            SHARED.watch()
 
     def sibling(self) -> "HFBackend":
         """Another sequence on the same weights (and vocabulary cut): a cache of its own."""

@@ -251,6 +251,8 @@ class LlamaCppBackend(Backend):
         self.threads = threads
         # Run on the cores other processes leave free (cpushare.py), up to `threads`.
         self._share = SHARED if share_cores else None
+        if share_cores:
+            SHARED.watch()
         self._threads_now = threads
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -336,6 +338,9 @@ class LlamaCppBackend(Backend):
         if n != self._threads_now:
             self._lib.llama_set_n_threads(self._ctx, n, n)
             self._threads_now = n
+        if n != torch.get_num_threads():
+            # The sampler's torch work spins on its own OpenMP team: the same cores.
+            torch.set_num_threads(n)
 
     def rollback(self, length: int) -> None:
         self.rollback_sequence(0, length)
