@@ -153,3 +153,26 @@ def test_round_time_table_splits_decoding_by_round_and_leaves_prefill_out(capsys
     assert main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "target bf16" in out and "| t | greedy | spec-k4 | 2 | 4 |" in out
+
+
+def test_a_run_keeps_each_record_as_it_is_made_and_the_report_clears_them(tmp_path):
+    from specsample.bench.records import read_records
+    from specsample.bench.report import PARTIAL, keep_partial, start_partial
+
+    target, draft = _backend(0, "target"), _backend(0, "draft")
+    modes = [OurMode("ar", "ar", target), OurMode("spec-k2", "spec", target, 2, draft)]
+    config = BenchConfig(tasks=("humaneval",), settings=("greedy",), default_prompts=2, max_new_tokens=6)
+    prompts = prepare(target, config.tasks, {"humaneval": 2})
+    (tmp_path / PARTIAL).write_text("an earlier run's line\n")
+    start_partial(tmp_path)
+    seen = []
+
+    def keep(record):  # what a stopped run would have left: every record so far, on disk
+        keep_partial(tmp_path, [record])
+        seen.append(len(read_records(tmp_path / PARTIAL)))
+
+    records = run_bench(modes, prompts, config, keep=keep)
+    assert seen == list(range(1, len(records) + 1))
+    assert [r.to_json() for r in read_records(tmp_path / PARTIAL)] == [r.to_json() for r in records]
+    write_report(tmp_path, [TargetRun("toy", records, None, 1)], command="c", machine="m", plots=False)
+    assert not (tmp_path / PARTIAL).exists() and (tmp_path / "records.jsonl").exists()

@@ -74,8 +74,12 @@ def test_every_server_of_a_slot_count_is_up_while_each_load_goes_round_them_in_t
     modes = served_modes(["ar", "llamacpp-server", "llamacpp-spec"], [3], [3, 4])
     load = Load({"humaneval": _prompts("humaneval", 3), "explain": _prompts("explain", 2)}, ("greedy", "sample"),
                 (1, 4), lambda task: TASKS[task].max_new_tokens)
+    kept = []
     records, notes, splits = run_serving(modes, load, (1, 2), model_argv=["--threads", "2"],
-                                         llama_server=lambda n: FakeServer(f"llama-np{n}", events), log=lambda msg: None)
+                                         llama_server=lambda n: FakeServer(f"llama-np{n}", events), log=lambda msg: None,
+                                         keep=kept.append)
+    assert [r for done in kept for r in done] == records  # each load's records as soon as it ended
+    assert len(kept) == 2 * 2 * 2 * 2 * 4  # slot counts x client counts x tasks x settings x modes
     ar1, ar2 = (f"specsample serve --autoregressive --parallel {n}" for n in (1, 2))
     starts = [e for e in events if e.startswith(("start", "close"))]
     assert starts == [f"start {ar1}", "start llama-np1",  # both llamacpp modes share one process per slot count

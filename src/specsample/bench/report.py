@@ -3,6 +3,7 @@ there is named and written here, from the sections and tables the other modules 
 
     records.jsonl, cost_curve.json, summary.md, *.png   the per-sequence benchmark
     serve.jsonl, serve.md                                --serve
+    partial.jsonl                                        while a run goes on (below)
 """
 
 from __future__ import annotations
@@ -16,6 +17,21 @@ from .targets import by_target_section
 
 RECORDS, CURVES, SUMMARY = "records.jsonl", "cost_curve.json", "summary.md"
 SERVE_RECORDS, SERVE_SUMMARY, CALL_SPLITS = "serve.jsonl", "serve.md", "calls.jsonl"
+PARTIAL = "partial.jsonl"
+
+
+def keep_partial(out: Path, records: list) -> None:
+    """Append records as they are made, so that a run stopped after an hour leaves
+    what it measured (records.jsonl's or serve.jsonl's lines, read by the same
+    classes); the report removes the file when it writes the whole run."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / PARTIAL, "a") as f:
+        for r in records:
+            f.write(json.dumps(r.to_json()) + "\n")
+
+
+def start_partial(out: Path) -> None:
+    (out / PARTIAL).unlink(missing_ok=True)  # an earlier run's rows are not this run's
 
 
 def write_report(out: Path, runs: list[TargetRun], *, command: str, machine: str, notes: list[str] = (),
@@ -45,6 +61,7 @@ def write_report(out: Path, runs: list[TargetRun], *, command: str, machine: str
             parts += sections
             printed.append(built.table)
     _write_markdown(out / SUMMARY, "specsample bench", command, machine, parts, notes)
+    start_partial(out)
     return "\n\n".join(printed)
 
 
@@ -57,6 +74,7 @@ def write_serve_report(out: Path, records: list, sections: list[str], *, command
     if splits:
         write_records(out / CALL_SPLITS, splits)
     _write_markdown(out / SERVE_SUMMARY, "specsample bench --serve", command, machine, sections, notes)
+    start_partial(out)
 
 
 def write_records(path: Path, records: list) -> None:

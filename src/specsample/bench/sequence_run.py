@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import replace
+from functools import partial
 
 from ..app.arguments import UsageError, model_options
 from ..app.assemble import assemble
@@ -16,7 +17,7 @@ from .modes import FAMILIES, OurMode, build_modes
 from .options import (bench_config, check_remote_modes, command_line, draft_lengths, is_llamacpp, machine_line,
                       names, start_server, target_label, target_types, threads)
 from .records import Record
-from .report import write_report
+from .report import keep_partial, start_partial, write_report
 from .runner import prepare, run_bench, run_parity, total_steps
 from .servers import ServerUnavailable
 from .summary import TargetRun
@@ -37,13 +38,15 @@ def run(args) -> int:
     read_bandwidth = measure_read_bandwidth(threads(args))
     runs, notes = [], []
     engine = "gguf" if is_llamacpp(target) else args.dtype
+    start_partial(args.out)
     for i, (label, quant) in enumerate(types):
         if target is None:
             target = assemble(replace(options, target_quant=quant), drafting=False).target
         label = label or target_label(target, args)
         if len(types) > 1:
             print(f"specsample: target {label}", file=sys.stderr, flush=True)
-        records, curve, run_notes = _bench_target(args, config, families, ks, peer_ks, target, draft, parity=i == 0)
+        kept = partial(_keep, args.out, label)
+        records, curve, run_notes = _bench_target(args, config, families, ks, peer_ks, target, draft, i == 0, kept)
         gguf = getattr(target, "path", None)
         runs.append(TargetRun(label, [replace(r, target=label) for r in records], curve, weight_bytes(target, gguf)))
         notes += [f"{label}: {n}" if len(types) > 1 else n for n in run_notes]
@@ -56,7 +59,12 @@ def run(args) -> int:
     return 0
 
 
-def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bool) -> tuple[list[Record], object, list[str]]:
+def _keep(out, label: str, record: Record) -> None:
+    keep_partial(out, [replace(record, target=label)])
+
+
+def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bool,
+                  keep) -> tuple[list[Record], object, list[str]]:
     """Every mode on one target type: its cost curve, then the interleaved runs."""
     counts = {t: config.prompt_count(t) for t in config.tasks}
     prompts = prepare(target, config.tasks, counts)
@@ -82,7 +90,7 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bo
         if parity_count and not parity_modes:
             notes.append("parity: skipped, no draft model")
         prompts, parity_prompts = _plan(args, config, curve, modes, prompts, parity_prompts, len(parity_modes), notes)
-        records = _run(modes, prompts, config, parity_modes, parity_prompts)
+        records = _run(modes, prompts, config, parity_modes, parity_prompts, keep)
     finally:
         if server is not None:
             server.close()
@@ -119,12 +127,12 @@ def _plan(args, config, curve, modes, prompts, parity_prompts, n_parity_modes: i
     return prompts, parity_prompts
 
 
-def _run(modes, prompts, config, parity_modes, parity_prompts) -> list[Record]:
+def _run(modes, prompts, config, parity_modes, parity_prompts, keep) -> list[Record]:
     from tqdm import tqdm
 
     steps = total_steps(modes, prompts, config, len(parity_modes), len(parity_prompts))
     with tqdm(total=steps, file=sys.stderr, desc="bench", unit="gen") as progress:
-        records = run_bench(modes, prompts, config, progress)
+        records = run_bench(modes, prompts, config, progress, keep)
         records += run_parity(parity_modes, parity_prompts, config, progress) if parity_modes else []
     return records
 

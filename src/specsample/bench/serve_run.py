@@ -12,7 +12,7 @@ from ..app.arguments import UsageError, model_options
 from ..app.assemble import assemble
 from .options import (bench_config, check_remote_modes, command_line, draft_lengths, is_llamacpp, machine_line,
                       names, serve_argv, serve_axes, start_server, target_file, target_label, target_types)
-from .report import write_serve_report
+from .report import keep_partial, start_partial, write_serve_report
 from .runner import prepare
 from .serve_summary import serve_sections
 from .serving import DEFAULT_SERVE_FAMILIES, SERVE_FAMILIES, Load, run_serving, served_modes
@@ -43,13 +43,14 @@ def run(args) -> int:
 
     load = Load(prompts, config.settings, clients, config.new_tokens)
     records, notes, splits = [], [], []
+    start_partial(args.out)
     for (_, quant), label, gguf in zip(types, labels, files):
         if len(types) > 1:
             print(f"specsample: target {label}", file=sys.stderr, flush=True)
         llama_server = partial(start_server, args, ["llamacpp-spec"], n_ctx, max(peer_ks), gguf)
         got, run_notes, got_splits = run_serving(served_modes(families, ks, peer_ks), load, slots,
                                                  model_argv=serve_argv(args, quant, n_ctx),
-                                                 llama_server=llama_server)
+                                                 llama_server=llama_server, keep=partial(_keep, args.out, label))
         records += [replace(r, target=label) for r in got]
         splits += [replace(s, target=label) for s in got_splits]
         notes += [f"{label}: {n}" if len(types) > 1 else n for n in run_notes]
@@ -59,3 +60,7 @@ def run(args) -> int:
     print(printed)
     print(f"specsample: wrote {args.out}/serve.jsonl, calls.jsonl and serve.md", file=sys.stderr)
     return 0
+
+
+def _keep(out, label: str, records: list) -> None:
+    keep_partial(out, [replace(r, target=label) for r in records])

@@ -98,13 +98,13 @@ class Load:
 
 
 def run_serving(modes: list[ServedMode], load: Load, slots: tuple[int, ...], *, model_argv: list[str],
-                llama_server: Callable[[int], ServerProcess], log=None
+                llama_server: Callable[[int], ServerProcess], log=None, keep=lambda records: None
                 ) -> tuple[list[ServedRecord], list[str], list[CallSplit]]:
     """Records (one per request) for every slot count, mode, client count, task and
     setting; notes on servers not run and requests not answered; and for each load of
     one of our servers, where its time went (calls.py). Our modes each get a
     `specsample serve` process per slot count; llama_server(N) starts the native one,
-    which serves both llamacpp modes."""
+    which serves both llamacpp modes. `keep` sees each load's records when it ends."""
     log = log or (lambda msg: print(f"specsample: {msg}", file=sys.stderr, flush=True))
     ours, natives = [m for m in modes if not m.native], [m for m in modes if m.native]
     records, notes, splits = [], [], []
@@ -112,7 +112,7 @@ def run_serving(modes: list[ServedMode], load: Load, slots: tuple[int, ...], *, 
         cells = [(partial(_our_server, mode, n, model_argv), [mode]) for mode in ours]
         if natives:
             cells.append((partial(llama_server, n), natives))
-        got, cell_notes = _serve(cells, n, load, log, splits)
+        got, cell_notes = _serve(cells, n, load, log, splits, keep)
         records += got
         notes += cell_notes
     return records, notes, splits
@@ -123,7 +123,7 @@ def _our_server(mode: ServedMode, slots: int, model_argv: list[str]) -> ServerPr
     return specsample_server(model_argv, flags, "specsample serve " + " ".join(flags), parallel=slots)
 
 
-def _serve(cells, slots: int, load: Load, log, splits: list[CallSplit]) -> tuple[list[ServedRecord], list[str]]:
+def _serve(cells, slots: int, load: Load, log, splits: list[CallSplit], keep) -> tuple[list[ServedRecord], list[str]]:
     """Every server of one slot count started and warmed up, then each load sent to
     every mode in turn, in the opposite order from one load to the next."""
     servers, turns, records, notes = [], [], [], []
@@ -146,6 +146,7 @@ def _serve(cells, slots: int, load: Load, log, splits: list[CallSplit]) -> tuple
             for mode, server, model in turns if i % 2 == 0 else turns[::-1]:
                 done = _one_load(mode, server, model, slots, clients, task, setting, load, log, splits)
                 records += done
+                keep(done)
                 notes += unanswered_notes(done)
     finally:
         for server in servers:
