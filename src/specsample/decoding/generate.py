@@ -275,15 +275,20 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
     claim = claim_cache(target)
     reused = reusable_prefix(target.cached_tokens(), prompt_ids) if config.cache_prompt else 0
     target.rollback(reused)
-    carried = target.score(prompt_ids[reused:], num_logits=1)  # [1, vocab]
-    out.stats.cached_prompt_tokens = reused
     if config.cache_prompt:
         reuse_model_cache(drafter)
+    # Where the target runs elsewhere, the draft reads the prompt during its prefill and
+    # drafts each next block during a call (overlap.py).
+    overlap = Overlap() if overlaps(target, drafter, grammar) else None
+    if overlap is None:
+        carried = target.score(prompt_ids[reused:], num_logits=1)  # [1, vocab]
+    else:
+        carried = overlap.prefill(target, drafter, prompt_ids, reused, sampler)
+    out.stats.cached_prompt_tokens = reused
     out.stats.prefill_seconds = clock() - start - calibration_seconds
     if drafter is not None:
         policy.begin(out.context, config.max_new_tokens)
-    # Where the target runs elsewhere, the draft drafts the next block during its calls.
-    play = Overlap().play if overlaps(target, drafter, grammar) else play_round
+    play = play_round if overlap is None else overlap.play
     try:
         while out.going:
             # The target must still hold this stream's text (all but the pending token):

@@ -3,10 +3,11 @@ RPC workers): parallel speculative decoding (PEARL, ICLR 2025).
 
 While the workers score a round's block, this process's cores would sit idle; the
 draft model spends them drafting the next block, on from the block's last draft as if
-every draft were accepted. If the target accepts the whole block, that next block is
-verified in the next round instead of a bonus token being drawn, and its drafting cost
-nothing beside the call; if it rejects any draft, the next block was drafted after
-text that is not the output, and is dropped. Worked example, blocks of 3:
+every draft were accepted (and, during the prompt's prefill, reading the prompt). If
+the target accepts the whole block, that next block is verified in the next round
+instead of a bonus token being drawn, and its drafting cost nothing beside the call;
+if it rejects any draft, the next block was drafted after text that is not the
+output, and is dropped. Worked example, blocks of 3:
 
     round t:   drafts [a b c]; target scores [pending a b c] on the workers, while
                the draft drafts [d e f] after ...a b c
@@ -27,9 +28,14 @@ block, after which they were drawn, and each is verified by the same modified
 rejection sampling (or coupled verifier) against the target's row for that text, so
 it emits a token distributed as that row, exactly as a bonus token drawn from it would
 be. How many tokens the next block has is fixed before it is drafted (this round's
-model drafts, within the budget). The negative controls in tests/test_overlap.py
-keep a block after a rejection, or draw the bonus and keep the block too; both fail
-the distribution check.
+model drafts, within the budget), and the next round's plan, which may cut the block
+short (or to nothing: then the bonus is drawn from the kept row), is made from what
+the policy knows before that round, as every plan is: never from the block's tokens.
+The negative controls in tests/test_overlap.py fail the distribution check: a kept
+block verified against the row of its round's last draft instead of the row after it,
+and a block kept only when its first draft looks acceptable. (Keeping a block after a
+rejection, verified after the recovered token, would waste it but stay exact:
+modified rejection sampling is exact for any proposal drawn before the verification.)
 
 The target's call runs on a thread (llama.cpp's calls release the GIL); nothing else
 touches the target meanwhile, and the draft and the sampler are touched by this
@@ -42,13 +48,14 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import torch
 
 from ..backends.base import Backend
 from .batching import in_batch
 from .drafters import Draft, Drafter
-from .plans import MODEL, Plan, Policy
+from .plans import MODEL, Offer, Plan, Policy
 from .rounds import Round, draft_step, judge, with_carried
 from .sampling import Sampler, SamplingConfig
 from .verify import Verdict
@@ -64,19 +71,21 @@ def overlaps(target: Backend, drafter: Drafter | None, grammar) -> bool:
 
 
 class TargetCall:
-    """target.score(fed) on a thread of its own, timed there."""
+    """target.score(fed, num_logits) on a thread of its own, timed there; by default
+    a row for every token fed."""
 
-    def __init__(self, target: Backend, fed: list[int], clock):
+    def __init__(self, target: Backend, fed: list[int], clock=time.perf_counter, num_logits: int | None = None):
         self.rows: torch.Tensor | None = None
         self.error: BaseException | None = None
         self.seconds = 0.0
-        self._thread = threading.Thread(target=self._run, args=(target, fed, clock), daemon=True, name="target-call")
+        self._thread = threading.Thread(target=self._run, args=(target, fed, clock, num_logits or len(fed)),
+                                        daemon=True, name="target-call")
         self._thread.start()
 
-    def _run(self, target: Backend, fed: list[int], clock) -> None:
+    def _run(self, target: Backend, fed: list[int], clock, num_logits: int) -> None:
         t0 = clock()
         try:
-            self.rows = target.score(fed, num_logits=len(fed))  # [len(fed), vocab]
+            self.rows = target.score(fed, num_logits=num_logits)  # [num_logits, vocab]
         except BaseException as e:  # raised again on the loop's thread (result)
             self.error = e
         self.seconds = clock() - t0
@@ -95,6 +104,16 @@ class Overlap:
     def __init__(self):
         self.block: Draft | None = None  # kept from the last round: its drafts are this round's
 
+    def prefill(self, target: Backend, drafter: Drafter, prompt_ids: list[int], reused: int,
+                sampler: Sampler) -> torch.Tensor:
+        """The target's prompt prefill (from token `reused` on), whose last row
+        ([1, vocab]) it returns, while the draft reads the prompt (all of it but the
+        last token, which the first drafting round feeds): on a long prompt the draft
+        is ready to draft from the first round instead of catching up in plain ones."""
+        call = TargetCall(target, prompt_ids[reused:], num_logits=1)
+        drafter.draft(prompt_ids, Plan(None, 0, catch_up=len(prompt_ids)), sampler)
+        return call.result()
+
     def play(self, target: Backend, drafter: Drafter, policy: Policy, sampler: Sampler, sampling: SamplingConfig,
              grammar: None, context: list[int], carried: torch.Tensor | None, room: int, clock) -> Round:
         """rounds.play_round, overlapped (never with a grammar: overlaps). `carried`
@@ -105,6 +124,9 @@ class Overlap:
         self.block = None
         if draft is None:
             draft, draft_calls = draft_step(drafter, policy, sampler, None, context, room)
+        else:  # the policy still plans the round (its books, its probes), and may cut the block short
+            plan = policy.plan(Offer({MODEL: len(draft)}))
+            draft = cut(draft, plan.length if plan.source == MODEL else 0)
         t1 = clock()
         base = target.length
         pending = [context[-1]] if carried is None else []
@@ -134,6 +156,12 @@ class Overlap:
             return verdict, None
         self.block = dataclasses.replace(block, calls=[dataclasses.replace(c, hidden=True) for c in block.calls])
         return Verdict(verdict.tokens[:-1], verdict.num_accepted), logits[-1:]
+
+
+def cut(draft: Draft, n: int) -> Draft:
+    """The first n drafts of `draft` (its calls all: they were made)."""
+    probs = None if draft.probs is None else draft.probs[:n]
+    return Draft(draft.tokens[:n], probs, draft.sources[:n], draft.confidences[:n], draft.calls)
 
 
 def next_block_size(draft: Draft, k_max: int, room: int) -> int:
