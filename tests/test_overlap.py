@@ -218,3 +218,29 @@ def test_a_round_is_priced_at_the_longer_of_call_and_drafting_as_far_as_drafting
     for hidden in (True, False, True, True):
         curve.observe(1, 0.04, hidden)
     assert 0.5 < curve.hidden < 1.0
+
+
+def test_an_error_while_drafting_during_the_call_waits_for_the_call_first():
+    """The target is never left in the middle of a call by an error on the loop's side."""
+    import time
+
+    finished = []
+
+    class Slow(Remote):
+        def score(self, token_ids, num_logits):
+            if self.length >= len(PROMPT):  # a call after the prefill
+                time.sleep(0.2)
+                finished.append(True)
+            return super().score(token_ids, num_logits)
+
+    class Breaking(TrigramBackend):
+        def score(self, token_ids, num_logits):
+            if self.length > len(PROMPT) + 1:  # a step of the next block
+                raise RuntimeError("the draft broke")
+            return super().score(token_ids, num_logits)
+
+    greedy = SamplingConfig(temperature=0)
+    with pytest.raises(RuntimeError, match="the draft broke"):
+        generate(Slow(TARGET), PROMPT, GenerationConfig(max_new_tokens=10, sampling=greedy),
+                 ModelDrafter(Breaking(TARGET), greedy), 2)
+    assert finished

@@ -90,11 +90,25 @@ class TargetCall:
             self.error = e
         self.seconds = clock() - t0
 
-    def result(self) -> torch.Tensor:
+    def wait(self) -> None:
         self._thread.join()
+
+    def result(self) -> torch.Tensor:
+        self.wait()
         if self.error is not None:
             raise self.error
         return self.rows
+
+
+def meanwhile(call: TargetCall | None, work):
+    """work() while `call` runs; if work fails, the call is waited for before the error
+    goes up, so that the target is never left in the middle of a call."""
+    try:
+        return work()
+    except BaseException:
+        if call is not None:
+            call.wait()
+        raise
 
 
 class Overlap:
@@ -111,7 +125,7 @@ class Overlap:
         last token, which the first drafting round feeds): on a long prompt the draft
         is ready to draft from the first round instead of catching up in plain ones."""
         call = TargetCall(target, prompt_ids[reused:], num_logits=1)
-        drafter.draft(prompt_ids, Plan(None, 0, catch_up=len(prompt_ids)), sampler)
+        meanwhile(call, lambda: drafter.draft(prompt_ids, Plan(None, 0, catch_up=len(prompt_ids)), sampler))
         return call.result()
 
     def play(self, target: Backend, drafter: Drafter, policy: Policy, sampler: Sampler, sampling: SamplingConfig,
@@ -135,7 +149,8 @@ class Overlap:
         # Meanwhile: the next block, after this one, as if all of it were accepted.
         size = next_block_size(draft, policy.k_max, room)
         calls_before = drafter.calls
-        block = drafter.draft(context + draft.tokens.tolist(), Plan(MODEL, size, size), sampler) if size else None
+        ahead = context + draft.tokens.tolist()
+        block = meanwhile(call, lambda: drafter.draft(ahead, Plan(MODEL, size, size), sampler)) if size else None
         t2 = clock()
         logits = with_carried(carried, call.result() if call else None)  # [m + 1, vocab]
         t3 = clock()
