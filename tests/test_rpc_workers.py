@@ -93,7 +93,8 @@ def workers():
 @pytest.mark.real
 def test_greedy_speculation_on_a_target_split_over_two_workers_equals_plain_greedy_there(real_pair, workers):
     """The 0.5B model as the target, its layers on two local workers, batch-invariant
-    kernels; the 0.5B draft drafts here. Greedy speculative output is plain greedy output."""
+    kernels; the 0.5B draft drafts here, during the target's calls (decoding/overlap.py).
+    Greedy speculative output is plain greedy output."""
     from specsample.backends import load_backend
     from specsample.backends.rpc import parse_workers
     from specsample.decoding.generate import GenerationConfig, generate
@@ -109,7 +110,7 @@ def test_greedy_speculation_on_a_target_split_over_two_workers_equals_plain_gree
     prompt = target.tokenizer.chat_prompt("Write a Python function that reverses a string.")
     plain = generate(target, prompt, GenerationConfig(max_new_tokens=40, sampling=greedy))
     spec = generate(target, prompt, GenerationConfig(max_new_tokens=40, sampling=greedy), ModelDrafter(draft, greedy), 4)
-    assert spec.stats.accepted > 0
+    assert spec.stats.accepted > 0 and spec.stats.predrafted_rounds > 0  # blocks drafted during a call were kept
     assert spec.token_ids == plain.token_ids
 
 
@@ -145,12 +146,16 @@ def test_a_target_on_two_workers_scores_the_rows_it_scores_here_to_the_bit(real_
 
 
 @pytest.mark.real
-def test_a_worker_killed_mid_generation_ends_the_client_with_one_line_not_a_hang_or_a_core_dump(real_pair):
+@pytest.mark.parametrize("drafting", ["lookup", "overlapped"])
+def test_a_worker_killed_mid_generation_ends_the_client_with_one_line_not_a_hang_or_a_core_dump(real_pair, drafting):
+    """With a draft model the target's calls run on a thread while the draft drafts
+    (decoding/overlap.py): the lost call's thread ends the process the same way."""
     endpoints, procs = start_workers()
     client = None
+    draft = ["--draft", "ngram"] if drafting == "lookup" else ["--draft", real_pair.draft, "-k", "2"]
     try:
         client = popen(
-            [sys.executable, "-m", "specsample", "generate", "--target", real_pair.draft, "--draft", "ngram",
+            [sys.executable, "-m", "specsample", "generate", "--target", real_pair.draft, *draft,
              "--target-rpc", endpoints, "--ctx-size", "1024", "--threads", "1",
              "--prompt", "Count from 1 to 1000, one number per line:", "--max-new-tokens", "900"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -80,6 +80,8 @@ class ModelOptions:
                                           "host:port[,host:port...] (specsample rpc-worker; the draft stays here)")
     tensor_split: str | None = option(None, "with --target-rpc: each worker's share of the layers, e.g. 1,1 "
                                             "(default: by each worker's free memory)")
+    overlap: bool = option(True, "with --target-rpc: draft the next block while the workers run the target's call "
+                                 "(PEARL; decoding/overlap.py); --no-overlap drafts after it, for comparison")
     batch_invariant: bool = option(False, "llamacpp target: kernels whose logits do not depend on how many tokens "
                                           "a call scores, so speculative and plain decoding see the same numbers "
                                           "to the bit (calls run slower: docs/benchmarks.md says by how much)")
@@ -165,7 +167,8 @@ def assemble(options: ModelOptions, drafting: bool = True, sequences: int = 1) -
     kw["sequences"] = sequences if target_engine == "llamacpp" else 1
     target = hold_sequences(load_backend(options.target, target_engine, quant=target_quant,
                                          batch_invariant=options.batch_invariant,
-                                         workers=target_workers(options, target_engine), **kw), sequences)
+                                         workers=target_workers(options, target_engine), overlap=options.overlap,
+                                         **kw), sequences)
     if not drafting:
         return Models(target)
     if draft_engine is None:

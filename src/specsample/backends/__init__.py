@@ -69,13 +69,14 @@ def model_context(name: str, backend: str = "auto", *, device: str = "cpu", dtyp
 
 def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype: str = "float32",
                  threads: int | None = None, quant: str | None = None, batch_invariant: bool = False,
-                 sequences: int = 1, n_ctx: int | None = None, workers=None):
+                 sequences: int = 1, n_ctx: int | None = None, workers=None, overlap: bool = True):
     """A ready backend for a model name: short name, .gguf path, directory or hub id.
     `quant` (llama.cpp only): re-encode the GGUF file to this type first (cached).
     `batch_invariant` (llama.cpp only): logits that do not depend on the call's size.
     `sequences` (llama.cpp): how many it holds at once, in one context (batching.py);
     an hf model gets its sequences from assemble.hold_sequences.
-    `workers` (llama.cpp only, rpc.Workers): the layers live on these RPC workers.
+    `workers` (llama.cpp only, rpc.Workers): the layers live on these RPC workers;
+    `overlap`: with workers, draft during its calls (decoding/overlap.py).
     `n_ctx`: each sequence's context, at most the trained one (assemble chooses it,
     context_size.py); None: 4096 on llama.cpp, which allocates its cache at load, the
     trained context on hf, whose cache grows with use."""
@@ -99,7 +100,7 @@ def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype
         from .llamacpp import LLAMACPP_CONTEXT, load_llamacpp
 
         kw = dict(threads=threads, batch_invariant=batch_invariant, sequences=sequences, n_ctx=n_ctx or LLAMACPP_CONTEXT,
-                  workers=workers)
+                  workers=workers, overlap=overlap)
         if quant:
             from .reencode import load_reencoded
 

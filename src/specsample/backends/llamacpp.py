@@ -215,7 +215,7 @@ class LlamaCppBackend(Backend):
 
     def __init__(self, path: Path, *, name: str | None = None, threads: int | None = None,
                  n_ctx: int = LLAMACPP_CONTEXT, n_batch: int = 512, share_cores: bool = True, batch_invariant: bool = False, sequences: int = 1,
-                 workers=None):
+                 workers=None, overlap: bool = True):
         lib = _llama()
         self._lib = lib
         self.name = name or Path(path).name
@@ -227,6 +227,7 @@ class LlamaCppBackend(Backend):
         # bit on the default pair (docs/results/numerics).
         self.batch_invariant = batch_invariant
         self.workers = workers
+        self.overlap = workers is not None and overlap  # draft during its calls (base.Backend.overlap)
         self._loaded = LoadedModel(lib, path, repack=not batch_invariant, workers=workers)  # freed after the context (see __del__)
         self._model, self._vocab = self._loaded.pointer, self._loaded.vocab
         threads = threads or os.cpu_count() or 1
@@ -367,6 +368,6 @@ class LlamaCppBackend(Backend):
 
 def load_llamacpp(path: Path, *, name: str | None = None, threads: int | None = None,
                   batch_invariant: bool = False, sequences: int = 1, n_ctx: int = LLAMACPP_CONTEXT,
-                  workers=None) -> LlamaCppBackend:
+                  workers=None, overlap: bool = True) -> LlamaCppBackend:
     return LlamaCppBackend(path, name=name, threads=threads, batch_invariant=batch_invariant, sequences=sequences,
-                           n_ctx=n_ctx, workers=workers)
+                           n_ctx=n_ctx, workers=workers, overlap=overlap)

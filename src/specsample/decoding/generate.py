@@ -20,6 +20,7 @@ from ..output.detokenize import TextTracker
 from ..output.text_stops import TextStop
 from .drafters import Drafter, reuse_model_cache, tell
 from ..output.logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
+from .overlap import Overlap, overlaps
 from .rounds import Round, play_round
 from .sampling import InvalidSetting, Sampler, SamplingConfig
 
@@ -37,6 +38,7 @@ class GenerationStats:
     draft_length_histogram: list[int] = field(default_factory=list)  # rounds by drafts proposed; [0]: plain steps
     sources: dict[str, list[int]] = field(default_factory=dict)  # str(source) -> [rounds, drafted, accepted]
     forced_tokens: int = 0  # emitted tokens a grammar forced (in any mode; drafted for free with a drafter)
+    predrafted_rounds: int = 0  # rounds whose drafts were made during the previous round's target call (overlap.py)
     cached_prompt_tokens: int = 0  # of the prompt, held in the target's cache already (cache_prompt): not scored
     prefill_seconds: float = 0.0
     calibration_seconds: float = 0.0  # the adaptive policy's one-off cost measurement, when stream() made it
@@ -95,6 +97,7 @@ class GenerationStats:
             "plain_rounds": self.plain_rounds,
             "sources": {k: dict(zip(("rounds", "drafted", "accepted"), v)) for k, v in self.sources.items()},
             "forced_tokens": self.forced_tokens,
+            "predrafted_rounds": self.predrafted_rounds,
             "cached_prompt_tokens": self.cached_prompt_tokens,
             "acceptance_rate": self.acceptance_rate,
             "mean_tokens_per_target_call": self.mean_tokens_per_target_call,
@@ -272,21 +275,28 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
     claim = claim_cache(target)
     reused = reusable_prefix(target.cached_tokens(), prompt_ids) if config.cache_prompt else 0
     target.rollback(reused)
-    carried = target.score(prompt_ids[reused:], num_logits=1)  # [1, vocab]
-    out.stats.cached_prompt_tokens = reused
     if config.cache_prompt:
         reuse_model_cache(drafter)
+    # Where the target runs elsewhere, the draft reads the prompt during its prefill and
+    # drafts each next block during a call (overlap.py).
+    overlap = Overlap() if overlaps(target, drafter, grammar) else None
+    if overlap is None:
+        carried = target.score(prompt_ids[reused:], num_logits=1)  # [1, vocab]
+    else:
+        carried = overlap.prefill(target, drafter, prompt_ids, reused, sampler)
+    out.stats.cached_prompt_tokens = reused
     out.stats.prefill_seconds = clock() - start - calibration_seconds
     if drafter is not None:
         policy.begin(out.context, config.max_new_tokens)
+    play = play_round if overlap is None else overlap.play
     try:
         while out.going:
             # The target must still hold this stream's text (all but the pending token):
             # another stream on the same backend may have run in between.
             check_cache(target, claim, len(out.context) - (carried is None))
-            played = play_round(target, drafter, policy, sampler, config.sampling, grammar, out.context, carried,
-                                out.room, clock)
-            carried = None
+            played = play(target, drafter, policy, sampler, config.sampling, grammar, out.context, carried, out.room,
+                          clock)
+            carried = played.carry  # the row a kept block starts from (overlap.py); else None
             chunk = out.emit(played)
             # Tell the drafter how its drafts fared, and the policy what the round cost.
             if drafter is not None:
@@ -329,7 +339,8 @@ class Emitter:
         stats.draft_calls += played.draft_calls
         stats.draft_seconds += played.draft_seconds
         stats.target_calls += bool(played.fed)
-        stats.target_seconds += played.target_seconds
+        stats.target_seconds += played.target_seconds - played.hidden_seconds  # what the stream waited for it
+        stats.predrafted_rounds += played.predrafted
         emitted = []
         for token in verdict.tokens[: self.room]:
             emitted.append(token)

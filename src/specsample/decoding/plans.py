@@ -81,6 +81,7 @@ NO_DRAFTS = Plan(None, 0)
 class DraftCall:
     tokens_fed: int  # tokens the draft model consumed in this call
     seconds: float  # by the clock around it (alone: the call; in a batch, also the wait)
+    hidden: bool = False  # made during the target's previous call, which it cost nothing beside (overlap.py)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class ModelCall:
     sequences: int
     seconds: float
     prompt: bool = False  # it read text without scoring it: a prompt, or a draft catching up
+    hidden: bool = False  # a draft call made during a target call: its seconds were not the round's
 
 
 @dataclass

@@ -29,6 +29,12 @@ class Round:
     started: float  # the clock when the round began
     draft_seconds: float
     target_seconds: float  # the clock around score(): what this sequence waited for its rows
+    # Drafting during the target's call (overlap.py): the seconds of the call spent
+    # drafting the next block, the row that block starts from when it is kept
+    # ([1, vocab]), and whether this round's drafts were such a block.
+    hidden_seconds: float = 0.0
+    carry: torch.Tensor | None = None
+    predrafted: bool = False
 
     def report(self, emitted: list[int], round_seconds: float) -> RoundReport:
         return RoundReport(self.draft.sources, self.draft.confidences, self.verdict.num_accepted, tuple(emitted),
@@ -45,30 +51,49 @@ def play_round(target: Backend, drafter: Drafter | None, policy: Policy, sampler
     #    never more than we could still emit. Tokens a grammar forces come first,
     #    free (drafters.draft_round).
     t0 = clock()
-    budget = min(policy.k_max, room - 1)
-    draft_calls = 0
-    if drafter is not None and budget > 0:
-        calls_before = drafter.calls
-        draft = draft_round(drafter, context, budget, sampler, policy.plan, grammar)
-        draft_calls = drafter.calls - calls_before
-    else:
-        draft = Draft.empty()
+    draft, draft_calls = draft_step(drafter, policy, sampler, grammar, context, room)
     t1 = clock()
 
     # 2. Score pending token + drafts in one target call: m+1 distributions.
     base = target.length
-    m = len(draft)
     pending = [context[-1]] if carried is None else []
     fed = pending + draft.tokens.tolist()
-    logits = target.score(fed, num_logits=len(fed)) if fed else None  # [len(fed), vocab]
-    if carried is not None:
-        logits = carried if logits is None else torch.cat([carried, logits])
+    logits = with_carried(carried, target.score(fed, num_logits=len(fed)) if fed else None)  # [len(fed) (+1), vocab]
     t2 = clock()
 
-    # 3. Accept a prefix of the drafts, then one recovered or bonus token. Each row
-    #    becomes the distribution the sampling controls draw from, over what the
-    #    grammar allows after its own prefix; row j follows the text and drafts[:j],
-    #    which the penalties count.
+    # 3. Accept a prefix of the drafts, then one recovered or bonus token.
+    logits, target_probs, verdict = judge(target, sampler, sampling, grammar, context, draft, logits)
+    # 4. Keep pending + accepted drafts; the new last token is fed next round.
+    target.rollback(base + len(pending) + verdict.num_accepted)
+    return Round(draft, verdict, fed, logits, target_probs, draft_calls, t0, t1 - t0, t2 - t1)
+
+
+def draft_step(drafter: Drafter | None, policy: Policy, sampler: Sampler, grammar: GrammarState | None,
+               context: list[int], room: int) -> tuple[Draft, int]:
+    """A round's drafts, as the policy plans them, and the draft model calls they took."""
+    budget = min(policy.k_max, room - 1)
+    if drafter is None or budget <= 0:
+        return Draft.empty(), 0
+    calls_before = drafter.calls
+    draft = draft_round(drafter, context, budget, sampler, policy.plan, grammar)
+    return draft, drafter.calls - calls_before
+
+
+def with_carried(carried: torch.Tensor | None, logits: torch.Tensor | None) -> torch.Tensor:
+    """The round's rows: the carried one ([1, vocab]) first, when there is one."""
+    if carried is None:
+        return logits
+    return carried if logits is None else torch.cat([carried, logits])
+
+
+def judge(target: Backend, sampler: Sampler, sampling: SamplingConfig, grammar: GrammarState | None,
+          context: list[int], draft: Draft, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Verdict]:
+    """Verify the drafts against the target's rows ([m + 1, vocab]): the rows made
+    finite, the distributions verify drew from ([m + 1, vocab]), and the verdict. Each
+    row becomes the distribution the sampling controls draw from, over what the
+    grammar allows after its own prefix; row j follows the text and drafts[:j], which
+    the penalties count."""
+    m = len(draft)
     logits = finite_logits(logits, target.name)  # [m + 1, vocab]
     allowed = None if grammar is None else grammar.rows_allowed(draft.tokens.tolist())
     target_probs = sampler.probs(constrained_logits(logits, allowed), context + draft.tokens.tolist(),
@@ -77,6 +102,4 @@ def play_round(target: Backend, drafter: Drafter | None, policy: Policy, sampler
         verdict = verify_coupled(draft.tokens, target_probs, sampler.noise(len(context), m + 1, logits.shape[-1]))
     else:
         verdict = verify(draft.tokens, draft.probs, target_probs, sampler.generator)
-    # 4. Keep pending + accepted drafts; the new last token is fed next round.
-    target.rollback(base + len(pending) + verdict.num_accepted)
-    return Round(draft, verdict, fed, logits, target_probs, draft_calls, t0, t1 - t0, t2 - t1)
+    return logits, target_probs, verdict

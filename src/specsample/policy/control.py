@@ -60,6 +60,7 @@ import time
 from typing import NamedTuple
 
 from ..decoding.batching import in_batch, request_plan
+from .curve import round_seconds
 from .estimates import Acceptance, AnswerLength, Goodput, Prices, ShadowLookup, SourceModel, kind_of
 from ..decoding.plans import MODEL, ModelCall, Offer, Plan, Policy, RoundReport, Source
 
@@ -131,14 +132,13 @@ class Planner:
     def _rate(self, chosen: list[Option], load: int) -> float:
         """Expected tokens per second of a round in which the sequences play `chosen`."""
         prices, work = self.prices, self.prices.work
-        seconds = prices.target(load + sum(o.m + 1 for o in chosen))
-        # The draft steps: with runs sorted longest first, k sequences step together
-        # for as many steps as the k-th longest run exceeds the (k+1)-th.
+        call = prices.target(load + sum(o.m + 1 for o in chosen))
+        # The draft steps: with runs sorted longest first, k sequences step together for as many
+        # steps as the k-th longest run exceeds the (k+1)-th; some may hide under a call (overlap).
         runs = sorted((o.steps for o in chosen if o.steps), reverse=True) + [0]
-        for k in range(1, len(runs)):
-            seconds += (runs[k - 1] - runs[k]) * prices.draft(k)
-        seconds += sum(o.extra + (work[o.m > 0].value or 0.0) for o in chosen)
-        return sum(o.expected for o in chosen) / max(seconds, 1e-9)
+        drafting = sum((runs[k - 1] - runs[k]) * prices.draft(k) for k in range(1, len(runs)))
+        own = sum(o.extra + (work[o.m > 0].value or 0.0) for o in chosen)
+        return sum(o.expected for o in chosen) / max(round_seconds(call, drafting, prices.draft.hidden) + own, 1e-9)
 
     def _search(self, menus: list[list[Option]], load: int) -> list[Option]:
         if len(menus) == 1:  # one sequence: its best option
@@ -168,9 +168,9 @@ class Planner:
         that no call took is the sequences' own work, and the window's tokens (told by
         the seats' reports after it) go to the goodput guard. The draft reading unread
         text is an outlay for drafting: its window counts as the model's."""
-        (self.prices.target if call.target else self.prices.draft).observe(call.tokens, call.seconds)
+        (self.prices.target if call.target else self.prices.draft).observe(call.tokens, call.seconds, call.hidden)
         window = self._window
-        window[1] += call.seconds
+        window[1] += 0.0 if call.hidden else call.seconds  # a hidden call took none of the window's time
         window[3 if call.target else 4] |= call.prompt
         if not call.target:
             return
@@ -265,8 +265,8 @@ class Seat(Policy):
         self.shadow.observe(report, self.acceptance)
         self.length.generated += len(report.emitted_tokens)
         if not in_batch():  # alone, the round's own clock times its calls
-            for call in report.draft_calls:
-                self.planner.record(ModelCall(False, call.tokens_fed, 1, call.seconds, prompt=call.tokens_fed > 2))
+            for d in report.draft_calls:  # one of more than two tokens reads text (prompt=True)
+                self.planner.record(ModelCall(False, d.tokens_fed, 1, d.seconds, d.tokens_fed > 2, d.hidden))
             if report.target_tokens:
                 self.planner.record(ModelCall(True, report.target_tokens, 1, report.target_seconds))
         self.planner.emitted(len(report.emitted_tokens))
@@ -292,7 +292,7 @@ class Extent:
             gain += chain
             if m > i + 1:  # the call that feeds draft m - 1 to draw draft m, beside the others drafting then
                 drafting += draft(self.widths[m - 1] + 1) - draft(self.widths[m - 1])
-            value = gain - self.rate * (drafting + target(self.others + m + 1))
+            value = gain - self.rate * round_seconds(target(self.others + m + 1), drafting, draft.hidden)
             if value > best_value:
                 best_m, best_value = m, value
         if best_m > i:

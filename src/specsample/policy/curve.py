@@ -42,6 +42,7 @@ class Curve:
         self._all: deque = deque(maxlen=RECENT)
         self._prices: dict[int, float] = {}
         self._calls = 0
+        self._hidden = [0.0, 0.0]  # decayed counts: calls made during a target call (overlap), all calls
 
     def base(self, n: int) -> float:
         return interpolated(self.prior, n) if self.prior else 0.0
@@ -55,9 +56,16 @@ class Curve:
             price = self._prices[n] = self.base(n) * _scale(band if len(band) >= 3 else self._all)
         return price
 
-    def observe(self, n: int, seconds: float) -> None:
+    @property
+    def hidden(self) -> float:
+        """The share of its recent calls made during a target's call, which cost the
+        round nothing beside it (decoding/overlap.py; 0 where nothing overlaps)."""
+        return self._hidden[0] / self._hidden[1] if self._hidden[1] else 0.0
+
+    def observe(self, n: int, seconds: float, hidden: bool = False) -> None:
         if n <= 0:
             return
+        self._hidden = [self._hidden[0] * HIDDEN_DECAY + hidden, self._hidden[1] * HIDDEN_DECAY + 1]
         self._prices.clear()
         self._calls += 1
         if self.learning and n not in dict(self.prior) or self.base(n) <= 0:
@@ -68,6 +76,15 @@ class Curve:
 
 
 RECENT, FRESH, SPIKE = 8, 16, 4.0
+HIDDEN_DECAY = 0.95  # per call: the hidden share follows the last few dozen draft calls
+
+
+def round_seconds(target: float, drafting: float, hidden: float) -> float:
+    """Seconds of a round whose target call takes `target` and whose drafting takes
+    `drafting`, when a share `hidden` of the drafting runs during a target call
+    (decoding/overlap.py): what runs meanwhile costs nothing up to the call's length.
+    Nothing hidden: their sum; all of it: the longer of the two (PEARL's round)."""
+    return target + drafting - min(hidden * drafting, target)
 
 
 def _scale(ratios) -> float:

@@ -1,0 +1,190 @@
+"""Drafting during the target's call, where the target computes elsewhere (llama.cpp
+RPC workers): parallel speculative decoding (PEARL, ICLR 2025).
+
+While the workers score a round's block, this process's cores would sit idle; the
+draft model spends them drafting the next block, on from the block's last draft as if
+every draft were accepted (and, during the prompt's prefill, reading the prompt). If
+the target accepts the whole block, that next block is verified in the next round
+instead of a bonus token being drawn, and its drafting cost nothing beside the call;
+if it rejects any draft, the next block was drafted after text that is not the
+output, and is dropped. Worked example, blocks of 3:
+
+    round t:   drafts [a b c]; target scores [pending a b c] on the workers, while
+               the draft drafts [d e f] after ...a b c
+    verdict:   all three accepted -> emit [a b c], no bonus; keep [d e f] and the
+               target's row after c (it predicts the token after c)
+    round t+1: target scores [d e f] (its cache holds ...a b c already); the kept row
+               and the three new ones verify d, e, f and give the bonus or recovered
+               token; meanwhile the draft drafts [g h i] after ...d e f
+    or:        b rejected -> emit [a x] (x recovered), drop [d e f]; round t+1 drafts
+               afresh after ...a x, as without the overlap
+
+Why the output stays the target's: the next block's tokens are drawn from the draft's
+distributions after the block, before anything of round t is verified, and with
+nothing of round t's verification (its uniforms, its rows) in them. Whether they are
+used is decided by the verdict of round t, which is the past of the position they
+fill: given that the whole block was accepted, the text before that position is the
+block, after which they were drawn, and each is verified by the same modified
+rejection sampling (or coupled verifier) against the target's row for that text, so
+it emits a token distributed as that row, exactly as a bonus token drawn from it would
+be. How many tokens the next block has is fixed before it is drafted (this round's
+model drafts, within the budget), and the next round's plan, which may cut the block
+short (or to nothing: then the bonus is drawn from the kept row), is made from what
+the policy knows before that round, as every plan is: never from the block's tokens.
+The negative controls in tests/test_overlap.py fail the distribution check: a kept
+block verified against the row of its round's last draft instead of the row after it,
+and a block kept only when its first draft looks acceptable. (Keeping a block after a
+rejection, verified after the recovered token, would waste it but stay exact:
+modified rejection sampling is exact for any proposal drawn before the verification.)
+
+The target's call runs on a thread (llama.cpp's calls release the GIL); nothing else
+touches the target meanwhile, and the draft and the sampler are touched by this
+thread alone, so a seeded run is reproducible. A worker lost mid-call parks the call's
+thread (rpc.guard_aborts), and this one waits on it for good, as the loop did inside
+the call. A batch (batching.py) never overlaps: its sequences share the calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import torch
+
+from ..backends.base import Backend
+from .batching import in_batch
+from .drafters import Draft, Drafter
+from .plans import MODEL, Offer, Plan, Policy
+from .rounds import Round, draft_step, judge, with_carried
+from .sampling import Sampler, SamplingConfig
+from .verify import Verdict
+
+
+def overlaps(target: Backend, drafter: Drafter | None, grammar) -> bool:
+    """Whether a stream drafts during its target's calls: the target runs elsewhere
+    (Backend.overlap), a draft model drafts, no grammar masks the drafts (the next
+    block would need the grammar moved past a block not yet accepted) and the stream
+    is not one sequence of a batch."""
+    return (target.overlap and drafter is not None and drafter.model_backend is not None and grammar is None
+            and not in_batch())
+
+
+class TargetCall:
+    """target.score(fed, num_logits) on a thread of its own, timed there; by default
+    a row for every token fed."""
+
+    def __init__(self, target: Backend, fed: list[int], clock=time.perf_counter, num_logits: int | None = None):
+        self.rows: torch.Tensor | None = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._run, args=(target, fed, clock, num_logits or len(fed)),
+                                        daemon=True, name="target-call")
+        self._thread.start()
+
+    def _run(self, target: Backend, fed: list[int], clock, num_logits: int) -> None:
+        t0 = clock()
+        try:
+            self.rows = target.score(fed, num_logits=num_logits)  # [num_logits, vocab]
+        except BaseException as e:  # raised again on the loop's thread (result)
+            self.error = e
+        self.seconds = clock() - t0
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> torch.Tensor:
+        self.wait()
+        if self.error is not None:
+            raise self.error
+        return self.rows
+
+
+def meanwhile(call: TargetCall | None, work):
+    """work() while `call` runs; if work fails, the call is waited for before the error
+    goes up, so that the target is never left in the middle of a call."""
+    try:
+        return work()
+    except BaseException:
+        if call is not None:
+            call.wait()
+        raise
+
+
+class Overlap:
+    """One stream's rounds with drafting during the target's call; holds the block
+    drafted during the last call while it waits for its round."""
+
+    def __init__(self):
+        self.block: Draft | None = None  # kept from the last round: its drafts are this round's
+
+    def prefill(self, target: Backend, drafter: Drafter, prompt_ids: list[int], reused: int,
+                sampler: Sampler) -> torch.Tensor:
+        """The target's prompt prefill (from token `reused` on), whose last row
+        ([1, vocab]) it returns, while the draft reads the prompt (all of it but the
+        last token, which the first drafting round feeds): on a long prompt the draft
+        is ready to draft from the first round instead of catching up in plain ones."""
+        call = TargetCall(target, prompt_ids[reused:], num_logits=1)
+        meanwhile(call, lambda: drafter.draft(prompt_ids, Plan(None, 0, catch_up=len(prompt_ids)), sampler))
+        return call.result()
+
+    def play(self, target: Backend, drafter: Drafter, policy: Policy, sampler: Sampler, sampling: SamplingConfig,
+             grammar: None, context: list[int], carried: torch.Tensor | None, room: int, clock) -> Round:
+        """rounds.play_round, overlapped (never with a grammar: overlaps). `carried`
+        ([1, vocab]) is the prefill's last row, or the row a kept block starts from
+        (Round.carry)."""
+        t0 = clock()
+        draft, draft_calls, predrafted = self.block, 0, self.block is not None
+        self.block = None
+        if draft is None:
+            draft, draft_calls = draft_step(drafter, policy, sampler, None, context, room)
+        else:  # the policy still plans the round (its books, its probes), and may cut the block short
+            plan = policy.plan(Offer({MODEL: len(draft)}))
+            draft = cut(draft, plan.length if plan.source == MODEL else 0)
+        t1 = clock()
+        base = target.length
+        pending = [context[-1]] if carried is None else []
+        fed = pending + draft.tokens.tolist()
+        call = TargetCall(target, fed, clock) if fed else None
+        # Meanwhile: the next block, after this one, as if all of it were accepted.
+        size = next_block_size(draft, policy.k_max, room)
+        calls_before = drafter.calls
+        ahead = context + draft.tokens.tolist()
+        block = meanwhile(call, lambda: drafter.draft(ahead, Plan(MODEL, size, size), sampler)) if size else None
+        t2 = clock()
+        logits = with_carried(carried, call.result() if call else None)  # [m + 1, vocab]
+        t3 = clock()
+        logits, target_probs, verdict = judge(target, sampler, sampling, None, context, draft, logits)
+        verdict, carry = self.keep(block, draft, verdict, logits)
+        target.rollback(base + len(pending) + verdict.num_accepted)
+        target_seconds = call.seconds if call else 0.0
+        return Round(draft, verdict, fed, logits, target_probs, draft_calls + drafter.calls - calls_before, t0,
+                     (t1 - t0) + (t2 - t1), target_seconds, max(0.0, target_seconds - (t3 - t2)), carry, predrafted)
+
+    def keep(self, block: Draft | None, draft: Draft, verdict: Verdict,
+             logits: torch.Tensor) -> tuple[Verdict, torch.Tensor | None]:
+        """After the verdict on `draft`: where all of it was accepted, keep the next
+        block, and emit the drafts without the bonus (its position is the block's first
+        draft's, verified next round against the last row, [1, vocab], returned to
+        carry); else the verdict as it is."""
+        if block is None or not len(block) or verdict.num_accepted < len(draft):
+            return verdict, None
+        self.block = dataclasses.replace(block, calls=[dataclasses.replace(c, hidden=True) for c in block.calls])
+        return Verdict(verdict.tokens[:-1], verdict.num_accepted), logits[-1:]
+
+
+def cut(draft: Draft, n: int) -> Draft:
+    """The first n drafts of `draft` (its calls all: they were made)."""
+    probs = None if draft.probs is None else draft.probs[:n]
+    return Draft(draft.tokens[:n], probs, draft.sources[:n], draft.confidences[:n], draft.calls)
+
+
+def next_block_size(draft: Draft, k_max: int, room: int) -> int:
+    """Drafts in the next block: as many as this round's, when the draft model made
+    all of them (lookups and forced tokens cost no drafting to hide), within K and
+    what the budget leaves after this block (its tokens, then the next block and its
+    bonus)."""
+    m = len(draft)
+    if not m or any(source != MODEL for source in draft.sources):
+        return 0
+    return max(0, min(m, k_max, room - m - 1))
