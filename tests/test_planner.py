@@ -193,6 +193,18 @@ def test_a_catch_up_that_pays_alone_is_not_made_where_it_holds_back_a_batch():
     assert catch_up(1) >= 16 and catch_up(4) == 0
 
 
+def test_a_prompt_read_in_the_same_call_does_not_make_a_catch_up_look_cheap():
+    # Small calls cost by the token (drafting never pays), a prompt's tokens little each.
+    points = {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0, 5: 5.0, 8: 8.0, 16: 10.0, 64: 14.0, 256: 26.0}
+    planner = Planner(6, Prices(Curve(points), Curve({1: 0.1, 16: 0.25})))
+    seat = planner.seat()
+    seat.begin([1] * 10, 200)
+    seat.length.generated = 2
+    for load in (0, 200):  # beside another sequence's 200-token prompt, as alone
+        plan = planner.plan({seat: Offer({MODEL: 6}, 1000)}, load)[seat]
+        assert plan.source is None and plan.catch_up == 0
+
+
 def test_a_round_in_which_the_draft_caught_up_counts_as_the_models_in_the_goodput_guard():
     clock = FakeClock()
     planner = Planner(6, prices(flat), clock)

@@ -109,21 +109,23 @@ class Planner:
         widths = [sum(o.steps > j for o in chosen) for j in range(self.k_max)]  # sequences drafting at step j
         return {seat: seat.to_plan(option, offers[seat], rate, tokens - option.m - 1,
                                    [width - (option.steps > j) for j, width in enumerate(widths)],  # the others'
-                                   self._catch_up(chosen, i, seat, offers[seat], load, rate))
+                                   self._catch_up(chosen, i, seat, offers[seat]))
                 for i, (seat, option) in enumerate(zip(seats, chosen))}
 
-    def _catch_up(self, chosen: list[Option], i: int, seat: Seat, offer: Offer, load: int, now: float) -> int:
+    def _catch_up(self, chosen: list[Option], i: int, seat: Seat, offer: Offer) -> int:
         """Tokens of unread text the draft reads for plain seat i this round: where that
         text is too long to read in a drafting round, and the batch's tokens gained once
         seat i drafts, over what it has left to emit, outweigh the batch's tokens forgone
         while the draft reads it all: a chunk, the largest that costs about what the
         round's target call does; else none. (Alone: where the time it saves exceeds the
-        reading's.) `now`: the batch's rate as planned."""
+        reading's.) Priced at the batch's rounds to come, without a prompt the target
+        reads this round: beside a prompt, extra tokens in the call look nearly free and
+        the batch's rate looks low, which made reading look cheap where it did not pay."""
         if chosen[i].m or MODEL not in offer.available or seat.length.generated < 2 or not seat.stalls(offer):
             return 0
-        call = self.prices.target(load + sum(o.m + 1 for o in chosen))
+        call, now = self.prices.target(sum(o.m + 1 for o in chosen)), self._rate(chosen, 0)
         chunk = max([CHUNKS[0]] + [c for c in CHUNKS if self.prices.draft(c) <= call])
-        best, then = max(((o, self._rate(chosen[:i] + [o] + chosen[i + 1:], load))
+        best, then = max(((o, self._rate(chosen[:i] + [o] + chosen[i + 1:], 0))
                           for o in seat.menu(Offer({MODEL: offer.available[MODEL]}))), key=lambda found: found[1])
         rounds = (seat.length.expected_remaining() - offer.lag / chunk) / best.expected
         span = rounds * (sum(o.expected for o in chosen) - 1 + best.expected) / then  # seconds those rounds take
