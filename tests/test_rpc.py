@@ -55,3 +55,16 @@ def test_the_bench_on_workers_runs_only_our_modes_never_a_peer_that_would_load_t
     check_remote_modes(Namespace(target_rpc=None), ["llamacpp-spec"])
     with pytest.raises(UsageError, match="llamacpp-spec would run it here"):
         check_remote_modes(Namespace(target_rpc="h:1"), ["ar", "llamacpp-spec"])
+
+
+def test_workers_share_our_cores_when_one_may_run_where_we_may():
+    """Drafting during a target call (decoding/overlap.py) pays only where the workers
+    leave this process's cores idle: on other machines, or pinned elsewhere here."""
+    import os
+
+    from specsample.backends.rpc import shares_our_cores
+
+    workers = parse_workers("127.0.0.1:1")
+    assert shares_our_cores(workers, pids={os.getpid()})  # a worker here, unpinned: on our cores
+    assert not shares_our_cores(workers, pids=set())  # none here: another machine
+    assert shares_our_cores(workers, pids={1 << 30})  # one we cannot read: assumed to share

@@ -72,6 +72,12 @@ class LoadedModel:
             self.lib.llama_model_free(self.pointer)
 
 
+def _shares_our_cores(workers) -> bool:
+    from .rpc import shares_our_cores
+
+    return shares_our_cores(workers)
+
+
 def _workers_answer(workers) -> bool:
     """Whether a model's (or its context's) memory can be freed: always for one held
     here; for one on RPC workers, only while they are still connected. Freeing sends
@@ -227,8 +233,9 @@ class LlamaCppBackend(Backend):
         # bit on the default pair (docs/results/numerics).
         self.batch_invariant = batch_invariant
         self.workers = workers
-        self.overlap = workers is not None and overlap  # draft during its calls (base.Backend.overlap)
         self._loaded = LoadedModel(lib, path, repack=not batch_invariant, workers=workers)  # freed after the context (see __del__)
+        # Draft during its calls (base.Backend.overlap) where the workers leave our cores idle.
+        self.overlap = workers is not None and overlap and not _shares_our_cores(workers)
         self._model, self._vocab = self._loaded.pointer, self._loaded.vocab
         threads = threads or os.cpu_count() or 1
         cparams = lib.llama_context_default_params()

@@ -301,6 +301,21 @@ def local_worker_pids(workers: Workers) -> set[int]:
     return listening_pids(ports) if ports else set()
 
 
+def shares_our_cores(workers: Workers, pids=None) -> bool:
+    """Whether a worker (or what answers on its port here: a relay) may run on a core
+    this process may run on: then what this process computes during a target call
+    (the draft drafting, decoding/overlap.py) takes the worker's cores rather than idle
+    ones. Workers on other machines, or pinned to other cores here, share none."""
+    ours = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    for pid in local_worker_pids(workers) if pids is None else pids:
+        try:
+            if os.sched_getaffinity(pid) & ours:
+                return True
+        except OSError:  # gone, or not ours to read: assume the worst
+            return True
+    return False
+
+
 def is_this_machine(host: str) -> bool:
     """Whether `host` names an address of this machine: one it can bind to."""
     try:
