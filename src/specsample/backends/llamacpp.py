@@ -73,6 +73,7 @@ class LoadedModel:
 
 
 def _shares_our_cores(workers) -> bool:
+    """Whether the workers run on our cores: then drafting during their calls pays nothing."""
     from .rpc import shares_our_cores
 
     return shares_our_cores(workers)
@@ -234,7 +235,6 @@ class LlamaCppBackend(Backend):
         self.batch_invariant = batch_invariant
         self.workers = workers
         self._loaded = LoadedModel(lib, path, repack=not batch_invariant, workers=workers)  # freed after the context (see __del__)
-        # Draft during its calls (base.Backend.overlap) where the workers leave our cores idle.
         self.overlap = workers is not None and overlap and not _shares_our_cores(workers)
         self._model, self._vocab = self._loaded.pointer, self._loaded.vocab
         threads = threads or os.cpu_count() or 1
