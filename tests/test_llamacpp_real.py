@@ -103,7 +103,7 @@ def forced_speculation():
     """A planner told that verification is nearly free, so that it drafts on this
     machine too (where it otherwise, rightly, takes plain steps)."""
     prices = Prices(Curve({1: 1.0, 7: 1.12}), Curve({1: 0.05, 16: 0.2}))
-    prices.target.observe = prices.draft.observe = lambda n, seconds: None  # keep these costs whatever is measured
+    prices.target.observe = prices.draft.observe = lambda *call: None  # keep these costs whatever is measured
     return Planner(6, prices).seat()
 
 

@@ -63,7 +63,6 @@ def empirical(kind, sampling, k, verifier="rejection", n=SAMPLES):
 
 
 @pytest.mark.parametrize("kind,k,temperature,top_k,top_p,verifier", [
-    ("close", 2, 1.0, 0, 1.0, "rejection"),
     ("close", 1, 0.8, 4, 0.9, "rejection"),
     ("far", 3, 1.0, 0, 1.0, "rejection"),
     ("close", 2, 1.0, 0, 1.0, "coupled"),

@@ -104,6 +104,9 @@ def test_greedy_speculation_on_a_target_split_over_two_workers_equals_plain_gree
     target = load_backend(real_pair.draft, "llamacpp", threads=1, batch_invariant=True, workers=split, n_ctx=512)
     draft = load_backend(real_pair.draft, "llamacpp", threads=1, n_ctx=512)
     assert split.key in target.cost_key
+    # Local workers share this process's cores, where the overlap is off by default
+    # (rpc.shares_our_cores): turned on here, its path is the one under test.
+    target.overlap = True
     from specsample.decoding.drafters import ModelDrafter
 
     greedy = SamplingConfig(temperature=0)
