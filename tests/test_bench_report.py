@@ -167,12 +167,13 @@ def test_a_run_keeps_each_record_as_it_is_made_and_the_report_clears_them(tmp_pa
     start_partial(tmp_path)
     seen = []
 
-    def keep(record):  # what a stopped run would have left: every record so far, on disk
-        keep_partial(tmp_path, [record])
+    def keep(made):  # what a stopped run would have left: every record so far, on disk
+        keep_partial(tmp_path, "toy", made)
         seen.append(len(read_records(tmp_path / PARTIAL)))
 
     records = run_bench(modes, prompts, config, keep=keep)
     assert seen == list(range(1, len(records) + 1))
-    assert [r.to_json() for r in read_records(tmp_path / PARTIAL)] == [r.to_json() for r in records]
+    assert [r.to_json() for r in read_records(tmp_path / PARTIAL)] == [replace(r, target="toy").to_json()
+                                                                        for r in records]
     write_report(tmp_path, [TargetRun("toy", records, None, 1)], command="c", machine="m", plots=False)
     assert not (tmp_path / PARTIAL).exists() and (tmp_path / "records.jsonl").exists()

@@ -9,7 +9,7 @@ there is named and written here, from the sections and tables the other modules 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from .summary import TargetRun, run_sections
@@ -20,14 +20,13 @@ SERVE_RECORDS, SERVE_SUMMARY, CALL_SPLITS = "serve.jsonl", "serve.md", "calls.js
 PARTIAL = "partial.jsonl"
 
 
-def keep_partial(out: Path, records: list) -> None:
-    """Append records as they are made, so that a run stopped after an hour leaves
-    what it measured (records.jsonl's or serve.jsonl's lines, read by the same
-    classes); the report removes the file when it writes the whole run."""
+def keep_partial(out: Path, label: str, records: list) -> None:
+    """Append records as they are made, each labelled with its target type, so that a
+    run stopped after an hour leaves what it measured (records.jsonl's or
+    serve.jsonl's lines, read by the same classes); the report removes the file when
+    it writes the whole run."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / PARTIAL, "a") as f:
-        for r in records:
-            f.write(json.dumps(r.to_json()) + "\n")
+    write_records(out / PARTIAL, [replace(r, target=label) for r in records], mode="a")
 
 
 def start_partial(out: Path) -> None:
@@ -77,9 +76,9 @@ def write_serve_report(out: Path, records: list, sections: list[str], *, command
     start_partial(out)
 
 
-def write_records(path: Path, records: list) -> None:
-    """One record a line, each as its own to_json() gives it."""
-    with open(path, "w") as f:
+def write_records(path: Path, records: list, mode: str = "w") -> None:
+    """One record a line, each as its own to_json() gives it (mode "a": appended)."""
+    with open(path, mode) as f:
         for r in records:
             f.write(json.dumps(r.to_json()) + "\n")
 

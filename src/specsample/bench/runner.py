@@ -83,9 +83,10 @@ def prompt_ids(target, task: Task, prompt: Prompt) -> list[int]:
 
 
 def run_bench(modes, prompts: dict[str, list[PreparedPrompt]], config: BenchConfig, progress=None,
-              keep=lambda record: None) -> list[Record]:
+              keep=lambda records: None) -> list[Record]:
     """Warm up every mode, then run them all on every prompt, task and setting; `keep`
-    sees each record as soon as it is made."""
+    sees each record as soon as it is made (a list of one, as --serve's loads give
+    theirs)."""
     # A short prompt: the warm-up is for first-call costs, not for a long prefill.
     warmup_ids = next(iter(prompts.values()))[0].ids[:32]
     for mode in modes:
@@ -97,7 +98,7 @@ def run_bench(modes, prompts: dict[str, list[PreparedPrompt]], config: BenchConf
             for i, prepared in enumerate(task_prompts):
                 for mode in _rotated(runs_task(modes, prepared.task), turn):
                     records.append(_run_one(mode, prepared, setting, i, config.new_tokens(task), config.seed + i))
-                    keep(records[-1])
+                    keep(records[-1:])
                     _tick(progress, f"{task} {setting} {mode.name}")
                 turn += 1
     return records

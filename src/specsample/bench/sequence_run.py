@@ -45,7 +45,7 @@ def run(args) -> int:
         label = label or target_label(target, args)
         if len(types) > 1:
             print(f"specsample: target {label}", file=sys.stderr, flush=True)
-        kept = partial(_keep, args.out, label)
+        kept = partial(keep_partial, args.out, label)
         records, curve, run_notes = _bench_target(args, config, families, ks, peer_ks, target, draft, i == 0, kept)
         gguf = getattr(target, "path", None)
         runs.append(TargetRun(label, [replace(r, target=label) for r in records], curve, weight_bytes(target, gguf)))
@@ -57,10 +57,6 @@ def run(args) -> int:
     print(table)
     print(f"specsample: wrote {args.out}/records.jsonl and {args.out}/summary.md", file=sys.stderr)
     return 0
-
-
-def _keep(out, label: str, record: Record) -> None:
-    keep_partial(out, [replace(record, target=label)])
 
 
 def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bool,

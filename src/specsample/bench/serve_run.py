@@ -50,7 +50,7 @@ def run(args) -> int:
         llama_server = partial(start_server, args, ["llamacpp-spec"], n_ctx, max(peer_ks), gguf)
         got, run_notes, got_splits = run_serving(served_modes(families, ks, peer_ks), load, slots,
                                                  model_argv=serve_argv(args, quant, n_ctx),
-                                                 llama_server=llama_server, keep=partial(_keep, args.out, label))
+                                                 llama_server=llama_server, keep=partial(keep_partial, args.out, label))
         records += [replace(r, target=label) for r in got]
         splits += [replace(s, target=label) for s in got_splits]
         notes += [f"{label}: {n}" if len(types) > 1 else n for n in run_notes]
@@ -60,7 +60,3 @@ def run(args) -> int:
     print(printed)
     print(f"specsample: wrote {args.out}/serve.jsonl, calls.jsonl and serve.md", file=sys.stderr)
     return 0
-
-
-def _keep(out, label: str, records: list) -> None:
-    keep_partial(out, [replace(r, target=label) for r in records])
