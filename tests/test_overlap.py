@@ -62,6 +62,15 @@ def empirical(kind, sampling, k, verifier="rejection", n=SAMPLES):
     return counts, predrafted
 
 
+GREEDY = SamplingConfig(temperature=0)
+
+
+def greedy(target, draft, k, tokens=10, prompt=PROMPT):
+    """Greedy speculation with `draft` (a backend) drafting for `target`."""
+    return generate(target, prompt, GenerationConfig(max_new_tokens=tokens, sampling=GREEDY),
+                    ModelDrafter(draft, GREEDY), k)
+
+
 @pytest.mark.parametrize("kind,k,temperature,top_k,top_p,verifier", [
     ("close", 1, 0.8, 4, 0.9, "rejection"),
     ("far", 3, 1.0, 0, 1.0, "rejection"),
@@ -145,13 +154,11 @@ def test_negative_control_blocks_kept_the_wrong_way_fail_the_check(monkeypatch, 
 
 @pytest.mark.parametrize("k", [1, 2, 4, "auto"])
 def test_greedy_overlapped_speculation_equals_plain_greedy(k):
-    greedy = SamplingConfig(temperature=0)
     target, predrafted = Remote(TARGET), 0
     for table in (DRAFTS["close"], TARGET):  # the target as its own draft: every block is kept
         for prompt in ([1, 2], [3, 3, 0], [5, 4, 1, 2]):
-            plain = generate(TrigramBackend(TARGET), prompt, GenerationConfig(max_new_tokens=24, sampling=greedy))
-            spec = generate(target, prompt, GenerationConfig(max_new_tokens=24, sampling=greedy),
-                            ModelDrafter(TrigramBackend(table), greedy), k)
+            plain = generate(TrigramBackend(TARGET), prompt, GenerationConfig(max_new_tokens=24, sampling=GREEDY))
+            spec = greedy(target, TrigramBackend(table), k, 24, prompt)
             assert spec.token_ids == plain.token_ids
             predrafted += spec.stats.predrafted_rounds
     assert predrafted > 0
@@ -160,9 +167,7 @@ def test_greedy_overlapped_speculation_equals_plain_greedy(k):
 def test_a_kept_block_costs_no_bonus_and_the_counts_add_up():
     """Every emitted token is counted once: kept blocks' drafts are drafted and
     accepted in the round that verifies them, and their target calls are counted."""
-    greedy = SamplingConfig(temperature=0)
-    result = generate(Remote(TARGET), PROMPT, GenerationConfig(max_new_tokens=30, sampling=greedy),
-                      ModelDrafter(TrigramBackend(TARGET), greedy), 3)  # the target as its own draft: all accepted
+    result = greedy(Remote(TARGET), TrigramBackend(TARGET), 3, 30)  # the target as its own draft: all accepted
     stats = result.stats
     assert stats.accepted == stats.drafted and len(result.token_ids) == 30
     # Blocks of 3, each verified in a call of its own; only the last round draws a bonus.
@@ -177,10 +182,8 @@ def test_an_error_in_the_target_call_reaches_the_caller():
                 raise RuntimeError("the workers are gone")
             return super().score(token_ids, num_logits)
 
-    greedy = SamplingConfig(temperature=0)
     with pytest.raises(RuntimeError, match="the workers are gone"):
-        generate(Failing(TARGET), PROMPT, GenerationConfig(max_new_tokens=10, sampling=greedy),
-                 ModelDrafter(TrigramBackend(TARGET), greedy), 2)
+        greedy(Failing(TARGET), TrigramBackend(TARGET), 2)
 
 
 def test_only_a_remote_target_with_a_draft_model_and_no_grammar_overlaps():
@@ -238,8 +241,6 @@ def test_an_error_while_drafting_during_the_call_waits_for_the_call_first():
                 raise RuntimeError("the draft broke")
             return super().score(token_ids, num_logits)
 
-    greedy = SamplingConfig(temperature=0)
     with pytest.raises(RuntimeError, match="the draft broke"):
-        generate(Slow(TARGET), PROMPT, GenerationConfig(max_new_tokens=10, sampling=greedy),
-                 ModelDrafter(Breaking(TARGET), greedy), 2)
+        greedy(Slow(TARGET), Breaking(TARGET), 2)
     assert finished
