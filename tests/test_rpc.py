@@ -55,6 +55,8 @@ def test_the_bench_on_workers_runs_only_our_modes_never_a_peer_that_would_load_t
     check_remote_modes(Namespace(target_rpc=None), ["llamacpp-spec"])
     with pytest.raises(UsageError, match="llamacpp-spec would run it here"):
         check_remote_modes(Namespace(target_rpc="h:1"), ["ar", "llamacpp-spec"])
+    with pytest.raises(UsageError, match="--draft-rpc runs the draft.*hf-assisted would run it here"):
+        check_remote_modes(Namespace(target_rpc=None, draft_rpc="h:1"), ["spec-auto", "hf-assisted"])
 
 
 def test_workers_share_our_cores_when_one_may_run_where_we_may():
@@ -68,3 +70,80 @@ def test_workers_share_our_cores_when_one_may_run_where_we_may():
     assert shares_our_cores(workers, pids={os.getpid()})  # a worker here, unpinned: on our cores
     assert not shares_our_cores(workers, pids=set())  # none here: another machine
     assert shares_our_cores(workers, pids={1 << 30})  # one we cannot read: assumed to share
+
+
+def test_target_and_draft_are_apart_only_where_neither_may_run_on_the_others_cores():
+    """Where the overlap pays (assemble.overlaps): one model on workers whose cores the
+    other cannot take turns on. A remote endpoint shares only with itself."""
+    import os
+
+    from specsample.backends.rpc import apart, cores
+
+    remote, other = parse_workers("10.255.255.1:50052"), parse_workers("10.255.255.2:50052")
+    assert not apart(None, None)  # both here
+    assert apart(remote, None) and apart(None, remote) and apart(remote, other)
+    assert not apart(remote, remote)  # one worker holding both models computes one call at a time
+    here = parse_workers("127.0.0.1:1")
+    assert cores(here, pids={os.getpid()}) == os.sched_getaffinity(0)
+    assert cores(here, pids=set()) == set()  # nothing listens here on that port: no cores of ours
+    assert cores(here, pids={1 << 30}) == set(range(os.cpu_count()))  # unreadable: anywhere
+
+
+def test_the_draft_worker_option_is_checked_before_any_load():
+    def check(**kw):
+        return check_options(ModelOptions(target="x.gguf", draft="y.gguf", backend="llamacpp", **kw))
+
+    assert check(draft_rpc="10.0.0.2:50052") == ("llamacpp", "llamacpp")
+    with pytest.raises(OptionError, match="--draft-rpc places a llama.cpp draft"):
+        check(draft_rpc="10.0.0.2:50052", draft_backend="hf")
+    with pytest.raises(OptionError, match="one worker"):
+        check(draft_rpc="10.0.0.2:50052,10.0.0.3:50052")
+    with pytest.raises(OptionError, match="--draft-rpc.*host:port"):
+        check(draft_rpc="nowhere")
+    with pytest.raises(OptionError, match="--draft ngram has no model"):
+        check_options(ModelOptions(target="x.gguf", draft="ngram", backend="llamacpp", draft_rpc="h:1"))
+    with pytest.raises(OptionError, match="drafts nothing"):
+        check_options(ModelOptions(target="x.gguf", backend="llamacpp", draft_rpc="h:1"), drafting=False)
+
+
+def test_the_overlap_is_asked_for_and_needs_target_and_draft_apart():
+    from specsample.app.assemble import overlaps
+
+    remote = parse_workers("10.255.255.1:50052")
+    assert overlaps(ModelOptions(), remote, None) and overlaps(ModelOptions(), None, remote)
+    assert not overlaps(ModelOptions(overlap=False), remote, None)
+    assert not overlaps(ModelOptions(), None, None) and not overlaps(ModelOptions(), remote, remote)
+
+
+def test_a_server_watches_the_target_and_draft_workers_alike():
+    from specsample.backends.rpc import joined
+
+    assert joined(None, None) is None
+    assert joined(parse_workers("a:1,b:2", "1,1"), parse_workers("b:2")) == Workers(("a:1", "b:2"))
+    assert joined(None, parse_workers("c:3")) == Workers(("c:3",))
+
+
+def test_the_bench_delays_the_draft_workers_messages_too(monkeypatch):
+    """--rpc-delay-ms puts one relay in front of each worker named, the draft's too."""
+    from argparse import Namespace
+
+    from specsample.bench import cli, relay
+
+    class Relay:
+        def __init__(self, endpoint, delay):
+            self.endpoint = "relay-of-" + endpoint
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(relay, "DelayRelay", Relay)
+    args = Namespace(rpc_delay_ms=2.0, target_rpc="a:1,b:2", tensor_split="1,1", draft_rpc="b:2")
+    with cli.delayed_workers(args):
+        assert (args.target_rpc, args.draft_rpc) == ("relay-of-a:1,relay-of-b:2", "relay-of-b:2")
+    assert (args.target_rpc, args.draft_rpc) == ("a:1,b:2", "b:2")
+    with pytest.raises(cli.UsageError, match="--target-rpc or --draft-rpc"):
+        with cli.delayed_workers(Namespace(rpc_delay_ms=2.0, target_rpc=None, draft_rpc=None)):
+            pass

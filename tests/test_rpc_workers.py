@@ -118,6 +118,33 @@ def test_greedy_speculation_on_a_target_split_over_two_workers_equals_plain_gree
 
 
 @pytest.mark.real
+def test_greedy_speculation_with_the_draft_on_a_worker_equals_plain_greedy(real_pair, workers):
+    """--draft-rpc: the draft's layers on a worker, the target here (batch-invariant),
+    assembled from the options as the CLI does; the draft drafts there during the
+    target's calls here. Greedy speculative output is plain greedy output."""
+    from specsample.app.assemble import ModelOptions, assemble
+    from specsample.decoding.generate import GenerationConfig, generate
+    from specsample.decoding.sampling import SamplingConfig
+
+    endpoint = workers.split(",")[0]
+    models = assemble(ModelOptions(target=real_pair.draft, draft=real_pair.draft, draft_rpc=endpoint, lookup=False,
+                                   threads=1, ctx_size=512, batch_invariant=True))
+    assert models.target.workers is None and models.draft.workers.endpoints == (endpoint,)
+    assert endpoint in models.draft.cost_key
+    # The worker is pinned nowhere: it shares this process's cores, where the overlap
+    # is off (assemble.overlaps); turned on here, its path is the one under test.
+    assert not models.target.overlap
+    models.target.overlap = True
+    greedy = SamplingConfig(temperature=0)
+    prompt = models.target.tokenizer.chat_prompt("Write a Python function that reverses a string.")
+    config = GenerationConfig(max_new_tokens=40, sampling=greedy)
+    plain = generate(models.target, prompt, config)
+    spec = generate(models.target, prompt, config, models.drafter(greedy), 4)
+    assert spec.stats.accepted > 0 and spec.stats.predrafted_rounds > 0
+    assert spec.token_ids == plain.token_ids
+
+
+@pytest.mark.real
 def test_a_target_on_two_workers_scores_the_rows_it_scores_here_to_the_bit(real_pair, workers):
     """With batch-invariant kernels the split target is the local target, number for
     number, in calls of every size: every distribution test of the local engine (and
@@ -149,17 +176,21 @@ def test_a_target_on_two_workers_scores_the_rows_it_scores_here_to_the_bit(real_
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("drafting", ["lookup", "overlapped"])
+@pytest.mark.parametrize("drafting", ["lookup", "overlapped", "draft-on-a-worker"])
 def test_a_worker_killed_mid_generation_ends_the_client_with_one_line_not_a_hang_or_a_core_dump(real_pair, drafting):
     """With a draft model the target's calls run on a thread while the draft drafts
-    (decoding/overlap.py): the lost call's thread ends the process the same way."""
+    (decoding/overlap.py): the lost call's thread ends the process the same way. A
+    draft on a worker (--draft-rpc, the target here) lost mid-draft does too."""
     endpoints, procs = start_workers()
     client = None
-    draft = ["--draft", "ngram"] if drafting == "lookup" else ["--draft", real_pair.draft, "-k", "2"]
+    draft = {"lookup": ["--draft", "ngram", "--target-rpc", endpoints],
+             "overlapped": ["--draft", real_pair.draft, "-k", "2", "--target-rpc", endpoints],
+             "draft-on-a-worker": ["--draft", real_pair.draft, "-k", "2", "--no-lookup",
+                                   "--draft-rpc", endpoints.split(",")[1]]}[drafting]
     try:
         client = popen(
             [sys.executable, "-m", "specsample", "generate", "--target", real_pair.draft, *draft,
-             "--target-rpc", endpoints, "--ctx-size", "1024", "--threads", "1",
+             "--ctx-size", "1024", "--threads", "1",
              "--prompt", "Count from 1 to 1000, one number per line:", "--max-new-tokens", "900"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert client.stdout.read(8)  # text is streaming: the target answers from its workers

@@ -80,8 +80,11 @@ class ModelOptions:
                                           "host:port[,host:port...] (specsample rpc-worker; the draft stays here)")
     tensor_split: str | None = option(None, "with --target-rpc: each worker's share of the layers, e.g. 1,1 "
                                             "(default: by each worker's free memory)")
-    overlap: bool = option(True, "with --target-rpc: draft the next block while the workers run the target's call "
-                                 "(PEARL; decoding/overlap.py); --no-overlap drafts after it, for comparison")
+    draft_rpc: str | None = option(None, "llamacpp draft: put its layers on this llama.cpp RPC worker, host:port "
+                                         "(a machine of its own: it drafts while the target computes)")
+    overlap: bool = option(True, "draft the next block while the target's call runs, where target and draft compute "
+                                 "on cores of their own (--target-rpc or --draft-rpc workers elsewhere, or pinned "
+                                 "apart here; PEARL, decoding/overlap.py); --no-overlap drafts after it")
     batch_invariant: bool = option(False, "llamacpp target: kernels whose logits do not depend on how many tokens "
                                           "a call scores, so speculative and plain decoding see the same numbers "
                                           "to the bit (calls run slower: docs/benchmarks.md says by how much)")
@@ -158,6 +161,8 @@ def assemble(options: ModelOptions, drafting: bool = True, sequences: int = 1) -
     holding `sequences` sequences at once (the server's slots, batching.py)."""
     target_engine, draft_engine = check_options(options, drafting)
     n_ctx = context_size(options, target_engine, draft_engine, sequences)
+    on_workers = target_workers(options, target_engine)
+    draft_on = draft_workers(options, draft_engine)
     if options.threads:
         import torch
 
@@ -166,16 +171,15 @@ def assemble(options: ModelOptions, drafting: bool = True, sequences: int = 1) -
     target_quant = None if options.target_quant == "none" else options.target_quant
     kw["sequences"] = sequences if target_engine == "llamacpp" else 1
     target = hold_sequences(load_backend(options.target, target_engine, quant=target_quant,
-                                         batch_invariant=options.batch_invariant,
-                                         workers=target_workers(options, target_engine), overlap=options.overlap,
-                                         **kw), sequences)
+                                         batch_invariant=options.batch_invariant, workers=on_workers,
+                                         overlap=overlaps(options, on_workers, draft_on), **kw), sequences)
     if not drafting:
         return Models(target)
     if draft_engine is None:
         return Models(target, lookup=True, ngram_max=options.ngram_max)
     quant = options.draft_quant if draft_engine == "llamacpp" and options.draft_quant != "none" else None
     kw["sequences"] = sequences if draft_engine == "llamacpp" else 1
-    draft = load_backend(options.draft, draft_engine, quant=quant, **kw)
+    draft = load_backend(options.draft, draft_engine, quant=quant, workers=draft_on, **kw)
     check_same_vocabulary(target, draft)  # before any prompt work
     if options.draft_vocab:
         from ..backends.draft_vocab import restrict_draft_vocabulary
@@ -220,10 +224,14 @@ def check_options(options: ModelOptions, drafting: bool = True) -> tuple[str, st
                           f"(use --dtype there)")
     target_workers(options, target_engine)
     if not drafting or options.draft == "ngram":
+        if options.draft_rpc is not None:
+            raise OptionError("--draft-rpc places a draft model on an RPC worker; "
+                              + ("this run drafts nothing" if not drafting else "--draft ngram has no model"))
         return target_engine, None
     draft_engine = pick_backend(options.draft, options.draft_backend or options.backend, options.device)
     if options.draft_vocab and draft_engine != "hf":
         raise OptionError("--draft-vocab needs the hf backend for the draft (--draft-backend hf)")
+    draft_workers(options, draft_engine)
     return target_engine, draft_engine
 
 
@@ -241,6 +249,36 @@ def target_workers(options: ModelOptions, target_engine: str):
         return parse_workers(options.target_rpc, options.tensor_split)
     except ValueError as e:
         raise OptionError(str(e)) from None
+
+
+def draft_workers(options: ModelOptions, draft_engine: str | None):
+    """The RPC worker --draft-rpc names (rpc.Workers), checked; None: the draft is local."""
+    if options.draft_rpc is None or draft_engine is None:
+        return None
+    if draft_engine != "llamacpp":
+        raise OptionError(f"--draft-rpc places a llama.cpp draft on an RPC worker; the draft runs on {draft_engine}")
+    from ..backends.rpc import parse_workers
+
+    try:
+        workers = parse_workers(options.draft_rpc)
+    except ValueError as e:
+        text = str(e)
+        raise OptionError(text.replace("--target-rpc", "--draft-rpc") if "--target-rpc" in text
+                          else f"--draft-rpc: {text}") from None
+    if len(workers.endpoints) > 1:
+        raise OptionError("--draft-rpc names one worker: a small draft gains nothing from a split")
+    return workers
+
+
+def overlaps(options: ModelOptions, target_on, draft_on) -> bool:
+    """Whether drafting runs during the target's calls (decoding/overlap.py): asked for,
+    and target and draft compute on cores of their own (rpc.apart), which needs one of
+    them on workers."""
+    if not options.overlap or target_on is None and draft_on is None:
+        return False
+    from ..backends.rpc import apart
+
+    return apart(target_on, draft_on)
 
 
 def check_machine_options(options: ModelOptions) -> None:

@@ -72,11 +72,10 @@ class LoadedModel:
             self.lib.llama_model_free(self.pointer)
 
 
-def _shares_our_cores(workers) -> bool:
-    """Whether the workers run on our cores: then drafting during their calls pays nothing."""
-    from .rpc import shares_our_cores
+def _apart(target, draft) -> bool:
+    from .rpc import apart
 
-    return shares_our_cores(workers)
+    return apart(target, draft)
 
 
 def _workers_answer(workers) -> bool:
@@ -222,7 +221,7 @@ class LlamaCppBackend(Backend):
 
     def __init__(self, path: Path, *, name: str | None = None, threads: int | None = None,
                  n_ctx: int = LLAMACPP_CONTEXT, n_batch: int = 512, share_cores: bool = True, batch_invariant: bool = False, sequences: int = 1,
-                 workers=None, overlap: bool = True):
+                 workers=None, overlap: bool | None = None):
         lib = _llama()
         self._lib = lib
         self.name = name or Path(path).name
@@ -235,7 +234,7 @@ class LlamaCppBackend(Backend):
         self.batch_invariant = batch_invariant
         self.workers = workers
         self._loaded = LoadedModel(lib, path, repack=not batch_invariant, workers=workers)  # freed after the context (see __del__)
-        self.overlap = workers is not None and overlap and not _shares_our_cores(workers)
+        self.overlap = overlap if overlap is not None else workers is not None and _apart(workers, None)
         self._model, self._vocab = self._loaded.pointer, self._loaded.vocab
         threads = threads or os.cpu_count() or 1
         cparams = lib.llama_context_default_params()
@@ -375,6 +374,6 @@ class LlamaCppBackend(Backend):
 
 def load_llamacpp(path: Path, *, name: str | None = None, threads: int | None = None,
                   batch_invariant: bool = False, sequences: int = 1, n_ctx: int = LLAMACPP_CONTEXT,
-                  workers=None, overlap: bool = True) -> LlamaCppBackend:
+                  workers=None, overlap: bool | None = None) -> LlamaCppBackend:
     return LlamaCppBackend(path, name=name, threads=threads, batch_invariant=batch_invariant, sequences=sequences,
                            n_ctx=n_ctx, workers=workers, overlap=overlap)

@@ -69,6 +69,12 @@ class Workers:
         return "rpc-" + "+".join(self.endpoints) + split
 
 
+def joined(*sets: Workers | None) -> Workers | None:
+    """Every worker of these sets (a target's and a draft's), once each; None for none."""
+    endpoints = tuple(dict.fromkeys(e for w in sets if w is not None for e in w.endpoints))
+    return Workers(endpoints) if endpoints else None
+
+
 def parse_endpoint(text: str) -> tuple[str, int]:
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -305,15 +311,38 @@ def shares_our_cores(workers: Workers, pids=None) -> bool:
     """Whether a worker (or what answers on its port here: a relay) may run on a core
     this process may run on: then what this process computes during a target call
     (the draft drafting, decoding/overlap.py) takes the worker's cores rather than idle
-    ones. Workers on other machines, or pinned to other cores here, share none."""
-    ours = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    ones. Workers on other machines, or pinned to other cores here, share none.
+    `pids`: the workers' processes here (default: found by their ports)."""
+    return bool(cores(workers, pids) & cores(None))
+
+
+def apart(target: Workers | None, draft: Workers | None) -> bool:
+    """Whether a target and a draft placed so (None: in this process) compute on cores
+    of their own, so that drafting during the target's calls costs the calls nothing:
+    one of them on workers elsewhere, or on local workers pinned away from the other."""
+    return not cores(target) & cores(draft)
+
+
+def cores(workers: Workers | None, pids=None) -> set:
+    """Where a model computes, as a set that meets another's when the two may take
+    turns on the same cores: the CPUs this process may run on for a model here; for
+    workers, the CPUs of their processes on this machine and the endpoint of each one
+    elsewhere (two models on one remote worker share it). A process we cannot read is
+    taken to run anywhere."""
+    if workers is None:
+        return _affinity(0)
+    found = {e for e in workers.endpoints if not is_this_machine(parse_endpoint(e)[0])}
     for pid in local_worker_pids(workers) if pids is None else pids:
-        try:
-            if os.sched_getaffinity(pid) & ours:
-                return True
-        except OSError:  # gone, or not ours to read: assume the worst
-            return True
-    return False
+        found |= _affinity(pid)
+    return found
+
+
+def _affinity(pid: int) -> set[int]:
+    """The CPUs process `pid` (0: this one) may run on; every CPU if it cannot be read."""
+    try:
+        return set(os.sched_getaffinity(pid))
+    except (AttributeError, OSError):  # not Linux; gone, or not ours to read
+        return set(range(os.cpu_count() or 1))
 
 
 def is_this_machine(host: str) -> bool:

@@ -27,34 +27,37 @@ def cmd_bench(args) -> int:
 
 @contextlib.contextmanager
 def delayed_workers(args):
-    """--rpc-delay-ms: a relay in front of each --target-rpc worker for the whole run, its
-    round trip measured and printed; the models then reach the workers through them."""
+    """--rpc-delay-ms: a relay in front of each --target-rpc and --draft-rpc worker for
+    the whole run, its round trip measured and printed; the models then reach the
+    workers through them."""
     delay = args.rpc_delay_ms
     if delay is None:
         yield
         return
-    if not getattr(args, "target_rpc", None):
-        raise UsageError("--rpc-delay-ms delays the messages to --target-rpc workers; none is named")
+    flags = [f for f in ("target_rpc", "draft_rpc") if getattr(args, f, None)]
+    if not flags:
+        raise UsageError("--rpc-delay-ms delays the messages to --target-rpc or --draft-rpc workers; none is named")
     if delay < 0:
         raise UsageError(f"--rpc-delay-ms must be >= 0, got {delay:g}")
     from ..backends.rpc import parse_workers
     from .relay import DelayRelay
 
     try:
-        workers = parse_workers(args.target_rpc, args.tensor_split)
+        named = {f: parse_workers(getattr(args, f)).endpoints for f in flags}
     except ValueError as e:
         raise UsageError(str(e)) from None
+    originals = {f: getattr(args, f) for f in flags}
     with contextlib.ExitStack() as stack:
-        relays = [stack.enter_context(DelayRelay(endpoint, delay / 1000)) for endpoint in workers.endpoints]
+        relays = {e: stack.enter_context(DelayRelay(e, delay / 1000)) for e in dict.fromkeys(sum(named.values(), ()))}
         print(f"specsample: bench: the workers through relays delaying each message {delay:g} ms one way "
-              f"({', '.join(f'{w} via {r.endpoint}' for w, r in zip(workers.endpoints, relays))})",
-              file=sys.stderr, flush=True)
-        original = args.target_rpc
-        args.target_rpc = ",".join(r.endpoint for r in relays)
+              f"({', '.join(f'{w} via {r.endpoint}' for w, r in relays.items())})", file=sys.stderr, flush=True)
+        for f, endpoints in named.items():
+            setattr(args, f, ",".join(relays[e].endpoint for e in endpoints))
         try:
             yield
         finally:
-            args.target_rpc = original
+            for f, value in originals.items():
+                setattr(args, f, value)
 
 
 def bench_command(args) -> int:

@@ -89,7 +89,7 @@ def add_bench_arguments(b) -> None:
                    help="run N busy processes (one spinning thread each) beside the whole benchmark, as a user's "
                         "other programs would; the report's machine line says so")
     b.add_argument("--rpc-delay-ms", type=float, default=None, metavar="MS",
-                   help="with --target-rpc: reach each worker through a local relay that delays every message by "
+                   help="with --target-rpc or --draft-rpc: reach each worker through a local relay that delays every message by "
                         "MS one way (a network's latency on one machine; docs/distributed.md)")
 
 
@@ -139,12 +139,14 @@ def names(text: str, allowed, what: str) -> tuple[str, ...]:
 
 
 def check_remote_modes(args, families) -> None:
-    """With --target-rpc, only our own modes: a peer (transformers, llama-server) would run
-    the target on this machine, and its row would compare a local target with ours."""
+    """With --target-rpc or --draft-rpc, only our own modes: a peer (transformers,
+    llama-server) would run the model on this machine, and its row would compare a
+    local model with ours."""
     local = [f for f in families if f not in OUR_FAMILIES]
-    if getattr(args, "target_rpc", None) and local:
-        raise UsageError(f"--target-rpc runs the target on its workers in {', '.join(OUR_FAMILIES)} only; "
-                         f"{', '.join(local)} would run it here (pass --modes)")
+    for flag in ("target_rpc", "draft_rpc"):
+        if getattr(args, flag, None) and local:
+            raise UsageError(f"--{flag.replace('_', '-')} runs the {flag.split('_')[0]} on its workers in "
+                             f"{', '.join(OUR_FAMILIES)} only; {', '.join(local)} would run it here (pass --modes)")
 
 
 def draft_lengths(args) -> tuple[list[int], list[int]]:

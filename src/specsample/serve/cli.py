@@ -119,7 +119,7 @@ def cmd_serve(args) -> int:
     doors = door_settings(args)
     import uvicorn
 
-    from ..backends.rpc import parse_workers
+    from ..backends.rpc import joined, parse_workers
     from . import connections, recovery
     from .app import create_app
     from .settings import Settings
@@ -144,8 +144,10 @@ def cmd_serve(args) -> int:
                    # uvicorn waits for every open connection by default, so a slow client or an idle
                    # socket held a SIGTERM off for good: requests get this long, then are cancelled.
                    timeout_graceful_shutdown=SHUTDOWN_SECONDS)
-    if args.target_rpc:  # on a socket that a reload after a lost worker keeps
-        recovery.run(app, parse_workers(args.target_rpc, args.tensor_split), **options)
+    workers = joined(parse_workers(args.target_rpc) if args.target_rpc else None,
+                     parse_workers(args.draft_rpc) if getattr(args, "draft_rpc", None) else None)
+    if workers is not None:  # on a socket that a reload after a lost worker keeps
+        recovery.run(app, workers, **options)
     else:
         uvicorn.run(app, **options)
     return 0
