@@ -13,7 +13,9 @@
 # own, on the workers' core when pinned: in the client's process its Python thread would
 # wait on the drafting thread for the GIL at every message, a cost no network has.
 # Each cell runs `--modes ar,spec-auto` twice (overlap on, then off), greedy and
-# sampled, HumanEval 8 prompts. CHECK=1 ends with `specsample check` over the pinned
+# sampled, HumanEval 8 prompts. The layout "draft" (cell draft:none) is --draft-rpc's:
+# the target in the client on core 0 (1 thread), the draft on a worker of its own on
+# core 1, against the same run with the draft in the client beside the target. CHECK=1 ends with `specsample check` over the pinned
 # workers (overlap on: check runs the overlapped rounds). Run alone, from the
 # repository root; results go to $OUT (default /tmp/rpc-overlap) and were moved here.
 set -euo pipefail
@@ -58,6 +60,20 @@ trap 'stop_relay; stop_workers' EXIT
 BENCH="bench --backend llamacpp --target-quant bf16 --tasks humaneval --prompts $PROMPTS --settings greedy,sample --no-parity --no-plots --modes ar,spec-auto ${EXTRA:-}"
 for cell in $CELLS; do
   layout=${cell%%:*} d=${cell#*:}
+  if [ "$layout" = draft ]; then
+    stop_workers
+    taskset -c 1 $SPEC rpc-worker --port 50073 --threads 1 > "$OUT/w3-draft.log" 2>&1 & W3=$!
+    sleep 3
+    for where in draft-rpc draft-here; do
+      name="draft-delay-$d-$where"
+      rpc=""; [ "$where" = draft-rpc ] && rpc="--draft-rpc 127.0.0.1:50073"
+      [ "$d" = none ] || rpc="$rpc --rpc-delay-ms $d"
+      taskset -c 0 $SPEC $BENCH --threads 1 $rpc --out "$OUT/$name" > "$OUT/$name.log" 2>&1
+      echo "done $name $(date -u +%H:%M:%S)" >> "$OUT/progress"
+    done
+    kill "$W3" 2>/dev/null && wait "$W3" 2>/dev/null || true
+    continue
+  fi
   start_workers "$layout"
   if [ "$layout" = pinned ]; then head="taskset -c 1" threads=1 net="taskset -c 0"; else head="" threads=2 net=""; fi
   TARGET=$ENDPOINTS
