@@ -197,17 +197,41 @@ def test_only_a_remote_target_with_a_draft_model_and_no_grammar_overlaps():
     assert not overlaps(Remote(TARGET), model, object())  # a grammar stands at the end of the accepted text
 
 
-def test_the_next_block_has_this_rounds_model_drafts_within_the_budget():
+def test_the_next_block_has_the_drafts_the_policy_wants_within_k_and_the_budget():
     def draft(sources):
         return Draft(torch.zeros(len(sources), dtype=torch.long), None, list(sources), [None] * len(sources))
 
-    assert next_block_size(draft([MODEL] * 3), 8, 20) == 3
-    assert next_block_size(draft([MODEL] * 3), 2, 20) == 2  # K
-    assert next_block_size(draft([MODEL] * 3), 8, 5) == 1  # 3 emitted, then one draft and its bonus
-    assert next_block_size(draft([MODEL] * 3), 8, 4) == 0
-    assert next_block_size(draft([lookup_source(2)] * 3), 8, 20) == 0
-    assert next_block_size(draft([FORCED, MODEL]), 8, 20) == 0
-    assert next_block_size(draft([]), 8, 20) == 0
+    assert next_block_size(draft([MODEL] * 3), 3, 8, 20) == 3
+    assert next_block_size(draft([MODEL] * 3), 6, 8, 20) == 6
+    assert next_block_size(draft([MODEL] * 3), 6, 2, 20) == 2  # K
+    assert next_block_size(draft([MODEL] * 3), 8, 8, 5) == 1  # 3 emitted, then one draft and its bonus
+    assert next_block_size(draft([MODEL] * 3), 8, 8, 4) == 0
+    assert next_block_size(draft([lookup_source(2)] * 3), 8, 8, 20) == 0
+    assert next_block_size(draft([FORCED, MODEL]), 8, 8, 20) == 0
+    assert next_block_size(draft([]), 8, 8, 20) == 0
+
+
+def test_the_planner_drafts_ahead_what_the_call_holds_so_one_draft_does_not_chain_blocks_of_one():
+    """A round that drafted one token kept a block of one, whose round drafted one
+    more: blocks of one verified a token a call, plain decoding's rate, for as long
+    as they were accepted (seen on pinned workers). The planner now drafts ahead as
+    many as fit in the call's time, and its next plan cuts the block."""
+    from specsample.decoding.plans import FixedK
+
+    assert FixedK(3).ahead(1, 2) == 1  # a fixed K drafts its K (its rounds have K drafts)
+    clock = FakeClock()
+    target = CostedBackend(Remote(TARGET), clock, lambda m: 0.12 + 0.03 * (m - 1))
+    target.overlap = True
+    draft = CostedBackend(TrigramBackend(TARGET), clock, lambda m: 0.02)  # the target as its own draft
+    policy = make_policy("auto", 8, target, draft, context=PROMPT, clock=clock)
+    assert policy.ahead(1, 1) == 6  # 120 ms of call holds six 20 ms steps
+    assert policy.ahead(1, 5) == 8  # within K
+    assert policy.ahead(7, 1) == 7  # never fewer than this round's
+    model = ModelDrafter(draft, GREEDY)
+    model.clock = clock
+    result = generate(target, PROMPT, GenerationConfig(max_new_tokens=40, sampling=GREEDY), model, policy, clock)
+    assert result.stats.predrafted_rounds > 0
+    assert result.stats.mean_tokens_per_target_call > 3
 
 
 def test_a_round_is_priced_at_the_longer_of_call_and_drafting_as_far_as_drafting_hides():

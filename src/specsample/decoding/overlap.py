@@ -27,10 +27,11 @@ fill: given that the whole block was accepted, the text before that position is 
 block, after which they were drawn, and each is verified by the same modified
 rejection sampling (or coupled verifier) against the target's row for that text, so
 it emits a token distributed as that row, exactly as a bonus token drawn from it would
-be. How many tokens the next block has is fixed before it is drafted (this round's
-model drafts, within the budget), and the next round's plan, which may cut the block
-short (or to nothing: then the bonus is drawn from the kept row), is made from what
-the policy knows before that round, as every plan is: never from the block's tokens.
+be. How many tokens the next block has is fixed before it is drafted (Policy.ahead:
+from this round's drafts and the prices of past calls, within the budget), and the
+next round's plan, which may cut the block short (or to nothing: then the bonus is
+drawn from the kept row), is made from what the policy knows before that round, as
+every plan is: never from the block's tokens.
 The negative controls in tests/test_overlap.py fail the distribution check: a kept
 block verified against the row of its round's last draft instead of the row after it,
 and a block kept only when its first draft looks acceptable. (Keeping a block after a
@@ -147,7 +148,7 @@ class Overlap:
         fed = pending + draft.tokens.tolist()
         call = TargetCall(target, fed, clock) if fed else None
         # Meanwhile: the next block, after this one, as if all of it were accepted.
-        size = next_block_size(draft, policy.k_max, room)
+        size = next_block_size(draft, policy.ahead(len(draft), len(fed)), policy.k_max, room)
         calls_before = drafter.calls
         ahead = context + draft.tokens.tolist()
         block = meanwhile(call, lambda: drafter.draft(ahead, Plan(MODEL, size, size), sampler)) if size else None
@@ -179,12 +180,12 @@ def cut(draft: Draft, n: int) -> Draft:
     return Draft(draft.tokens[:n], probs, draft.sources[:n], draft.confidences[:n], draft.calls)
 
 
-def next_block_size(draft: Draft, k_max: int, room: int) -> int:
-    """Drafts in the next block: as many as this round's, when the draft model made
-    all of them (lookups and forced tokens cost no drafting to hide), within K and
-    what the budget leaves after this block (its tokens, then the next block and its
-    bonus)."""
+def next_block_size(draft: Draft, wanted: int, k_max: int, room: int) -> int:
+    """Drafts in the next block: `wanted` (Policy.ahead), when the draft model made
+    all of this round's (lookups and forced tokens cost no drafting to hide), within
+    K and what the budget leaves after this block (its tokens, then the next block and
+    its bonus)."""
     m = len(draft)
     if not m or any(source != MODEL for source in draft.sources):
         return 0
-    return max(0, min(m, k_max, room - m - 1))
+    return max(0, min(wanted, k_max, room - m - 1))

@@ -130,6 +130,12 @@ class Policy(Protocol):
 
     def observe(self, report: RoundReport) -> None: ...
 
+    def ahead(self, drafted: int, call_tokens: int) -> int:
+        """Drafts to make for the next round during this round's target call of
+        `call_tokens` tokens, after `drafted` model drafts (decoding/overlap.py); known
+        before anything of this round is verified. By default as many as this round's."""
+        return drafted
+
     def end(self) -> None:
         """The sequence begun last is over (finished, stopped or abandoned)."""
         ...

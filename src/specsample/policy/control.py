@@ -254,6 +254,15 @@ class Seat(Policy):
         """Whether that reading would hold a drafting round back by more than STALL plain steps."""
         return self.reading(offer) > STALL * self.planner.prices.target(1)
 
+    def ahead(self, drafted: int, call_tokens: int) -> int:
+        """As many drafts as the call's time holds (drafted meanwhile, they cost nothing
+        beside it), within K, and no fewer than this round's. The next round's plan cuts
+        the block to the length that pays; a block of this round's length would cap it
+        there: a round of one draft chained blocks of one, a token a call."""
+        prices = self.planner.prices
+        fits = int(prices.target(call_tokens) / prices.draft(1)) if prices.draft(1) > 0 else drafted
+        return max(drafted, min(self.k_max, fits))
+
     def to_plan(self, option: Option, offer: Offer, rate: float, others: int, widths: list[int], catch_up: int) -> Plan:
         self.acceptance.sat_out(option.source)
         if option.source is None:
