@@ -183,7 +183,9 @@ def test_a_worker_killed_mid_generation_ends_the_client_with_one_line_not_a_hang
     draft on a worker (--draft-rpc, the target here) lost mid-draft does too."""
     endpoints, procs = start_workers()
     client = None
-    draft = {"lookup": ["--draft", "ngram", "--target-rpc", endpoints],
+    # A fixed K: -k auto would time the target and cache its costs under these
+    # workers' ports, one file a run left in the user's cache.
+    draft = {"lookup": ["--draft", "ngram", "-k", "2", "--target-rpc", endpoints],
              "overlapped": ["--draft", real_pair.draft, "-k", "2", "--target-rpc", endpoints],
              "draft-on-a-worker": ["--draft", real_pair.draft, "-k", "2", "--no-lookup",
                                    "--draft-rpc", endpoints.split(",")[1]]}[drafting]
@@ -290,7 +292,7 @@ def test_a_server_outlives_a_worker_killed_mid_generation_and_reloads_in_place_o
     model = real_pair.draft.rsplit("/", 1)[-1]
     url = f"http://127.0.0.1:{port}"
     server = popen(
-        [sys.executable, "-m", "specsample", "serve", "--target", real_pair.draft, "--draft", "ngram",
+        [sys.executable, "-m", "specsample", "serve", "--target", real_pair.draft, "--draft", "ngram", "-k", "2",
          "--target-rpc", endpoints, "--ctx-size", "1024", "--threads", "1", "--parallel", "1", "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
