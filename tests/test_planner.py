@@ -178,6 +178,21 @@ def test_a_draft_behind_a_long_prompt_is_not_offered_and_catches_up_in_chunks_af
     assert seat.plan(Offer({MODEL: 6}, 4000)).catch_up == 0
 
 
+def test_a_barred_model_is_not_fed_the_text_it_has_not_read():
+    """Seen in a trace on one core: with the model barred by the goodput guard, plain
+    rounds went on reading chunks for a model that could not draft, and those rounds,
+    counted as the model's, kept it barred: 0.3-0.6 s of reading a prompt, no draft."""
+    planner = Planner(6, prices(flat))
+    seat, _ = solo(planner, lag=4000, tokens=2000)
+    seat.length.generated = 2
+    assert seat.plan(Offer({MODEL: 6}, 4000)).catch_up >= 16  # free to draft, it reads
+    for _ in range(EVIDENCE):
+        planner.goodput.add(1, None, 1, 1.0)
+        planner.goodput.add(1, "model", 1, 2.0)
+    assert planner.goodput.barred(1, "model")
+    assert seat.plan(Offer({MODEL: 6}, 4000)).catch_up == 0
+
+
 def test_a_catch_up_that_pays_alone_is_not_made_where_it_holds_back_a_batch():
     # Reading 1,000 tokens pays back over 100 tokens for a sequence alone; beside three
     # that draft, the batch forgoes their tokens too while the draft reads, and it does not.

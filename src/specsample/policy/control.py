@@ -34,7 +34,8 @@ A draft model that has not read a long text (a prompt of thousands of tokens) do
 not hold the stream back: while reading its unread text would cost more than STALL
 plain steps it is not offered, plain steps stream, and where drafting is expected to
 pay back the reading before the answer is likely to end, each plain round feeds it
-a chunk that costs about one plain round (never before the second token).
+a chunk that costs about one plain round (never before the second token, nor while
+the goodput guard bars the model).
 
 Why the output is exactly the target's
 --------------------------------------
@@ -107,9 +108,10 @@ class Planner:
         self._window[2] = max((kind_of(o.source) for o in chosen if o.m), key=lambda k: k == "model", default=None)
         rate, tokens = self._rate(chosen, load), load + sum(o.m + 1 for o in chosen)
         widths = [sum(o.steps > j for o in chosen) for j in range(self.k_max)]  # sequences drafting at step j
+        reads = "model" not in barred  # no reading for a model that may not draft: its rounds would keep it barred
         return {seat: seat.to_plan(option, offers[seat], rate, tokens - option.m - 1,
                                    [width - (option.steps > j) for j, width in enumerate(widths)],  # the others'
-                                   self._catch_up(chosen, i, seat, offers[seat]))
+                                   self._catch_up(chosen, i, seat, offers[seat]) if reads else 0)
                 for i, (seat, option) in enumerate(zip(seats, chosen))}
 
     def _catch_up(self, chosen: list[Option], i: int, seat: Seat, offer: Offer) -> int:
