@@ -64,12 +64,12 @@ def test_workers_share_our_cores_when_one_may_run_where_we_may():
     leave this process's cores idle: on other machines, or pinned elsewhere here."""
     import os
 
-    from specsample.backends.rpc import shares_our_cores
+    from specsample.backends.rpc import cores
 
-    workers = parse_workers("127.0.0.1:1")
-    assert shares_our_cores(workers, pids={os.getpid()})  # a worker here, unpinned: on our cores
-    assert not shares_our_cores(workers, pids=set())  # none here: another machine
-    assert shares_our_cores(workers, pids={1 << 30})  # one we cannot read: assumed to share
+    workers, ours = parse_workers("127.0.0.1:1"), cores(None)
+    assert cores(workers, pids={os.getpid()}) & ours  # a worker here, unpinned: on our cores
+    assert not cores(workers, pids=set()) & ours  # none here: another machine
+    assert cores(workers, pids={1 << 30}) & ours  # one we cannot read: assumed to share
 
 
 def test_target_and_draft_are_apart_only_where_neither_may_run_on_the_others_cores():
@@ -110,9 +110,11 @@ def test_the_overlap_is_asked_for_and_needs_target_and_draft_apart():
     from specsample.app.assemble import overlaps
 
     remote = parse_workers("10.255.255.1:50052")
-    assert overlaps(ModelOptions(), remote, None) and overlaps(ModelOptions(), None, remote)
-    assert not overlaps(ModelOptions(overlap=False), remote, None)
-    assert not overlaps(ModelOptions(), None, None) and not overlaps(ModelOptions(), remote, remote)
+    assert overlaps(ModelOptions(), "llamacpp", remote, None) and overlaps(ModelOptions(), "llamacpp", None, remote)
+    assert not overlaps(ModelOptions(overlap=False), "llamacpp", remote, None)
+    assert not overlaps(ModelOptions(), None, remote, None)  # no draft model: nothing to draft meanwhile
+    assert not overlaps(ModelOptions(), "llamacpp", None, None)
+    assert not overlaps(ModelOptions(), "llamacpp", remote, remote)
 
 
 def test_a_server_watches_the_target_and_draft_workers_alike():

@@ -172,7 +172,7 @@ def assemble(options: ModelOptions, drafting: bool = True, sequences: int = 1) -
     kw["sequences"] = sequences if target_engine == "llamacpp" else 1
     target = hold_sequences(load_backend(options.target, target_engine, quant=target_quant,
                                          batch_invariant=options.batch_invariant, workers=on_workers,
-                                         overlap=overlaps(options, on_workers, draft_on), **kw), sequences)
+                                         overlap=overlaps(options, draft_engine, on_workers, draft_on), **kw), sequences)
     if not drafting:
         return Models(target)
     if draft_engine is None:
@@ -270,11 +270,11 @@ def draft_workers(options: ModelOptions, draft_engine: str | None):
     return workers
 
 
-def overlaps(options: ModelOptions, target_on, draft_on) -> bool:
+def overlaps(options: ModelOptions, draft_engine: str | None, target_on, draft_on) -> bool:
     """Whether drafting runs during the target's calls (decoding/overlap.py): asked for,
-    and target and draft compute on cores of their own (rpc.apart), which needs one of
-    them on workers."""
-    if not options.overlap or target_on is None and draft_on is None:
+    with a draft model to draft, and target and draft compute on cores of their own
+    (rpc.apart, which reads /proc only then), which needs one of them on workers."""
+    if not options.overlap or draft_engine is None or target_on is None and draft_on is None:
         return False
     from ..backends.rpc import apart
 

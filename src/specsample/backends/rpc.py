@@ -307,15 +307,6 @@ def local_worker_pids(workers: Workers) -> set[int]:
     return listening_pids(ports) if ports else set()
 
 
-def shares_our_cores(workers: Workers, pids=None) -> bool:
-    """Whether a worker (or what answers on its port here: a relay) may run on a core
-    this process may run on: then what this process computes during a target call
-    (the draft drafting, decoding/overlap.py) takes the worker's cores rather than idle
-    ones. Workers on other machines, or pinned to other cores here, share none.
-    `pids`: the workers' processes here (default: found by their ports)."""
-    return bool(cores(workers, pids) & cores(None))
-
-
 def apart(target: Workers | None, draft: Workers | None) -> bool:
     """Whether a target and a draft placed so (None: in this process) compute on cores
     of their own, so that drafting during the target's calls costs the calls nothing:
