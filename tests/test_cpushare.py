@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from specsample.backends.cpushare import TICKS, CpuShare, busy_ticks, read_proc
+from specsample.backends.cpushare import TICKS, CpuShare, busy_ticks, read_proc, running_others
 
 pytestmark = pytest.mark.system
 
@@ -24,6 +24,9 @@ class FakeProc:
     def read(self, helpers=frozenset()):
         return self.busy, self.own
 
+    def running(self):  # other processes' threads running at this instant
+        return round(self.others)
+
     def advance(self, seconds=0.5):
         self.now += seconds
         self.busy += int(TICKS * seconds * (self.others + self.own_cores))
@@ -32,7 +35,7 @@ class FakeProc:
 
 def test_a_lone_process_keeps_its_threads_and_a_busy_machine_takes_them_away():
     proc = FakeProc()
-    share = CpuShare(interval=0.25, read=proc.read, clock=proc.clock, cores=2)
+    share = CpuShare(interval=0.25, read=proc.read, clock=proc.clock, cores=2, running=proc.running)
     proc.own_cores = 2.0
     assert share.threads(2) == 2  # first sample: nothing measured yet
     proc.advance()
@@ -51,7 +54,7 @@ def test_a_lone_process_keeps_its_threads_and_a_busy_machine_takes_them_away():
 
 def test_the_measurement_is_reread_only_after_the_interval():
     proc = FakeProc()
-    share = CpuShare(interval=1.0, read=proc.read, clock=proc.clock, cores=2)
+    share = CpuShare(interval=1.0, read=proc.read, clock=proc.clock, cores=2, running=proc.running)
     share.threads(2)
     proc.others = 2.0
     proc.advance(0.5)
@@ -62,7 +65,7 @@ def test_the_measurement_is_reread_only_after_the_interval():
 
 def test_work_that_ended_during_an_idle_spell_costs_no_threads():
     proc = FakeProc()
-    share = CpuShare(interval=0.25, read=proc.read, clock=proc.clock, cores=2)
+    share = CpuShare(interval=0.25, read=proc.read, clock=proc.clock, cores=2, running=proc.running)
     share.threads(2)
     proc.others = 2.0
     proc.advance(1.0)  # another process ran flat out, then stopped while we were idle
@@ -72,6 +75,50 @@ def test_work_that_ended_during_an_idle_spell_costs_no_threads():
     proc.others = 2.0
     proc.advance(0.5)
     assert share.threads(2) == 1  # a fresh window still sees a busy machine
+
+
+def test_a_neighbour_that_just_finished_costs_the_next_prefill_no_thread():
+    """Interleaved against llama-server, each of our prompts after its turn saw a
+    quarter second of two busy cores and was prefilled on one thread of two."""
+    proc = FakeProc()
+    share = CpuShare(interval=0.25, read=proc.read, clock=proc.clock, cores=2, running=proc.running)
+    share.threads(2)
+    proc.others = 2.0  # another server answered while we were idle...
+    proc.advance(0.25)
+    proc.others = 0.0  # ...and has stopped as our request comes
+    assert share.threads(2) == 2
+    proc.others = 2.0  # one that is still running counts
+    proc.advance(0.25)
+    assert share.threads(2) == 1
+
+
+def test_the_instant_is_read_only_after_an_idle_spell_of_ours():
+    proc = FakeProc()
+    asked = []
+    share = CpuShare(interval=0.25, read=proc.read, clock=proc.clock, cores=2,
+                     running=lambda: asked.append(1) or 0)
+    share.threads(2)
+    proc.others, proc.own_cores = 1.0, 1.0  # we are decoding beside a neighbour: the window holds
+    proc.advance(0.25)
+    assert share.threads(2) == 1 and not asked
+    proc.own_cores = 0.0  # idle, and the window says someone else ran: look now
+    proc.advance(0.25)
+    assert share.threads(2) == 2 and asked
+
+
+def test_running_others_counts_a_spinning_neighbour():
+    import subprocess
+    import sys
+
+    if running_others() is None:
+        pytest.skip("no /proc here")
+    child = subprocess.Popen([sys.executable, "-c", "print(flush=True)\nwhile True: pass"], stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()
+        assert max(running_others() for _ in range(20)) >= 1
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_turned_off_or_off_linux_it_uses_the_threads_asked_for():
@@ -118,7 +165,7 @@ def test_a_helper_process_working_while_this_one_waits_costs_no_thread():
     def read(helpers=frozenset()):
         return proc.busy, proc.own + (helper_ticks["value"] if 4242 in helpers else 0)
 
-    share = CpuShare(interval=0.25, read=read, clock=proc.clock, cores=2)
+    share = CpuShare(interval=0.25, read=read, clock=proc.clock, cores=2, running=proc.running)
     share.threads(2)
     proc.others = 2.0  # the workers run flat out on a target call
     proc.advance()
@@ -154,7 +201,7 @@ def test_a_helper_is_read_from_proc_and_one_that_is_gone_counts_nothing():
 
 def test_a_slow_call_beside_a_busy_neighbour_is_no_idle_spell():
     proc = FakeProc()
-    share = CpuShare(interval=0.25, read=proc.read, clock=proc.clock, cores=2)
+    share = CpuShare(interval=0.25, read=proc.read, clock=proc.clock, cores=2, running=proc.running)
     share.threads(2)
     # A neighbour in another scheduling group holds one core; our two threads share
     # the other and one call lasts two seconds: the window is long but we worked
@@ -167,7 +214,7 @@ def test_a_slow_call_beside_a_busy_neighbour_is_no_idle_spell():
 
 
 def test_watching_keeps_the_window_fresh_through_an_idle_spell():
-    share = CpuShare(interval=0.1, clock=time.monotonic, cores=2)
+    share = CpuShare(interval=0.1, clock=time.monotonic, cores=2, running=lambda: 1)  # the neighbour runs now too
 
     def read(helpers=frozenset()):  # a neighbour holding one core, in real time
         return int(TICKS * time.monotonic()), 0

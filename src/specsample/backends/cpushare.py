@@ -47,6 +47,26 @@ def read_proc(helpers: frozenset[int] = frozenset()) -> tuple[int, int] | None:
     return busy, own
 
 
+def running_others() -> int | None:
+    """Threads of other processes running at this instant: /proc/stat's procs_running
+    (every runnable thread on the machine) less this process's own (the caller's
+    among them), or None off Linux. A snapshot, not a window: what a call about to
+    start competes with."""
+    try:
+        with open("/proc/stat") as f:
+            running = next(int(line.split()[1]) for line in f if line.startswith("procs_running "))
+        own = 0
+        for task in os.scandir("/proc/self/task"):
+            try:
+                with open(f"{task.path}/stat") as f:
+                    own += f.read().rsplit(")", 1)[1].split()[0] == "R"
+            except OSError:  # a thread that ended meanwhile
+                pass
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return max(0, running - own)
+
+
 def _process_ticks(pid: str) -> int:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces
@@ -85,16 +105,17 @@ class CpuShare:
     """Cores the other processes on this machine are using, re-read every `interval`."""
 
     def __init__(self, interval: float = 0.25, read=read_proc, clock=time.monotonic, cores: int | None = None,
-                 enabled: bool = True):
+                 enabled: bool = True, running=running_others):
         self.interval = interval
         self.helpers: frozenset[int] = frozenset()  # processes whose time is ours (read_proc)
         self.enabled = enabled
         self.cores = cores or available_cores()
-        self._read, self._clock = read, clock
+        self._read, self._clock, self._running = read, clock, running
         self._last: tuple[float, int, int] | None = None
         self._lock = threading.Lock()
         self._watching = False
         self.others = 0.0  # cores' worth of CPU time used by other processes lately
+        self.own = 0.0  # cores' worth this process used in the same window
 
     def threads(self, wanted: int) -> int:
         """Threads to run now: `wanted`, less the cores others use (rounded), at least 1."""
@@ -102,7 +123,18 @@ class CpuShare:
             return wanted
         with self._lock:
             self._update()
-        free = self.cores - self.others
+            others = self.others
+            if others >= 0.5 and self.own < IDLE:
+                # The first call after an idle spell of ours (a request's prefill, the
+                # call its user waits for): the window is what ran before it came, a
+                # client or another server that has just finished (interleaved against
+                # llama-server, every prompt after its turn was prefilled on one thread
+                # of two). Go by the neighbours still running now, never more than the
+                # window says; one that runs on is running now and still counts.
+                now = self._running()
+                if now is not None:
+                    others = min(others, float(now))
+        free = self.cores - others
         return max(1, min(wanted, int(free + 0.5)))
 
     def _update(self) -> None:
@@ -127,6 +159,7 @@ class CpuShare:
             # idle, it would hand back every thread and keep the calls that slow.
             idle = wall > STALE * self.interval and own < IDLE
             self.others = 0.0 if idle else max(0.0, others)
+            self.own = own
         self._last = (now, *sample)
 
     def count_as_ours(self, pids) -> None:
