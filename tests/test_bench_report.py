@@ -63,11 +63,12 @@ def test_small_run_writes_records_summary_and_plots(tmp_path):
     assert all(row.split("|")[5].strip() == "2" for row in table.splitlines()[2:])
     assert "eff. GB/s (% of read)" in table and "a read probe in this run (10.0 GB/s" in summary
     ar_row = next(row for row in table.splitlines() if "| humaneval | greedy | ar |" in row)
-    assert "%)" in ar_row.split("|")[12]  # 2 GB x decode tokens/s, against the ceiling
+    assert "%)" in ar_row.split("|")[14]  # 2 GB x decode tokens/s, against the ceiling
+    assert float(ar_row.split("|")[9]) >= 0 and float(ar_row.split("|")[10]) == 1.0  # TTFT (toy: ms), ar's own ratio
     # The ceiling is never below what plain decoding reached: no ar row passes 100%.
     for row in table.splitlines()[2:]:
         if row.split("|")[3].strip() == "ar":
-            assert int(row.split("|")[12].split("(")[1].rstrip("%) ")) <= 100
+            assert int(row.split("|")[14].split("(")[1].rstrip("%) ")) <= 100
     for section in ("Command: `specsample bench --test`", "Cost curve", "Analytic prediction", "Greedy exactness",
                     "## Where a round's time goes"):
         assert section in summary

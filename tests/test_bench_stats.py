@@ -44,6 +44,29 @@ def test_summarise_aggregates_and_speedup():
     assert spec.latency(50) == pytest.approx(1.0)
 
 
+def test_kinds_get_rows_of_their_own_after_the_overall_one_with_time_to_first_token():
+    def timed(mode, kind, tokens, seconds, first):
+        stats = {"new_tokens": tokens, "target_calls": tokens, "prefill_seconds": (first or 0.2) / 2}
+        if first is not None:
+            stats["first_token_seconds"] = first
+        return record(mode=mode, family=mode, task="chat", kind=kind, stats=stats, latency_seconds=seconds)
+
+    records = [timed("ar", "writing", 10, 2.0, 0.5), timed("ar", "rag", 10, 4.0, 3.0),
+               timed("spec-auto", "writing", 10, 1.0, 0.4), timed("spec-auto", "rag", 10, 4.0, 3.3),
+               timed("peer", "writing", 10, 1.0, None), timed("peer", "rag", 10, 1.0, 1.0)]
+    rows = {(s.task, s.mode): s for s in summarise(records)}
+    assert [s.task for s in summarise(records)][:3] == ["chat", "chat/writing", "chat/rag"]
+    assert rows["chat", "ar"].sequences == 2 and rows["chat/rag", "ar"].sequences == 1
+    assert rows["chat", "ar"].time_to_first_token == pytest.approx(1.75)  # the median of 0.5 and 3.0
+    assert rows["chat/writing", "spec-auto"].first_token_ratio == pytest.approx(0.8)
+    assert rows["chat/rag", "spec-auto"].first_token_ratio == pytest.approx(1.1)
+    assert rows["chat/writing", "spec-auto"].speedup == pytest.approx(2.0)
+    assert rows["chat/rag", "spec-auto"].speedup == pytest.approx(1.0)
+    # A mode that reported no time for one of its sequences has no median to show.
+    assert rows["chat", "peer"].time_to_first_token is None and rows["chat/rag", "peer"].time_to_first_token == 1.0
+    assert rows["chat", "peer"].first_token_ratio is None
+
+
 def test_two_proportion_z_test_worked_example():
     from specsample.bench.stats import two_proportion_z_test
 

@@ -263,6 +263,22 @@ def test_stats_are_consistent():
     assert ar.mean_tokens_per_target_call == pytest.approx(30 / 29)
 
 
+def test_the_first_token_is_timed_from_the_call_to_its_emission():
+    ticks = iter(range(1000))
+    clock = lambda: float(next(ticks))  # noqa: E731 - every reading one second later
+    target = tiny_backend(0)
+    s = stream(target, PROMPT, greedy(max_new_tokens=5), clock=clock)
+    chunks = iter(s)
+    next(chunks)
+    when = s._rounds.gi_frame.f_locals["out"].stats.first_token_seconds  # set as the first chunk is emitted
+    for _ in chunks:
+        pass
+    st = s.result.stats
+    assert st.first_token_seconds == when and 0 < st.first_token_seconds < st.total_seconds
+    assert st.first_token_seconds >= st.prefill_seconds  # the prefill comes first; then the first round emits
+    assert st.as_dict()["first_token_seconds"] == st.first_token_seconds
+
+
 def test_same_seed_repeats_exactly_and_other_seeds_differ():
     target = tiny_backend(0)
     sampling = SamplingConfig(temperature=1.0)

@@ -141,6 +141,8 @@ def parse_completion(response: dict) -> dict:
         "accepted": timings.get("draft_n_accepted", 0),
         "acceptance_rate": timings.get("draft_n_accepted", 0) / drafted if drafted else None,
         "prefill_seconds": timings["prompt_ms"] / 1000,
+        # Its first token is sampled from the prompt's last row: the prefill is its wait.
+        "first_token_seconds": timings["prompt_ms"] / 1000,
         "decode_seconds": timings["predicted_ms"] / 1000,
         "prompt_tokens_evaluated": timings["prompt_n"],
     }

@@ -36,6 +36,7 @@ class Record:
     passed: bool | None = None  # parity: the completion passed its tests
     outcome: str | None = None  # parity: how the program ended (parity.Execution.outcome)
     target: str | None = None  # the target type, in a run over several (--target-quants)
+    kind: str | None = None  # the prompt's kind, where its task has kinds (chat, --prompts-file)
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)
@@ -46,7 +47,7 @@ class Record:
         return cls(**row)
 
 
-_OPTIONAL = ("valid", "passed", "outcome", "target")
+_OPTIONAL = ("valid", "passed", "outcome", "target", "kind")
 
 
 def read_records(path: Path) -> list[Record]:

@@ -16,11 +16,13 @@ from .stats import ModeSummary, two_proportion_z_test
 
 
 def main_table(summaries: list[ModeSummary], weight_bytes: int | None = None, read_bandwidth: float | None = None) -> str:
-    rows = [["task", "setting", "mode", "K", "seqs", "tokens", "tokens/s", "speedup vs ar", "ms/token", "decode tokens/s",
+    rows = [["task", "setting", "mode", "K", "seqs", "tokens", "tokens/s", "speedup vs ar", "TTFT s", "TTFT vs ar",
+             "ms/token", "decode tokens/s",
              "decode speedup", "eff. GB/s (% of read)", "acceptance", "tokens/target call", "P50 s", "P90 s", "P99 s"]]
     for s in summaries:
         rows.append([s.task, s.setting, s.mode, "-" if s.k is None else str(s.k), str(s.sequences), str(s.new_tokens),
-                     cell(s.tokens_per_second, ".2f"), cell(s.speedup, ".2f"), cell(s.ms_per_token, ".0f"),
+                     cell(s.tokens_per_second, ".2f"), cell(s.speedup, ".2f"), cell(s.time_to_first_token, ".2f"),
+                     cell(s.first_token_ratio, ".2f"), cell(s.ms_per_token, ".0f"),
                      cell(s.decode_tokens_per_second, ".2f"), cell(s.decode_speedup, ".2f"),
                      _bandwidth_cell(weight_bytes, s.decode_tokens_per_second, read_bandwidth), cell(s.acceptance_rate, ".2f"),
                      cell(s.tokens_per_target_call, ".2f"), cell(s.latency(50), ".2f"), cell(s.latency(90), ".2f"),
@@ -290,7 +292,10 @@ def cell(value, fmt: str) -> str:
 THROUGHPUT_NOTE = (
     "Every figure in a row comes from its `seqs` sequences (one per prompt). tokens/s = all new tokens / all wall time "
     "of the mode (prompt prefill included); speedup is that over `ar` (our autoregressive loop) on the same prompts; "
-    "ms/token is its inverse. P50/P90/P99 are per-sequence latencies over the row's sequences (with fewer than 100 "
+    "ms/token is its inverse: both are whole requests, what a user waits for. TTFT s is the median time from the "
+    "request to its first token (our loops: the call to the first emitted token, a planner's calibration and the "
+    "prefill included; llama-server: its prompt time), and TTFT vs ar its ratio to `ar`'s. A task whose prompts have "
+    "kinds (chat, --prompts-file) has an overall row, then a row per kind (task/kind). P50/P90/P99 are per-sequence latencies over the row's sequences (with fewer than 100 "
     "sequences P99 sits close to the slowest one). decode tokens/s and decode speedup leave out the target's prompt "
     "prefill (modes that report it: our loops and llama-server; a model draft's own prefill stays in). Acceptance is "
     "per draft token; for llama-cpp-python and transformers peers it is estimated from their call counts. "

@@ -41,6 +41,7 @@ class GenerationStats:
     predrafted_rounds: int = 0  # rounds whose drafts were made during the previous round's target call (overlap.py)
     cached_prompt_tokens: int = 0  # of the prompt, held in the target's cache already (cache_prompt): not scored
     prefill_seconds: float = 0.0
+    first_token_seconds: float | None = None  # from the call to the first emitted token (None: none emitted)
     calibration_seconds: float = 0.0  # the adaptive policy's one-off cost measurement, when stream() made it
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
@@ -103,6 +104,7 @@ class GenerationStats:
             "mean_tokens_per_target_call": self.mean_tokens_per_target_call,
             "tokens_per_second": self.tokens_per_second,
             "prefill_seconds": self.prefill_seconds,
+            "first_token_seconds": self.first_token_seconds,
             "calibration_seconds": self.calibration_seconds,
             "draft_seconds": self.draft_seconds,
             "target_seconds": self.target_seconds,
@@ -298,6 +300,8 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
                           clock)
             carried = played.carry  # the row a kept block starts from (overlap.py); else None
             chunk = out.emit(played)
+            if chunk.token_ids and out.stats.first_token_seconds is None:
+                out.stats.first_token_seconds = clock() - start  # what a user waits for
             # Tell the drafter how its drafts fared, and the policy what the round cost.
             if drafter is not None:
                 tell(drafter, played.draft, played.verdict.num_accepted)
