@@ -20,11 +20,44 @@ def _args(*argv):
 def test_demo_preset_and_an_explicit_override():
     args = _args("--preset", "demo", "--prompts", "2")
     config = bench_config(args)
-    assert config.tasks == ("humaneval",) and config.settings == ("greedy",)
+    assert config.tasks == ("humaneval", "chat") and config.settings == ("greedy",)
     assert config.prompt_count("humaneval") == 2  # explicit option beats the preset
     assert config.new_tokens("humaneval") == 384  # full answers: the task's own limit
-    assert args.modes == "ar,spec-auto,spec,llamacpp-spec" and args.ks == "4" and config.parity_prompts == 0
+    assert args.modes == "ar,spec-auto,spec,llamacpp-server,llamacpp-spec" and args.ks == "4"
+    assert config.parity_prompts == 0
     assert args.target_quants == "q4_k_m,bf16"  # both regimes: the file as shipped and its bf16 re-encoding
+
+
+def test_a_prompts_file_is_a_task_that_runs_whole(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"prompt": "Write a haiku.", "kind": "writing"}\n\n# a comment\n'
+                    '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}\n'
+                    '{"prompt": "Translate: bonjour", "kind": "translation", "id": "t1"}\n')
+    config = bench_config(_args("--prompts-file", str(path)))
+    assert config.tasks == ("prompts",) and config.prompt_count("prompts") == 3 and config.parity_prompts == 0
+    from specsample.bench.tasks import load_task
+
+    first, chat, third = load_task("prompts")
+    assert (first.kind, first.messages) == ("writing", ({"role": "user", "content": "Write a haiku."},))
+    assert chat.kind is None and chat.messages[0] == {"role": "system", "content": "Be brief."}
+    assert third.id == "t1"
+    beside = bench_config(_args("--prompts-file", str(path), "--tasks", "humaneval", "--prompts", "prompts=2"))
+    assert beside.tasks == ("humaneval", "prompts") and beside.prompt_count("prompts") == 2
+
+
+@pytest.mark.parametrize("line,message", [
+    ('{"text": "hi"}', "either \"prompt\" or \"messages\""),
+    ('{"prompt": "a", "messages": []}', "either"),
+    ('not json', "either"),
+    ('{"prompt": "  "}', "non-empty string"),
+    ('{"messages": [{"role": "robot", "content": "x"}]}', "one of system"),
+    ('{"prompt": "a", "kind": "a/b"}', "without '/'"),
+])
+def test_a_bad_prompts_file_names_its_line(tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "fine"}\n' + line + "\n")
+    with pytest.raises(UsageError, match=f"bad.jsonl:2: .*{message}"):
+        _args("--prompts-file", str(path))
 
 
 def test_defaults_run_every_task_on_enough_prompts():

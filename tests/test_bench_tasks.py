@@ -1,6 +1,6 @@
 import pytest
 
-from specsample.bench.tasks import HUMANEVAL_STOPS, TASKS, first_stop, load_task
+from specsample.bench.tasks import HUMANEVAL_STOPS, TASKS, first_stop, load_task, stdlib_docstrings
 
 pytestmark = pytest.mark.pure
 
@@ -65,3 +65,20 @@ def test_humaneval_stop_sequences(text, expected):
 
 def test_no_stop_strings_never_stop():
     assert first_stop("anything\ndef", ()) is None
+
+
+def test_chat_asks_thirteen_kinds_in_turn_from_offline_text():
+    from specsample.bench.chat_task import KINDS
+
+    prompts = load_task("chat")
+    assert len(prompts) == 26 and [p.kind for p in prompts[:13]] == list(KINDS) == [p.kind for p in prompts[13:]]
+    assert prompts == load_task("chat")  # the same prompts every run
+    assert len({p.text for p in prompts}) == 26
+    assert TASKS["chat"].chat and TASKS["chat"].max_new_tokens == 128
+    rag = [p for p in prompts if p.kind == "rag"]
+    docs = dict(stdlib_docstrings())
+    for p in rag:  # the asked-about document is among the six, not first or last
+        module = p.id.removeprefix("rag-")
+        assert p.text.count("\nDocument ") + p.text.startswith("Document ") >= 5 and docs[module] in p.text
+        assert not p.text.split("\n\n", 2)[1].startswith(f"Document 1 ({module})")
+    assert all(len(p.text) > 5000 for p in rag)  # long context: about 2,000 tokens

@@ -30,10 +30,11 @@ PRESETS = {
     # `make demo`: HumanEval completions to the end of the function on the llama.cpp
     # backend, on the default target as shipped (Q4_K_M: compute-bound calls) and on
     # its BF16 re-encoding (memory-bound: the regime speculation is for), each beside
-    # llama.cpp's own speculative decoding on the same files; short enough for a first
-    # look (docs/benchmarks.md: its time on the project's machine).
-    "demo": dict(tasks="humaneval", settings="greedy", modes="ar,spec-auto,spec,llamacpp-spec", ks="4", peer_k="4",
-                 prompts="4", parity=False, plots=False, target_quants="q4_k_m,bf16"),
+    # llama.cpp's own speculative decoding and plain llama-server on the same files; and
+    # four general chat prompts (writing, translation, roleplay, a summary), where drafts
+    # are seldom right; short enough for a first look (docs/benchmarks.md: its time here).
+    "demo": dict(tasks="humaneval,chat", settings="greedy", modes="ar,spec-auto,spec,llamacpp-server,llamacpp-spec",
+                 ks="4", peer_k="4", prompts="4", parity=False, plots=False, target_quants="q4_k_m,bf16"),
 }
 # --serve: short HumanEval completions and long explanations (decoding dominates), both
 # settings, 8 requests from 4 clients per server, on 1 and 4 slots (--clients, --slots).
@@ -48,11 +49,15 @@ def add_bench_arguments(b) -> None:
     """The bench subcommand's options, model options included."""
     add_model_arguments(b)
     b.add_argument("--preset", choices=list(PRESETS),
-                   help="demo: humaneval, 4 prompts, greedy, ar/spec-auto/spec-k4/llamacpp-spec-k4, on the target as "
-                        "given (q4_k_m) and on its bf16 re-encoding")
+                   help="demo: humaneval and chat, 4 prompts each, greedy, ar/spec-auto/spec-k4/llamacpp-server/"
+                        "llamacpp-spec-k4, on the target as given (q4_k_m) and on its bf16 re-encoding")
     b.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory (default results/bench)")
     tasks = ", ".join(f"{t.name} ({'chat' if t.chat else 'raw prompt'}, <= {t.max_new_tokens} tokens)" for t in TASKS.values())
     b.add_argument("--tasks", help=f"comma list of {tasks} (default all)")
+    b.add_argument("--prompts-file", type=Path, metavar="FILE",
+                   help="your own prompts as the task 'prompts', run instead of the default tasks (or beside those "
+                        "--tasks names): JSON lines of {\"prompt\": ...} or {\"messages\": [...]}, with an optional "
+                        "\"kind\" that gets rows of its own; every line runs unless --prompts prompts=N")
     b.add_argument("--settings", help=f"comma list of {', '.join(SETTINGS)} (default both; sample = T 0.8, top-p 0.95)")
     b.add_argument("--modes", help=f"'auto' or a comma list of {', '.join(FAMILIES)} (auto: all that fit the backends; "
                                    "llamacpp-spec is llama.cpp's own speculative decoding, llama-server -md, built once)")
@@ -96,6 +101,12 @@ def add_bench_arguments(b) -> None:
 def resolve_options(args) -> argparse.Namespace:
     """Explicit options win over the preset, the preset over the defaults."""
     preset = {**(SERVE_DEFAULTS if args.serve else {}), **PRESETS.get(args.preset, {})}
+    if getattr(args, "prompts_file", None) is not None:  # the user's own prompts, besides what --tasks names
+        from .prompts_file import NAME, register
+
+        register(args.prompts_file)  # a bad file fails now, before any model loads
+        args.tasks = ",".join(t for t in (args.tasks, NAME) if t)
+        args.parity = False if args.parity is None else args.parity
     for name, default in DEFAULTS.items():
         if getattr(args, name, None) is None:
             setattr(args, name, preset.get(name, default))
@@ -105,6 +116,8 @@ def resolve_options(args) -> argparse.Namespace:
 def bench_config(args) -> BenchConfig:
     tasks = names(args.tasks, TASKS, "task")
     default, counts = parse_prompts(args.prompts, tasks)
+    if "prompts" in tasks and "prompts" not in counts:  # a prompts file runs whole unless told otherwise
+        counts["prompts"] = len(TASKS["prompts"].load())
     return BenchConfig(tasks=tasks, settings=names(args.settings, SETTINGS, "setting"), prompts=counts,
                        default_prompts=default, max_new_tokens=args.max_new_tokens, seed=args.seed,
                        parity_prompts=args.parity_prompts if args.parity else 0)

@@ -73,6 +73,8 @@ def prompt_ids(target, task: Task, prompt: Prompt) -> list[int]:
     """A prompt's ids as its task asks it: in the chat template (with its tools), as a
     fill-in-the-middle prompt in the model's FIM tokens, or as plain text."""
     tokenizer = target.tokenizer
+    if prompt.messages is not None:
+        return tokenizer.chat_messages([dict(m) for m in prompt.messages], list(prompt.tools) or None)
     if prompt.tools:
         return tokenizer.chat_messages([{"role": "user", "content": prompt.text}], list(prompt.tools))
     if prompt.suffix is not None:
@@ -136,7 +138,7 @@ def _run_one(mode, prepared: PreparedPrompt, setting: str, index: int, max_new_t
                   seed=seed, max_new_tokens=max_new_tokens, latency_seconds=latency, stop_reason=outcome.stop_reason,
                   stats=outcome.stats, token_ids=outcome.token_ids, text=outcome.text,
                   valid=is_valid(outcome.text, schema) if schema is not None else
-                  calls_valid(outcome.text, tools) if tools else None)
+                  calls_valid(outcome.text, tools) if tools else None, kind=prepared.prompt.kind)
 
 
 def _rotated(modes: list, turn: int) -> list:

@@ -14,6 +14,8 @@ structured      fields of standard-library function docs as JSON under a fixed s
                 (structured.py): constrained output, where much of the text is forced
 tools           requests a coding agent makes, each with the one tool it needs
                 (tool_task.py): the answer is a call held to the tool's schema
+chat            general chat of thirteen kinds, from writing and translation to
+                questions over long documents (chat_task.py), each row per kind too
 fim             a function body held out of a standard-library module, asked for
                 between its prefix and suffix in the model's FIM tokens (fim_task.py)
 
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import fim_task, structured, tool_task
+from . import chat_task, fim_task, structured, tool_task
 
 # Chen et al. (2021), "Evaluating Large Language Models Trained on Code": a completion
 # ends where the model starts a new top-level statement after the function.
@@ -54,6 +56,8 @@ class Prompt:
     problem: dict = field(default_factory=dict, compare=False)  # HumanEval fields, for parity
     tools: tuple[dict, ...] = field(default=(), compare=False)  # OpenAI-shaped tools the answer must call
     suffix: str | None = field(default=None, compare=False)  # a FIM prompt's: text is then its prefix
+    kind: str | None = None  # what sort of request it is, where a task mixes sorts (chat, --prompts-file)
+    messages: tuple[dict, ...] | None = field(default=None, compare=False)  # a whole chat, asked instead of `text`
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,10 @@ def fim_prompts() -> list[Prompt]:
             for name, prefix, suffix, body in fim_task.fim_cases()]
 
 
+def chat_prompts() -> list[Prompt]:
+    return [Prompt("chat", id, text, kind=kind) for kind, id, text in chat_task.chat_cases(dict(stdlib_docstrings()))]
+
+
 def summarize_prompts() -> list[Prompt]:
     chosen = [(name, doc) for name, doc in stdlib_docstrings() if SUMMARY_MIN_CHARS <= len(doc) <= SUMMARY_MAX_CHARS]
     # Longest first, name as the tie-break: the same order on every run of a Python version.
@@ -133,6 +141,7 @@ TASKS = {
         Task("structured", chat=True, max_new_tokens=512, stop_strings=(), load=structured_prompts,
              schema=structured.SCHEMA),
         Task("tools", chat=True, max_new_tokens=192, stop_strings=(), load=tool_prompts, calls=True),
+        Task("chat", chat=True, max_new_tokens=chat_task.MAX_NEW_TOKENS, stop_strings=(), load=chat_prompts),
         # The model ends a middle with its end-of-text token; 256 tokens hold every body.
         Task("fim", chat=False, max_new_tokens=256, stop_strings=(), load=fim_prompts),
     )
