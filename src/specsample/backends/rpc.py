@@ -34,7 +34,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .rpc_key import ENV, MAGIC, local, relay_for
+from .rpc_key import ENV, MAGIC, local, read_exactly, relay_for
 
 # The protocol of the pinned llama.cpp (ggml/include/ggml-rpc.h: RPC_PROTO_*_VERSION).
 PROTOCOL = (2, 0, 0)
@@ -114,7 +114,7 @@ def probe(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
     try:
         with socket.create_connection(parse_endpoint(via), timeout=timeout) as sock:
             sock.sendall(struct.pack("<BQ", CMD_HELLO, 0))
-            reply = _read(sock, 11)
+            reply = read_exactly(sock, 11)
     except (OSError, EOFError) as e:
         hint = " (is the worker started with the same --rpc-key?)" if via != endpoint else ""
         raise WorkerError(f"RPC worker {endpoint} is unreachable ({_reason(e)}{hint}); start it with "
@@ -129,16 +129,6 @@ def probe(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
         raise WorkerError(f"RPC worker {endpoint} speaks protocol {major}.{minor}.{patch}, this llama.cpp "
                           f"{'.'.join(map(str, PROTOCOL))}: run the worker from the same specsample install")
     return major, minor, patch
-
-
-def _read(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise EOFError("the connection closed")
-        data += chunk
-    return data
 
 
 def _reason(error: BaseException) -> str:

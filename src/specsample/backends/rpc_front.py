@@ -38,10 +38,12 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 from pathlib import Path
 
-from .rpc_key import CHALLENGE, MAGIC, pipe, proof
+from .rpc import WorkerError, _reason
+from .rpc_key import CHALLENGE, MAGIC, _shut, forward, proof, read_exactly
 
 HEADER = struct.Struct("<BQ")
 TENSOR = 296  # sizeof(rpc_tensor), packed: GGML_MAX_DIMS 4, GGML_MAX_OP_PARAMS 64, GGML_MAX_SRC 10, GGML_MAX_NAME 64
@@ -84,15 +86,18 @@ class Front:
         self.turn = asyncio.Lock()  # one client at a time on the worker; its waiters are served in order
         self.child: asyncio.subprocess.Process | None = None
 
-    async def serve(self, started=None) -> None:
-        server = await asyncio.start_server(self._connection, self.host, self.port, reuse_address=True)
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        listener = socket.create_server((self.host, self.port), reuse_port=False)
+        listener.setblocking(False)
         supervisor = asyncio.create_task(self._supervise())
-        if started is not None:
-            started()
         try:
-            await supervisor
+            while True:
+                conn, _ = await loop.sock_accept(listener)
+                asyncio.create_task(self._connection(conn))
         finally:
-            server.close()
+            supervisor.cancel()
+            listener.close()
             if self.child is not None and self.child.returncode is None:
                 self.child.kill()
                 await self.child.wait()
@@ -130,76 +135,100 @@ class Front:
                 await asyncio.sleep(0.1)
         return False
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    async def _connection(self, conn: socket.socket) -> None:
+        """One client: its handshake here, then its turn on the worker in threads of
+        blocking sockets, which cost a call less than the event loop's streams do."""
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            await asyncio.wait_for(self._handshake(reader, writer), self.timeout)
+            await asyncio.wait_for(self._handshake(conn), self.timeout)
             async with self.turn:
-                await self._serve_client(reader, writer)
-        except (Refused, OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as e:
+                await self.ready.wait()
+                done = asyncio.get_running_loop().create_future()
+                # a daemon thread, not the loop's executor: a client with a model may hold it for
+                # good, and the process must still end on a signal
+                threading.Thread(target=self._session, args=(conn, self.upstream, done), daemon=True).start()
+                conn = None  # the session's now
+                await done
+        except (Refused, OSError, EOFError, asyncio.TimeoutError) as e:
             if isinstance(e, Refused):
-                self.log(f"closed a connection from {_peer(writer)}: {e}")
+                self.log(f"closed a connection from {_peer(conn)}: {e}")
         finally:
-            writer.close()
+            if conn is not None:
+                conn.close()
 
-    async def _handshake(self, reader, writer) -> None:
+    async def _handshake(self, conn: socket.socket) -> None:
         """The key's challenge and response, where there is a key, then HELLO."""
+        loop = asyncio.get_running_loop()
         if self.key is not None:
             nonce = secrets.token_bytes(CHALLENGE)
-            writer.write(MAGIC + nonce)
+            await loop.sock_sendall(conn, MAGIC + nonce)
             expected = proof(self.key, nonce)
-            if not hmac.compare_digest(await reader.readexactly(len(expected)), expected):  # constant time
+            if not hmac.compare_digest(await _recv_exactly(loop, conn, len(expected)), expected):  # constant time
                 raise Refused("wrong key")
-        command, size = HEADER.unpack(await reader.readexactly(HEADER.size))
+        command, size = HEADER.unpack(await _recv_exactly(loop, conn, HEADER.size))
         if (command, size) != (HELLO, 0):
             raise Refused(f"command {command} with {size} bytes before HELLO")
 
-    async def _serve_client(self, reader, writer) -> None:
-        await self.ready.wait()
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
-        up_writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        up_writer.write(HEADER.pack(HELLO, 0))
-        replies = asyncio.create_task(pipe(up_reader, writer))
-        requests = asyncio.create_task(self._requests(reader, up_writer))
+    def _session(self, conn: socket.socket, upstream: int, done) -> None:
+        """(A thread.) The client's turn: replies forwarded as they come, requests each
+        checked before any of it is forwarded. Either side's end ends both."""
+        up = None
         try:
-            done, _ = await asyncio.wait((replies, requests), return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()  # a refusal is reported
+            conn.setblocking(True)
+            up = socket.create_connection(("127.0.0.1", upstream))
+            up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            up.sendall(HEADER.pack(HELLO, 0))
+            threading.Thread(target=forward, args=(up, conn), daemon=True, name="rpc-replies").start()
+            self._requests(conn, up)
+        except Refused as e:
+            self.log(f"closed a connection from {_peer(conn)}: {e}")
+        except (OSError, EOFError):  # either side gone, or a stall past the timeout
+            pass
         finally:
-            up_writer.close()
-            for task in (replies, requests):
-                task.cancel()
-            await asyncio.gather(replies, requests, return_exceptions=True)
+            for sock in (conn, up):  # shut first: a close alone does not wake the replies thread's recv
+                if sock is not None:
+                    _shut(sock)
+                    sock.close()
+            done.get_loop().call_soon_threadsafe(done.set_result, None)
 
-    async def _requests(self, reader, up_writer) -> None:
-        """Forwards the client's requests, each checked before any of it is sent."""
+    def _requests(self, conn: socket.socket, up: socket.socket) -> None:
+        buffer = memoryview(bytearray(CHUNK))
         holds = False  # whether the client has allocated a buffer on the worker (it may then idle)
         while True:
-            first = reader.readexactly(HEADER.size)
-            command, size = HEADER.unpack(await (first if holds else asyncio.wait_for(first, self.timeout)))
+            conn.settimeout(None if holds else self.timeout)
+            header = read_exactly(conn, HEADER.size)
+            conn.settimeout(self.timeout)  # a message stalled part-way closes
+            command, size = HEADER.unpack(header)
             check(command, size, self.memory)
             holds = holds or command == ALLOC_BUFFER
-            if size <= CHUNK:  # the common case: one write, header and payload
-                up_writer.write(HEADER.pack(command, size) + await self._within(reader.readexactly(size)))
-                await up_writer.drain()
+            if size <= CHUNK:  # the common case: one send, header and payload
+                up.sendall(header + read_exactly(conn, size))
                 continue
-            up_writer.write(HEADER.pack(command, size))
+            up.sendall(header)
             while size:
-                chunk = await self._within(reader.read(min(size, CHUNK)))
-                if not chunk:
-                    raise asyncio.IncompleteReadError(b"", size)
-                size -= len(chunk)
-                up_writer.write(chunk)
-                await up_writer.drain()
-
-    async def _within(self, read):
-        """A read that must make progress within the timeout (a stalled message closes)."""
-        return await asyncio.wait_for(read, self.timeout)
+                n = conn.recv_into(buffer, min(size, CHUNK))
+                if not n:
+                    raise EOFError("the client closed mid-message")
+                up.sendall(buffer[:n])
+                size -= n
 
 
-def _peer(writer) -> str:
-    peer = writer.get_extra_info("peername")
-    return f"{peer[0]}:{peer[1]}" if peer else "an unknown peer"
+async def _recv_exactly(loop, conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = await loop.sock_recv(conn, n - len(data))
+        if not chunk:
+            raise EOFError("the connection closed")
+        data += chunk
+    return data
+
+
+def _peer(conn: socket.socket) -> str:
+    try:
+        host, port = conn.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "a peer that left"
 
 
 def _free_port() -> int:
@@ -220,7 +249,6 @@ def run(host: str, port: int, threads: int, memory_mb: int | None = None, cache:
         timeout: float = 10.0, key: str | None = None) -> None:
     """The guarded worker on host:port until the process is stopped (blocks)."""
     from .context_size import available_memory
-    from .rpc import WorkerError, _reason
 
     megabytes = memory_mb or available_memory() // MB
 
@@ -238,7 +266,7 @@ def run(host: str, port: int, threads: int, memory_mb: int | None = None, cache:
 
 
 if __name__ == "__main__":  # the child: llama.cpp's own server on 127.0.0.1 (Front.child_argv)
-    from .rpc import WorkerError, serve_worker
+    from .rpc import serve_worker
 
     child_port, child_threads, child_mb, child_cache = sys.argv[1:]
     try:

@@ -16,7 +16,6 @@ A worker closing the connection closes llama.cpp's too, so a lost worker reads a
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import socket
@@ -31,89 +30,91 @@ def proof(key: str, nonce: bytes) -> bytes:
     return hmac.new(key.encode(), b"specsample-rpc:" + nonce, hashlib.sha256).digest()
 
 
-class Relay:
+class KeyRelay:
     """Listens on 127.0.0.1 (a free port) and relays each connection to `upstream`
-    (host:port) on an asyncio loop in a thread of this process, as `_connection` says.
-    Relaying from the start; leaving its context stops it."""
+    (host:port) once it has answered the worker's challenge with `key`, in threads of
+    blocking sockets (a connection is one per worker and model: few, and each is on the
+    path of every call). One from relay_for lives as long as its process; leaving a
+    `with` block stops one."""
 
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, key: str, timeout: float = 10.0):
         host, _, port = upstream.rpartition(":")
-        self.upstream = (host, int(port))
-        self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"relay-{upstream}")
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError(f"the relay to {upstream} did not start")
+        self.upstream, self.key, self.timeout = (host, int(port)), key, timeout
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True, name=f"rpc-key-{upstream}").start()
 
     @property
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def __enter__(self):
+    def __enter__(self) -> "KeyRelay":
         return self
 
     def __exit__(self, *exc) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        _shut(self._listener)
+        self._listener.close()
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(asyncio.start_server(self._connection, "127.0.0.1", 0))
-        self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
-        try:
-            self._loop.run_forever()
-        finally:
-            server.close()
-            pending = asyncio.all_tasks(self._loop)  # connections still open: ended here, not by the collector
-            for task in pending:
-                task.cancel()
-            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            self._loop.close()
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        raise NotImplementedError
-
-
-class KeyRelay(Relay):
-    """A relay to a keyed worker that answers its challenge with `key`, then forwards
-    bytes both ways. One from relay_for lives as long as its process."""
-
-    def __init__(self, upstream: str, key: str, timeout: float = 10.0):
-        self.key, self.timeout = key, timeout
-        super().__init__(upstream)
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_writer = None
-        try:
-            up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(*self.upstream), self.timeout)
-            challenge = await asyncio.wait_for(up_reader.readexactly(len(MAGIC) + CHALLENGE), self.timeout)
-            if not challenge.startswith(MAGIC):
-                return  # not a keyed worker: llama.cpp's client sees the connection closed
-            up_writer.write(proof(self.key, challenge[len(MAGIC):]))
-            for w in (writer, up_writer):
-                w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            pipes = [asyncio.ensure_future(pipe(a, b)) for a, b in ((reader, up_writer), (up_reader, writer))]
+    def _accept(self) -> None:
+        while True:
             try:
-                await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)  # either side gone: both closed
-            finally:
-                for task in pipes:
-                    task.cancel()
-                await asyncio.gather(*pipes, return_exceptions=True)
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
-            pass
+                conn, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._relay, args=(conn,), daemon=True, name="rpc-key-relay").start()
+
+    def _relay(self, conn: socket.socket) -> None:
+        try:
+            up = socket.create_connection(self.upstream, timeout=self.timeout)
+        except OSError:
+            conn.close()  # llama.cpp's client sees the connection closed
+            return
+        try:
+            challenge = read_exactly(up, len(MAGIC) + CHALLENGE)
+            if not challenge.startswith(MAGIC):
+                raise EOFError("not a keyed worker")
+            up.sendall(proof(self.key, challenge[len(MAGIC):]))
+            up.settimeout(None)
+            for sock in (conn, up):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=forward, args=(up, conn), daemon=True, name="rpc-key-replies").start()
+            forward(conn, up)
+        except (OSError, EOFError):
+            _shut(conn)
         finally:
-            writer.close()
-            if up_writer is not None:
-                up_writer.close()
+            conn.close()
+            up.close()
 
 
-async def pipe(reader, writer) -> None:
-    while data := await reader.read(1 << 20):
-        writer.write(data)
-        await writer.drain()
+def forward(source: socket.socket, sink: socket.socket) -> None:
+    """Copies what `source` yields to `sink` until either ends, then shuts both down,
+    which ends the copy the other way too."""
+    buffer = memoryview(bytearray(1 << 20))
+    try:
+        while n := source.recv_into(buffer):
+            sink.sendall(buffer[:n])
+    except OSError:
+        pass
+    finally:
+        _shut(source)
+        _shut(sink)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # not connected, or closed
+        pass
+
+
+def read_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError("the connection closed")
+        data += chunk
+    return data
 
 
 _relays: dict[tuple[str, str], KeyRelay] = {}

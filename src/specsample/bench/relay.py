@@ -12,19 +12,51 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 
-from ..backends.rpc_key import Relay
 
-
-class DelayRelay(Relay):
-    """Listens on 127.0.0.1 (a free port) and relays each connection to `upstream`
-    (host:port), every chunk `delay` seconds late in each direction. Use as a context
-    manager."""
+class DelayRelay:
+    """Listens on 127.0.0.1:port and relays each connection to `upstream` (host:port),
+    every chunk `delay` seconds late in each direction. Use as a context manager."""
 
     def __init__(self, upstream: str, delay: float):
+        host, _, port = upstream.rpartition(":")
+        self.upstream = (host, int(port))
         self.delay = delay
-        super().__init__(upstream)
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"relay-{upstream}")
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "DelayRelay":
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the delay relay did not start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(asyncio.start_server(self._connection, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            server.close()
+            pending = asyncio.all_tasks(self._loop)  # connections still open: ended here, not by the collector
+            for task in pending:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self._loop.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
