@@ -2,6 +2,7 @@
 127.0.0.1 as issue 55 found it: one packet killed it, one silent connection held it,
 and anyone who reached it was served."""
 
+import os
 import socket
 import struct
 import subprocess
@@ -25,16 +26,18 @@ HELLO = struct.pack("<BQ", 14, 0)
 
 @pytest.mark.pure
 def test_requests_out_of_the_protocols_bounds_are_refused_and_those_in_them_pass():
-    memory = MEGABYTES << 20
+    largest = 64 << 20  # the client's largest buffer on the worker
     for command, size in FIXED.items():
-        check(command, size, memory)
+        check(command, size, largest)
         with pytest.raises(Refused):
-            check(command, size + 1, memory)
-    check(SET_TENSOR, TENSOR + 8 + memory, memory)  # a whole offered memory in one tensor
-    for command, size in [(SET_TENSOR, 2**64 - 1), (SET_TENSOR, 2**62), (SET_TENSOR, TENSOR + 9 + memory),
+            check(command, size + 1, largest)
+    check(SET_TENSOR, TENSOR + 8 + largest, largest)  # a tensor as large as its buffer
+    for command, size in [(SET_TENSOR, 2**64 - 1), (SET_TENSOR, 2**62), (SET_TENSOR, TENSOR + 9 + largest),
                           (SET_TENSOR, 7), (10, 2**64 - 1), (15, 0), (255, 0)]:
         with pytest.raises(Refused):
-            check(command, size, memory)
+            check(command, size, largest)
+    with pytest.raises(Refused):  # no buffer yet: no tensor to set
+        check(SET_TENSOR, TENSOR + 9, 0)
 
 
 def free_port() -> int:
@@ -172,3 +175,17 @@ def test_a_keyed_worker_refuses_a_stranger_and_serves_a_client_with_the_key():
     finally:
         end_group(proc)
     assert "key required" in proc.stderr.read()
+
+
+@pytest.mark.real
+def test_a_model_on_a_keyed_worker_generates_through_the_clients_key_relay(real_pair):
+    endpoint, proc = start_worker("--rpc-key", "sesame")
+    try:
+        run = subprocess.run([sys.executable, "-m", "specsample", "generate", "--target", real_pair.draft,
+                              "--draft", "ngram", "--target-rpc", endpoint, "--ctx-size", "256", "--threads", "1",
+                              "--prompt", "def add(a, b):", "--max-new-tokens", "4", "--temperature", "0"],
+                             env={**os.environ, "SPECSAMPLE_RPC_KEY": "sesame"}, capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == 0 and run.stdout.strip(), run.stderr
+    finally:
+        end_group(proc)

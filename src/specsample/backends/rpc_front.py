@@ -15,7 +15,7 @@ own (ggml's server listens on TCP only), and this front listens on the public po
   long as its model lives;
 - every request's header is read here and checked against the protocol's bounds
   before a byte of it is forwarded: the exact size of each fixed-size command, the
-  offered memory for SET_TENSOR and GRAPH_COMPUTE. One out of bounds, or one that
+  largest buffer the client allocated for SET_TENSOR, 256 MiB for GRAPH_COMPUTE. One out of bounds, or one that
   stalls `timeout` seconds part-way, closes its connection, and llama.cpp frees what
   that client held;
 - payloads and replies stream through in chunks, never held whole;
@@ -51,8 +51,10 @@ HELLO, ALLOC_BUFFER, FREE_BUFFER, SET_TENSOR, GRAPH_COMPUTE = 14, 0, 4, 6, 10
 # rpc_cmd -> its payload's exact size (rpc_msg_*_req of ggml-rpc.cpp)
 FIXED = {0: 8, 1: 0, 2: 0, 3: 8, 4: 8, 5: 9, 7: TENSOR + 16, 8: TENSOR + 16, 9: 2 * TENSOR, 11: 0,
          12: TENSOR, 13: TENSOR, HELLO: 0}
-# rpc_cmd -> its payload's least size; its most is the memory the worker offers (plus the least)
+# rpc_cmd -> its payload's least size. The most: for SET_TENSOR, the least plus the largest
+# buffer the client has allocated (a tensor lives in one); for a graph, GRAPH_MOST.
 VARIABLE = {SET_TENSOR: TENSOR + 8, GRAPH_COMPUTE: 8}
+GRAPH_MOST = 1 << 28  # 256 MiB: ~900,000 tensors, some hundred times a 70B model's graph
 CHUNK = 1 << 20
 MB = 1 << 20
 
@@ -61,15 +63,16 @@ class Refused(Exception):
     """A request the front will not forward; the message says why."""
 
 
-def check(command: int, size: int, memory: int) -> None:
-    """Raises Refused for a request header out of the protocol's bounds."""
+def check(command: int, size: int, largest: int) -> None:
+    """Raises Refused for a request header out of the protocol's bounds, for a client
+    whose largest buffer on the worker has `largest` bytes."""
     if command in FIXED:
         if size != FIXED[command]:
             raise Refused(f"command {command} with {size} bytes (it takes {FIXED[command]})")
     elif command in VARIABLE:
-        if not VARIABLE[command] <= size <= VARIABLE[command] + memory:
-            raise Refused(f"command {command} with {size} bytes (it takes {VARIABLE[command]} to "
-                          f"{VARIABLE[command] + memory}, the memory this worker offers)")
+        most = VARIABLE[command] + (largest if command == SET_TENSOR else GRAPH_MOST)
+        if not VARIABLE[command] <= size <= most:
+            raise Refused(f"command {command} with {size} bytes (it takes {VARIABLE[command]} to {most})")
     else:
         raise Refused(f"unknown command {command}")
 
@@ -77,9 +80,9 @@ def check(command: int, size: int, memory: int) -> None:
 class Front:
     """llama.cpp's RPC server in a child process on 127.0.0.1, guarded on host:port."""
 
-    def __init__(self, host: str, port: int, child_argv, memory: int, timeout: float = 10.0,
-                 key: str | None = None, log=lambda line: print(f"specsample: {line}", file=sys.stderr, flush=True)):
-        self.host, self.port, self.memory, self.timeout, self.key, self.log = host, port, memory, timeout, key, log
+    def __init__(self, host: str, port: int, child_argv, timeout: float = 10.0, key: str | None = None,
+                 log=lambda line: print(f"specsample: {line}", file=sys.stderr, flush=True)):
+        self.host, self.port, self.timeout, self.key, self.log = host, port, timeout, key, log
         self.child_argv = child_argv  # port -> the argv of llama.cpp's server listening on 127.0.0.1:port
         self.upstream: int | None = None  # the child's port while it answers
         self.ready = asyncio.Event()
@@ -193,16 +196,18 @@ class Front:
 
     def _requests(self, conn: socket.socket, up: socket.socket) -> None:
         buffer = memoryview(bytearray(CHUNK))
-        holds = False  # whether the client has allocated a buffer on the worker (it may then idle)
+        largest = 0  # the client's largest buffer on the worker; one that holds any may idle
         while True:
-            conn.settimeout(None if holds else self.timeout)
+            conn.settimeout(None if largest else self.timeout)
             header = read_exactly(conn, HEADER.size)
             conn.settimeout(self.timeout)  # a message stalled part-way closes
             command, size = HEADER.unpack(header)
-            check(command, size, self.memory)
-            holds = holds or command == ALLOC_BUFFER
+            check(command, size, largest)
             if size <= CHUNK:  # the common case: one send, header and payload
-                up.sendall(header + read_exactly(conn, size))
+                payload = read_exactly(conn, size)
+                if command == ALLOC_BUFFER:
+                    largest = max(largest, struct.unpack("<Q", payload)[0])
+                up.sendall(header + payload)
                 continue
             up.sendall(header)
             while size:
@@ -255,7 +260,7 @@ def run(host: str, port: int, threads: int, memory_mb: int | None = None, cache:
     def child_argv(child_port: int) -> list[str]:
         return [sys.executable, "-m", __name__, str(child_port), str(threads), str(megabytes), str(cache or "")]
 
-    front = Front(host, port, child_argv, megabytes * MB, timeout, key)
+    front = Front(host, port, child_argv, timeout, key)
     try:
         asyncio.run(front.serve())
     except OSError as e:  # the public port: taken, or not this machine's
