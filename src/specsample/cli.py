@@ -68,13 +68,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("rpc-worker", help="serve this machine's CPU to a target split over llama.cpp RPC workers")
     w.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only; "
-                                                       "the protocol has no authentication)")
+                                                       "without --rpc-key the protocol has no authentication)")
     w.add_argument("--port", type=int, default=50052, help="default %(default)s, as llama.cpp's rpc-server")
     w.add_argument("--threads", type=int, default=None, help="CPU threads for the layers it holds (default: all cores)")
     w.add_argument("--mem", type=int, default=None, metavar="MB",
                    help="memory it offers, which llama.cpp's default split follows (default: what is available)")
     w.add_argument("--cache", action="store_true",
                    help="keep the tensors it receives on disk, by hash, so a model loads faster the next time")
+    w.add_argument("--rpc-key", default=None, metavar="KEY",
+                   help="a shared secret clients must prove they hold (their --rpc-key or $SPECSAMPLE_RPC_KEY) "
+                        "before they are served; it never crosses the wire, the traffic is not encrypted "
+                        "(default: $SPECSAMPLE_RPC_KEY, else none: anyone who reaches the port is served)")
+    w.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                   help="seconds a connection may take to say HELLO, stall inside a message, or idle holding "
+                        "no memory here, before it is closed (default %(default)s)")
+    w.add_argument("--unguarded", action="store_true",
+                   help="serve llama.cpp's RPC server on the port itself, with no guard in front: no bounds, "
+                        "timeouts, restart or key (for measuring what the guard costs)")
     w.set_defaults(func=cmd_rpc_worker)
 
     add_bench_parser(sub)
@@ -199,30 +209,46 @@ def cmd_fetch(args) -> int:
 
 
 def cmd_rpc_worker(args) -> int:
-    """A llama.cpp RPC worker on --host:--port until stopped. The worker runs in a thread
-    so that Ctrl-C and SIGTERM, which Python handles in the main thread, still end it."""
+    """A llama.cpp RPC worker on --host:--port until stopped: llama.cpp's server in a
+    child process behind a guard (backends/rpc_front.py), or with --unguarded on the
+    port itself, in a thread so that Ctrl-C and SIGTERM, which Python handles in the
+    main thread, still end it."""
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be 1..65535, got {args.port}")
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be > 0, got {args.timeout:g}")
+    key = args.rpc_key if args.rpc_key is not None else os.environ.get("SPECSAMPLE_RPC_KEY") or None
+    if args.unguarded and key is not None:
+        raise UsageError("--rpc-key needs the guard: drop --unguarded")
     # Its threads sleep between graphs instead of spinning: the other workers on this
     # machine (and the client) run while it waits. Read when llama.cpp loads, below.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from .backends.models import cache_dir
-    from .backends.rpc import TRUST_WARNING, serve_worker
+    from .backends.rpc import KEYED_NOTE, TRUST_WARNING, serve_worker
 
     threads = args.threads or os.cpu_count() or 1
+    cache = cache_dir() / "rpc" if args.cache else None
+    if not args.unguarded:
+        from .backends.rpc_front import run
+
+        note = f"key required; {KEYED_NOTE}" if key is not None else f"warning: {TRUST_WARNING}"
+        print(f"specsample: RPC worker on {args.host}:{args.port}, {threads} threads, guarded; {note}",
+              file=sys.stderr, flush=True)
+        run(args.host, args.port, threads, args.mem, cache, args.timeout, key)
+        return 0
     failed: list[BaseException] = []
 
     def run():
         try:
-            serve_worker(args.host, args.port, threads, args.mem, cache_dir() / "rpc" if args.cache else None)
+            serve_worker(args.host, args.port, threads, args.mem, cache)
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             failed.append(e)
 
     worker = threading.Thread(target=run, daemon=True, name="rpc-worker")
     worker.start()
-    print(f"specsample: RPC worker on {args.host}:{args.port}, {threads} threads; warning: {TRUST_WARNING}",
+    print(f"specsample: RPC worker on {args.host}:{args.port}, {threads} threads, unguarded; warning: {TRUST_WARNING}",
           file=sys.stderr, flush=True)
     while worker.is_alive():
         worker.join(0.5)

@@ -82,6 +82,8 @@ class ModelOptions:
                                             "(default: by each worker's free memory)")
     draft_rpc: str | None = option(None, "llamacpp draft: put its layers on this llama.cpp RPC worker, host:port "
                                          "(a machine of its own: it drafts while the target computes)")
+    rpc_key: str | None = option(None, "the key of --target-rpc/--draft-rpc workers started with --rpc-key (default: "
+                                       "$SPECSAMPLE_RPC_KEY, which keeps it out of the process list)")
     overlap: bool = option(True, "draft the next block while the target's call runs, where target and draft compute "
                                  "on cores of their own (--target-rpc or --draft-rpc workers elsewhere, or pinned "
                                  "apart here; PEARL, decoding/overlap.py); --no-overlap drafts after it")
@@ -246,7 +248,7 @@ def target_workers(options: ModelOptions, target_engine: str):
     from ..backends.rpc import parse_workers
 
     try:
-        return parse_workers(options.target_rpc, options.tensor_split)
+        return parse_workers(options.target_rpc, options.tensor_split, options.rpc_key)
     except ValueError as e:
         raise OptionError(str(e)) from None
 
@@ -260,7 +262,7 @@ def draft_workers(options: ModelOptions, draft_engine: str | None):
     from ..backends.rpc import parse_workers
 
     try:
-        workers = parse_workers(options.draft_rpc)
+        workers = parse_workers(options.draft_rpc, secret=options.rpc_key)
     except ValueError as e:
         text = str(e)
         raise OptionError(text.replace("--target-rpc", "--draft-rpc") if "--target-rpc" in text

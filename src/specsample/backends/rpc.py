@@ -11,9 +11,11 @@ them on GPUs. We add three things around it:
   would take the server down) and prints a version mismatch without failing;
 - `devices`: the RPC devices of a worker set, the list a model load takes.
 
-The protocol has no authentication and no encryption: whoever reaches a worker's port
-can run graphs on it and read what it holds. Workers bind to 127.0.0.1 unless told
-otherwise, and belong on a trusted network only (docs/distributed.md).
+The protocol has no authentication and no encryption: whoever reaches llama.cpp's
+server can run graphs on it and read what it holds. `specsample rpc-worker` puts a
+guard in front of it (rpc_front.py: bounds, timeouts, a restart) and, with --rpc-key,
+a shared-secret handshake (rpc_key.py) that keeps strangers out; the traffic stays
+unencrypted. Workers bind to 127.0.0.1 unless told otherwise (docs/distributed.md).
 
 Wire format (ggml-rpc.cpp of the pinned tree): a request is one command byte, an 8-byte
 little-endian size and that many bytes; a reply is an 8-byte size and its bytes. The
@@ -29,14 +31,18 @@ import socket
 import struct
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from .rpc_key import ENV, MAGIC, local, read_exactly, relay_for
 
 # The protocol of the pinned llama.cpp (ggml/include/ggml-rpc.h: RPC_PROTO_*_VERSION).
 PROTOCOL = (2, 0, 0)
 CMD_HELLO = 14  # rpc_cmd's RPC_CMD_HELLO
 TRUST_WARNING = ("the RPC protocol has no authentication or encryption: anyone who reaches this port can run "
-                 "code on this worker's memory; keep it on a trusted network only")
+                 "code on this worker's memory; keep it on a trusted network only, or give it --rpc-key")
+KEYED_NOTE = ("clients must present --rpc-key (or SPECSAMPLE_RPC_KEY); the traffic itself is not encrypted: "
+              "keep it on a trusted network or a tunnel")
 REBUILD_HINT = "run `make` again (its install builds llama-cpp-python with -DGGML_RPC=ON)"
 
 
@@ -55,6 +61,7 @@ class Workers:
 
     endpoints: tuple[str, ...]
     split: tuple[float, ...] | None = None
+    secret: str | None = field(default=None, repr=False, compare=False)  # --rpc-key: the workers' shared key
 
     def __post_init__(self):
         if not self.endpoints:
@@ -82,8 +89,9 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def parse_workers(endpoints: str, split: str | None = None) -> Workers:
-    """--target-rpc host:port[,host:port...] and --tensor-split a,b,... as a Workers."""
+def parse_workers(endpoints: str, split: str | None = None, secret: str | None = None) -> Workers:
+    """--target-rpc host:port[,host:port...] and --tensor-split a,b,... as a Workers,
+    keyed with `secret` (--rpc-key), else with $SPECSAMPLE_RPC_KEY where it is set."""
     names = tuple(e.strip() for e in endpoints.split(",") if e.strip())
     for name in names:
         parse_endpoint(name)
@@ -95,20 +103,25 @@ def parse_workers(endpoints: str, split: str | None = None) -> Workers:
             raise ValueError(f"--tensor-split is numbers separated by commas, got {split!r}") from None
         if any(s < 0 for s in shares) or not sum(shares) > 0:
             raise ValueError(f"--tensor-split needs shares >= 0 that sum above 0, got {split!r}")
-    return Workers(names, shares)
+    return Workers(names, shares, secret or os.environ.get(ENV) or None)
 
 
 def probe(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
     """The worker's protocol version, or a WorkerError saying why it cannot serve us:
     unreachable, not an RPC worker, or another llama.cpp's protocol."""
     host, port = parse_endpoint(endpoint)
+    via = local(endpoint)  # a keyed client's relay (rpc_key.py), else the worker
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
+        with socket.create_connection(parse_endpoint(via), timeout=timeout) as sock:
             sock.sendall(struct.pack("<BQ", CMD_HELLO, 0))
-            reply = _read(sock, 11)
+            reply = read_exactly(sock, 11)
     except (OSError, EOFError) as e:
-        raise WorkerError(f"RPC worker {endpoint} is unreachable ({_reason(e)}); start it with "
+        hint = " (is the worker started with the same --rpc-key?)" if via != endpoint else ""
+        raise WorkerError(f"RPC worker {endpoint} is unreachable ({_reason(e)}{hint}); start it with "
                           f"`specsample rpc-worker --host {host} --port {port}`") from None
+    if reply.startswith(MAGIC):
+        raise WorkerError(f"RPC worker {endpoint} asks for a key: give this client the worker's --rpc-key "
+                          f"(or set {ENV})")
     size, major, minor, patch = struct.unpack("<QBBB", reply)
     if size != 3:
         raise WorkerError(f"{endpoint} did not answer as a llama.cpp RPC worker")
@@ -116,16 +129,6 @@ def probe(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
         raise WorkerError(f"RPC worker {endpoint} speaks protocol {major}.{minor}.{patch}, this llama.cpp "
                           f"{'.'.join(map(str, PROTOCOL))}: run the worker from the same specsample install")
     return major, minor, patch
-
-
-def _read(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise EOFError("the connection closed")
-        data += chunk
-    return data
 
 
 def _reason(error: BaseException) -> str:
@@ -152,6 +155,8 @@ def devices(lib, workers: Workers):
     workers, each probed first (a WorkerError, never llama.cpp's abort)."""
     require_rpc(lib)
     for endpoint in workers.endpoints:
+        if workers.secret is not None:
+            relay_for(endpoint, workers.secret)
         # A worker this process already holds a model on is known to answer, and a
         # probe's second connection would wait until that model is freed.
         if not connections_to(endpoint):
@@ -168,7 +173,7 @@ def devices(lib, workers: Workers):
     add_device = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(address)
     found = (ctypes.c_void_p * (len(workers.endpoints) + 1))()
     for i, endpoint in enumerate(workers.endpoints):
-        found[i] = add_device(endpoint.encode())
+        found[i] = add_device(local(endpoint).encode())
     return found
 
 
@@ -261,7 +266,7 @@ def connections_to(endpoint: str) -> list[int]:
     """This process's open TCP connections to a worker (descriptor numbers): llama.cpp
     keeps one per worker for as long as a model placed there lives, shared by every
     model of this process on that worker."""
-    host, port = parse_endpoint(endpoint)
+    host, port = parse_endpoint(local(endpoint))
     try:
         addresses = {address[:2] for *_, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
         names = os.listdir("/proc/self/fd")
@@ -304,7 +309,20 @@ def local_worker_pids(workers: Workers) -> set[int]:
     """The processes of this machine that listen on a worker's port, for the workers
     whose address is this machine's (empty off Linux, or for processes we may not see)."""
     ports = {port for host, port in map(parse_endpoint, workers.endpoints) if is_this_machine(host)}
-    return listening_pids(ports) if ports else set()
+    pids = listening_pids(ports) if ports else set()
+    return pids | {child for pid in pids for child in _children(pid)}  # a guarded worker computes in its child
+
+
+def _children(pid: int) -> set[int]:
+    """The child processes of `pid` (empty where /proc cannot tell)."""
+    found = set()
+    try:
+        for task in os.scandir(f"/proc/{pid}/task"):
+            with open(f"{task.path}/children") as f:
+                found |= {int(c) for c in f.read().split()}
+    except OSError:
+        pass
+    return found
 
 
 def apart(target: Workers | None, draft: Workers | None) -> bool:
