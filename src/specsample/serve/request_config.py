@@ -21,6 +21,7 @@ from ..decoding.sampling import InvalidSetting, SamplingConfig, bias_entry, chec
 from ..output.constraints import Constraint, ConstraintError
 from ..output.fim import ExtraFile, fim_prompt
 from ..policy.calibrate import K_MAX, most_drafts
+from .doors import header_value
 from .errors import APIError, ClientGone
 from .schemas import ChatRequest, CompletionRequest, GenerationRequest, InfillRequest, ResponseFormat, TokenizeRequest
 from .settings import Settings
@@ -115,8 +116,7 @@ def response_headers(plan: RequestPlan) -> dict[str, str]:
     constraint = plan.config.constraint if plan.config is not None else None
     if constraint is None or not constraint.unenforced:
         return {}
-    value = "; ".join(constraint.unenforced).encode("ascii", "backslashreplace").decode()
-    return {UNENFORCED_HEADER: value}
+    return {UNENFORCED_HEADER: header_value("; ".join(constraint.unenforced))}
 
 
 def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
