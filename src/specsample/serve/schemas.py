@@ -10,13 +10,17 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from .doors import log, require_json
 from .errors import APIError, ClientGone
+
+
+# vLLM's cache_salt: a slot's cache is reused only between requests with the same salt.
+Salt = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
 class _Strict(BaseModel):
@@ -115,7 +119,7 @@ class GenerationRequest(_Strict):
     cache_prompt: bool | None = None
     # vLLM's: a slot's cache is reused only between requests with the same salt, so a
     # client cannot learn from cached_tokens (or timing) what another's prompt holds.
-    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
+    cache_salt: Salt | None = None
 
 
 class CompletionRequest(GenerationRequest):
@@ -183,6 +187,12 @@ class TokenizeRequest(_Strict):
     add_special_tokens: bool = True  # accepted for vLLM's clients; this tokenizer adds none
 
 
+class EraseRequest(_Strict):
+    """`/slots/N?action=erase`'s body, which may be empty: the salt whose cache to erase."""
+
+    cache_salt: Salt | None = None  # None: the unsalted requests' cache
+
+
 class DetokenizeRequest(_Strict):
     model: str | None = None
     tokens: list[int]
@@ -200,10 +210,12 @@ NEUTRAL = {
 Model = TypeVar("Model", bound=_Strict)
 
 
-async def read_request(request: Request, model: type[Model], limit: int, timeout: float) -> Model:
+async def read_request(request: Request, model: type[Model], limit: int, timeout: float,
+                       empty_ok: bool = False) -> Model:
     """The body, at most `limit` bytes of JSON arriving within `timeout` seconds, as
-    `model`; unknown parameters are refused unless NEUTRAL allows their value."""
-    data = await read_json(request, limit, timeout)
+    `model` (an empty body as {} if `empty_ok`); unknown parameters are refused unless
+    NEUTRAL allows their value."""
+    data = await read_json(request, limit, timeout, empty_ok)
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
     try:
@@ -235,7 +247,7 @@ def _validation_error(e: ValidationError) -> APIError:
     return APIError(400, f"{param}: {error['msg']}" if param else error["msg"], param=param, code="invalid_type")
 
 
-async def read_json(request: Request, limit: int, timeout: float):
+async def read_json(request: Request, limit: int, timeout: float, empty_ok: bool = False):
     require_json(request)
     length = request.headers.get("content-length", "0")
     if not (length.isascii() and length.isdigit()) or int(length) > limit:
@@ -251,10 +263,13 @@ async def read_json(request: Request, limit: int, timeout: float):
         client = request.client
         log.info("%s left before sending all of its request body", f"{client.host}:{client.port}" if client else "a client")
         raise ClientGone() from None
+    if empty_ok and not body.strip():
+        return {}
     try:
-        return json.loads(body, parse_constant=_no_constants, parse_float=_finite)
+        data = json.loads(body, parse_constant=_no_constants, parse_float=_finite)
     except (ValueError, RecursionError) as e:
         raise APIError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
+    return data
 
 
 async def _read_body(request: Request, limit: int) -> bytearray:
