@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
@@ -269,7 +270,45 @@ async def read_json(request: Request, limit: int, timeout: float, empty_ok: bool
         data = json.loads(body, parse_constant=_no_constants, parse_float=_finite)
     except (ValueError, RecursionError) as e:
         raise APIError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
+    if _may_hold_surrogates(body):
+        _refuse_lone_surrogates(data)
     return data
+
+
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins a pair into one character: any left is alone
+
+
+def _may_hold_surrogates(body: bytearray) -> bool:
+    """Cheap, on bytes: a lone surrogate comes from a \\ud800-\\udfff escape, from raw
+    surrogate bytes (which json.loads decodes with surrogatepass), or from a UTF-16 or
+    UTF-32 body (which json.loads detects, NULs and all)."""
+    return not body.isascii() or b"\x00" in body or _ESCAPED_SURROGATE.search(body) is not None
+
+
+def _refuse_lone_surrogates(data) -> None:
+    """A 400 naming a string (or key) that holds a lone UTF-16 surrogate, which
+    JSON can spell but no UTF-8 text holds: every text field, once, before a tokenizer
+    or a template sees it."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")  # in C: the walk below only when one is there
+        return
+    except UnicodeEncodeError:
+        pass
+    stack = [((), data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                # A key may hold it too: the name goes back escaped, as an answer holds no surrogate.
+                param = ".".join(str(p).encode("utf-8", "backslashreplace").decode() for p in path) or None
+                raise APIError(400, f"{param or 'the body'}: the text holds a lone UTF-16 surrogate (a \\ud800-\\udfff "
+                               "escape without its pair), which is no Unicode character", param=param,
+                               code="invalid_value")
+        elif isinstance(value, dict):
+            stack += [(path + (k,), k) for k in value] + [(path + (k,), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(path + (i,), v) for i, v in enumerate(value)]
 
 
 async def _read_body(request: Request, limit: int) -> bytearray:
