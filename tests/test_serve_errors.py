@@ -9,6 +9,8 @@ from openai import AuthenticationError, OpenAI
 
 from specsample.decoding.drafters import ModelDrafter
 
+from specsample.serve.schemas import MAX_MESSAGES
+
 from serve_helpers import ToyBackend, running, toy_app
 
 pytestmark = pytest.mark.system
@@ -148,6 +150,31 @@ def test_a_lone_surrogate_in_any_text_field_is_a_400_naming_it(url, path, body, 
     pair = json.dumps(completion(prompt="the cat \U0001F600")).encode()  # "\ud83d\ude00": a pair is one character
     assert httpx.post(url + "/v1/completions", content=pair, headers={"content-type": "application/json"},
                       timeout=10).status_code == 200
+
+
+def test_a_chat_of_more_messages_than_openai_takes_is_a_400_before_any_tokenizing():
+    """20,000 one-letter messages (680 KB) held the shared tokenizer thread for 42 s."""
+    app, target = toy_app()
+    asked = []
+    target.tokenizer.chat_messages = lambda *a, **k: asked.append(1)  # never reached
+    with running(app) as base:
+        r = httpx.post(base + "/v1/chat/completions", json=chat(messages=MESSAGES * (MAX_MESSAGES + 1)), timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+        assert str(MAX_MESSAGES) in r.json()["error"]["message"] and not asked
+        r = httpx.post(base + "/tokenize", json={"messages": MESSAGES * (MAX_MESSAGES + 1)}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+
+
+def test_a_chat_prompt_being_built_for_a_client_that_left_stops_between_messages():
+    from specsample.serve.errors import ClientGone
+    from specsample.serve.request_config import chat_prompt
+    from specsample.serve.schemas import ChatRequest
+
+    _, target = toy_app()
+    request = ChatRequest.model_validate(chat(messages=MESSAGES * 3))
+    assert chat_prompt(request, target, lambda: False)
+    with pytest.raises(ClientGone):
+        chat_prompt(request, target, lambda: True)
 
 
 def test_neutral_values_of_unsupported_parameters_are_accepted(url):

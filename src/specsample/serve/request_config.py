@@ -260,13 +260,19 @@ def editor_max_tokens(request: InfillRequest | ChatRequest, requested: int | Non
 
 
 def chat_prompts(request: ChatRequest, target: Backend, left: Callable[[], bool] = lambda: False) -> list[Prompt]:
-    return [(chat_prompt(request, target), None)]
+    return [(chat_prompt(request, target, left), None)]
 
 
-def chat_prompt(request: ChatRequest | TokenizeRequest, target: Backend) -> list[int]:
+def chat_prompt(request: ChatRequest | TokenizeRequest, target: Backend, left: Callable[[], bool] = lambda: False
+                ) -> list[int]:
+    """The chat's ids; building them stops between messages once the client has left (`left`)."""
+    def check():
+        if left():
+            raise ClientGone()
+
     messages = template_messages(request.messages)
     try:
-        return target.tokenizer.chat_messages(messages, template_tools(request.tools))
+        return target.tokenizer.chat_messages(messages, template_tools(request.tools), check=check)
     except ChatTemplateError as e:  # the template refused these messages (raise_exception)
         raise APIError(400, str(e), param="messages") from None
     except ValueError as e:  # no chat template

@@ -131,6 +131,10 @@ class CompletionRequest(GenerationRequest):
 
 
 MAX_EXTRA_CHUNKS = 256  # /infill's input_extra
+# OpenAI's limit on a chat's messages ("array too long ... maximum length 2048"); llama-server
+# and vLLM set none. The bound comes before any tokenizing: 20,000 one-letter messages
+# held the shared tokenizer thread for 42 s (chat.py says where that time went).
+MAX_MESSAGES = 2048
 
 
 class ExtraChunk(_Strict):
@@ -171,7 +175,7 @@ class ChatRequest(GenerationRequest, EditorFields):
     samplers, n_predict 0 warm-ups; response_fields is taken and, as llama-server does on
     this route, not applied)."""
 
-    messages: list[Message] = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
@@ -183,7 +187,7 @@ class ChatRequest(GenerationRequest, EditorFields):
 class TokenizeRequest(_Strict):
     model: str | None = None
     prompt: str | None = None
-    messages: list[Message] | None = None
+    messages: list[Message] | None = Field(default=None, max_length=MAX_MESSAGES)
     tools: list[ToolDef] | None = None  # with messages: counted as the chat template writes them in
     add_special_tokens: bool = True  # accepted for vLLM's clients; this tokenizer adds none
 
