@@ -36,9 +36,11 @@ class WordTokenizer:
     def chat_prompt(self, text: str) -> list[int]:
         return self.chat_messages([{"role": "user", "content": text}])
 
-    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None, check=None) -> list[int]:
         ids = []
         for m in messages:
+            if check is not None:
+                check()
             ids += [WORDS.index(f"<{m['role']}>")] + self.encode(m["content"]) + [END]
         return ids + [WORDS.index("<assistant>")]
 

@@ -29,6 +29,7 @@ class StubTokenizer(LlamaCppTokenizer):
     def __init__(self, template: str, add_bos: bool):
         self.chat_template, self._bos, self._add_bos = template, 0, add_bos
         self._special_text = {"bos_token": "<s>", "eos_token": "</s>"}
+        self._spellings = re.compile("<s>|</s>")
 
     def encode(self, text: str, special: bool = False) -> list[int]:
         return [WORDS.index(w) for w in text.replace("<s>", "<s> ").split()]
@@ -74,8 +75,11 @@ class ChatMLStub(LlamaCppTokenizer):
     def __init__(self, template: str = CHATML):
         self.chat_template, self._bos, self._add_bos = template, -1, False
         self._special_text = {"bos_token": "", "eos_token": "<|im_end|>"}
+        self._spellings = re.compile(r"<\|im_start\|>|<\|im_end\|>")
+        self.calls = 0
 
     def encode(self, text: str, special: bool = False) -> list[int]:
+        self.calls += 1
         parts = re.split(r"(<\|im_start\|>|<\|im_end\|>)", text) if special else [text]
         return [t for part in parts
                 for t in ([("<|im_start|>", "<|im_end|>").index(part)] if part in ("<|im_start|>", "<|im_end|>")
@@ -148,3 +152,27 @@ def test_added_tokens_that_are_not_special_stay_text_on_the_hf_tokenizer_too():
     for ids in (tokenizer.encode(text), tokenizer.text_ids(text),
                 tokenizer.chat_messages([{"role": "user", "content": text}])):
         assert marker not in ids and text in tokenizer.decode(ids)
+
+
+def test_a_long_chat_without_special_text_is_tokenized_in_one_call_and_stops_when_told():
+    """20,000 one-letter messages held serve's tokenizer thread for 42 s: two llama.cpp
+    calls per message (each about 0.5 ms however short) asked whether its content
+    spells a special token. Content holding no special token's spelling is known not
+    to, so the chat is one call; `check` stops the building between messages."""
+    stub = ChatMLStub()
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": "a"} for i in range(2000)]
+    assert stub.chat_messages(messages) == stub.encode(render_chat(CHATML, messages, eos_token="<|im_end|>"), True)
+    stub.calls = 0
+    stub.chat_messages(messages)
+    assert stub.calls == 1
+    seen = []
+
+    def check():
+        seen.append(1)
+        if len(seen) > 10:
+            raise TimeoutError("the client left")
+
+    stub.calls = 0
+    with pytest.raises(TimeoutError):
+        stub.chat_messages(messages + [{"role": "user", "content": INJECTION}], check=check)
+    assert stub.calls == 0 and len(seen) == 11

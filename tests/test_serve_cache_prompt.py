@@ -123,3 +123,27 @@ def test_a_slot_is_reused_only_under_the_salt_that_filled_it():
         assert r.status_code == 200 and cached(r.json()) == 0
         r = httpx.post(url + "/v1/completions", timeout=30, json={"model": "toy", "prompt": "a", "cache_salt": ""})
         assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
+
+
+def test_an_erase_sees_and_empties_only_a_cache_filled_under_its_own_salt():
+    """Any key holder's erase reported n_erased for a slot filled under another salt (the
+    length of its prompt and answer) and emptied it."""
+    app, _ = toy_app(drafter="none")  # one slot
+    secret = "the cat sat on a mat and then it ran far away"
+
+    def erase(body):
+        r = httpx.post(url + "/slots/0?action=erase", timeout=30, content=body,
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text
+        return r.json()["n_erased"]
+
+    with running(app) as url:
+        complete(url, secret, cache_salt="alice")
+        assert erase(b"") == erase(b"{}") == erase(b'{"cache_salt": "mallory"}') == 0
+        assert cached(complete(url, secret, cache_salt="alice")) > 0  # still hers
+        assert erase(b'{"cache_salt": "alice"}') > 0
+        assert cached(complete(url, secret, cache_salt="alice")) == 0
+        complete(url, secret)
+        assert erase(b"") > 0  # an empty body, as llama-server's clients send it: the unsalted cache
+        r = httpx.post(url + "/slots/0?action=erase", json={"cache_salt": ""}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt", r.text

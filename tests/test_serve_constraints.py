@@ -126,6 +126,18 @@ def test_a_lenient_schema_is_served_and_names_what_it_left_unenforced(client, ur
         f"{url}/v1/completions", json={**body, "stream": False, "response_format": FORMAT}, timeout=30).headers
 
 
+def test_the_unenforced_header_carries_client_text_as_printable_ascii_only(url):
+    """A schema's format name went back raw in the header: ESC, DEL and the like arrived as sent."""
+    schema = {"type": "string", "format": "col\x1b[2Jour\x7f\u00e9", "maxLength": 3}
+    body = {"model": "toy", "prompt": "a", "max_tokens": 8,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    header = r.headers["x-specsample-unenforced-schema"]
+    assert all(" " <= c <= "~" for c in header), header
+    assert "col\\x1b[2Jour\\x7f\\xe9" in header
+
+
 def nested(depth):
     schema = {"type": "string"}
     for _ in range(depth):

@@ -76,6 +76,17 @@ def test_the_infill_sampler_gives_the_librarys_seeded_answer(served):
         infill(url, {**plain, "temperature": 1.0})["tokens"]
 
 
+def test_a_top_k_sampler_named_without_a_top_k_is_llama_servers_40(served):
+    """A request written for llama-server's defaults was a 400: our top_k is off, and the
+    infill sampler needs one before it."""
+    url, _ = served
+    body = {**LLAMA_VIM, "seed": 7, "t_max_predict_ms": 0, "response_fields": None}
+    without = {k: v for k, v in body.items() if k != "top_k"}
+    assert infill(url, without)["tokens"] == infill(url, body)["tokens"]  # LLAMA_VIM's top_k is 40
+    r = httpx.post(url + "/infill", json={**without, "top_k": 0}, timeout=60)  # given as off: off
+    assert r.status_code == 400 and r.json()["error"]["param"] == "samplers", r.text
+
+
 def test_n_indent_ends_the_answer_at_the_first_line_indented_less(served):
     url, target = served
     newline = target.tokenizer.text_ids("\n")[-1]

@@ -9,6 +9,8 @@ from openai import AuthenticationError, OpenAI
 
 from specsample.decoding.drafters import ModelDrafter
 
+from specsample.serve.schemas import MAX_MESSAGES
+
 from serve_helpers import ToyBackend, running, toy_app
 
 pytestmark = pytest.mark.system
@@ -120,6 +122,59 @@ def test_bad_input_gets_an_openai_error(url, path, body, status, param, words):
     assert set(error) == {"message", "type", "param", "code"}
     assert error["param"] == param and words in error["message"]
     assert error["type"] == "invalid_request_error"
+
+
+LONE = "a\ud800b"  # a lone UTF-16 surrogate: JSON's escapes spell it, no UTF-8 text holds it
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", completion(prompt=LONE), "prompt"),
+    ("/v1/completions", completion(prompt=["the", LONE]), "prompt.1"),
+    ("/v1/completions", completion(suffix=LONE), "suffix"),
+    ("/v1/completions", {**completion(), LONE: 1}, "a\\ud800b"),  # a key: named escaped
+    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": LONE}]), "messages.0.content"),
+    ("/infill", {"input_prefix": LONE, "input_suffix": ""}, "input_prefix"),
+    ("/infill", {"input_extra": [{"filename": LONE, "text": "x"}]}, "input_extra.0.filename"),
+    ("/tokenize", {"prompt": LONE}, "prompt"),
+])
+@pytest.mark.parametrize("raw", [False, True])
+def test_a_lone_surrogate_in_any_text_field_is_a_400_naming_it(url, path, body, param, raw):
+    """They were a 500 (UnicodeEncodeError in the tokenizer) everywhere but in chat content;
+    `raw`: the surrogate as UTF-8 bytes, which json.loads lets through too."""
+    content = json.dumps(body).encode()  # ensure_ascii: "\ud800", as a client's JSON library writes it
+    if raw:
+        content = json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    r = httpx.post(url + path, content=content, headers={"content-type": "application/json"}, timeout=10)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and "surrogate" in r.json()["error"]["message"]
+    pair = json.dumps(completion(prompt="the cat \U0001F600")).encode()  # "\ud83d\ude00": a pair is one character
+    assert httpx.post(url + "/v1/completions", content=pair, headers={"content-type": "application/json"},
+                      timeout=10).status_code == 200
+
+
+def test_a_chat_of_more_messages_than_openai_takes_is_a_400_before_any_tokenizing():
+    """20,000 one-letter messages (680 KB) held the shared tokenizer thread for 42 s."""
+    app, target = toy_app()
+    asked = []
+    target.tokenizer.chat_messages = lambda *a, **k: asked.append(1)  # never reached
+    with running(app) as base:
+        r = httpx.post(base + "/v1/chat/completions", json=chat(messages=MESSAGES * (MAX_MESSAGES + 1)), timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+        assert str(MAX_MESSAGES) in r.json()["error"]["message"] and not asked
+        r = httpx.post(base + "/tokenize", json={"messages": MESSAGES * (MAX_MESSAGES + 1)}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+
+
+def test_a_chat_prompt_being_built_for_a_client_that_left_stops_between_messages():
+    from specsample.serve.errors import ClientGone
+    from specsample.serve.request_config import chat_prompt
+    from specsample.serve.schemas import ChatRequest
+
+    _, target = toy_app()
+    request = ChatRequest.model_validate(chat(messages=MESSAGES * 3))
+    assert chat_prompt(request, target, lambda: False)
+    with pytest.raises(ClientGone):
+        chat_prompt(request, target, lambda: True)
 
 
 def test_neutral_values_of_unsupported_parameters_are_accepted(url):

@@ -340,8 +340,8 @@ class CountingTokenizer(WordTokenizer):
     def decode(self, token_ids):
         return self._counted(super().decode, token_ids)
 
-    def chat_messages(self, messages, tools=None):
-        return self._counted(super().chat_messages, messages, tools)
+    def chat_messages(self, messages, tools=None, check=None):
+        return self._counted(super().chat_messages, messages, tools, check)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -394,7 +394,7 @@ class PieceTokenizer:
     def chat_prompt(self, text: str) -> list[int]:
         return self.encode(text)
 
-    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None, check=None) -> list[int]:
         return self.encode("".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: ")
 
     def grammar_tokenizer(self, eos_token_ids):
@@ -534,12 +534,12 @@ Call a tool as <tool_call>
 class ToolTokenizer(PieceTokenizer):
     chat_template = TOOL_TEMPLATE
 
-    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None, check=None) -> list[int]:
         from specsample.backends.chat import chat_token_ids
         from specsample.backends.llamacpp import render_chat
 
         return chat_token_ids(lambda chat: render_chat(TOOL_TEMPLATE, chat, tools=tools), messages,
-                              lambda text, special: self.encode(text), tools)
+                              lambda text, special: self.encode(text), tools, check=check)
 
 
 def tool_backend(seed: int, name: str = "bytes") -> BigramBackend:

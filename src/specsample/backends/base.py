@@ -6,6 +6,7 @@ marks on the backend object who filled the cache last (claim_cache).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -29,10 +30,12 @@ class Tokenizer(Protocol):
         """Token ids of a one-turn user chat, ready for the assistant's reply."""
         ...
 
-    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None,
+                      check: Callable[[], None] | None = None) -> list[int]:
         """Token ids of a chat ({"role", "content"} dicts, and an assistant's earlier
         "tool_calls"), ready for the assistant's reply; `tools` ({"type": "function",
-        "function": {...}} dicts) go to the chat template, which writes them in."""
+        "function": {...}} dicts) go to the chat template, which writes them in.
+        `check()`, called between messages, may raise to stop (chat.chat_token_ids)."""
         ...
 
 

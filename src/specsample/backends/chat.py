@@ -19,6 +19,13 @@ the template alone gives, however many the content spells out.
 
 Tools and the calls of earlier turns are written by the template as JSON among its
 markup, where no placeholder can stand: those holding special-token text are refused.
+
+Telling whether a content spells special tokens takes two tokenizer calls, and each
+llama.cpp call costs about 0.5 ms however short its text (it builds its pre-tokenizer's
+regular expression afresh): 20,000 one-letter messages took 42 s, half of it here. A
+tokenizer that knows its special tokens' spellings passes `may_spell` (a search over
+them), and only a content holding one is tokenized twice. `check` is called between
+messages and pieces (a serve request whose client left raises there).
 """
 
 from __future__ import annotations
@@ -31,24 +38,34 @@ from typing import Callable, Iterable
 from .base import ChatTemplateError
 
 Encode = Callable[[str, bool], list[int]]  # (text, parse special tokens) -> token ids
+Check = Callable[[], None]  # raises to stop a chat's tokenizing (serve: the client left)
 
 
 def chat_token_ids(render: Callable[[list[dict]], str], messages: list[dict], encode: Encode,
-                   tools: list[dict] | None = None) -> list[int]:
+                   tools: list[dict] | None = None, may_spell: Callable[[str], object] | None = None,
+                   check: Check | None = None) -> list[int]:
     """Token ids of `messages` rendered by `render` (the chat template, given `tools`),
-    in which only the template's own markup produces special tokens."""
+    in which only the template's own markup produces special tokens. `may_spell(text)`:
+    false only for a text that holds no special token's spelling (None: any may)."""
+    check = check or (lambda: None)
+    spells = lambda text: _spells_special(text, encode, may_spell)  # noqa: E731
     for what, value in [("a tool's definition", tools)] * bool(tools) + [
             ("an earlier tool call", m["tool_calls"]) for m in messages if m.get("tool_calls")]:
-        if _spells_special(json.dumps(value, ensure_ascii=False), encode):
+        if spells(json.dumps(value, ensure_ascii=False)):
             raise ChatTemplateError(f"{what} holds special-token text, which the chat template would write among "
                                     "its markup: remove it")
-    if not any(_spells_special(m.get("content"), encode) for m in messages):
+    special = []
+    for m in messages:
+        check()
+        special.append(spells(m.get("content")))
+    check()
+    if not any(special):
         return encode(render(messages), True)
     nonce = secrets.token_hex(8)
     # Only the contents that spell special tokens are kept apart: an empty one (an
     # assistant turn that only made tool calls, `content: null`) is one a template tests
     # for ("{% if message.content %}"), and a placeholder there would change the chat.
-    marked = [{**m, "content": f"[{nonce}#{i}]"} if m.get("content") and _spells_special(m["content"], encode) else m
+    marked = [{**m, "content": f"[{nonce}#{i}]"} if m.get("content") and special[i] else m
               for i, m in enumerate(messages)]
     pieces = re.split(rf"\[{nonce}#(\d+)\]", render(marked))  # markup, index, markup, index, ..., markup
     contents = [messages[int(i)]["content"] for i in pieces[1::2]]
@@ -59,6 +76,7 @@ def chat_token_ids(render: Callable[[list[dict]], str], messages: list[dict], en
                                 "so that text cannot be kept apart from the template's markup: remove it")
     ids: list[int] = []
     for n, piece in enumerate(pieces):
+        check()
         if n % 2 == 0:
             ids += encode(piece, True) if piece else []
         else:
@@ -66,8 +84,10 @@ def chat_token_ids(render: Callable[[list[dict]], str], messages: list[dict], en
     return ids
 
 
-def _spells_special(content, encode: Encode) -> bool:
-    return isinstance(content, str) and encode(content, True) != encode(content, False)
+def _spells_special(content, encode: Encode, may_spell: Callable[[str], object] | None) -> bool:
+    if not isinstance(content, str) or may_spell is not None and not may_spell(content):
+        return False
+    return encode(content, True) != encode(content, False)
 
 
 class TextOnly:

@@ -85,10 +85,10 @@ class HFTokenizer:
     def chat_template(self) -> str | None:
         return self.hf.chat_template
 
-    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None, check=None) -> list[int]:
         if not self.hf.chat_template:
             raise ValueError("this model's tokenizer has no chat template")
-        return chat_token_ids(lambda chat: self._render(chat, tools), messages, self._tokens, tools)
+        return chat_token_ids(lambda chat: self._render(chat, tools), messages, self._tokens, tools, check=check)
 
     def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
         import jinja2

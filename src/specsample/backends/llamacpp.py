@@ -16,6 +16,7 @@ import ctypes
 import datetime
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -90,6 +91,9 @@ def _workers_answer(workers) -> bool:
     return still_connected(workers)
 
 
+UNKNOWN, CONTROL, USER_DEFINED = 1, 8, 16  # llama.h's LLAMA_TOKEN_ATTR_* flags
+
+
 class LlamaCppTokenizer:
     def __init__(self, backend: "LlamaCppBackend"):
         self._lib = backend._lib
@@ -101,7 +105,10 @@ class LlamaCppTokenizer:
         self._add_bos = bool(lib.llama_vocab_get_add_bos(vocab))
         eot = lib.llama_vocab_eot(vocab)
         self.end_of_text = eot if eot >= 0 else lib.llama_vocab_eos(vocab)  # -1: none (infill_sampler.py)
-        self._text_only = TextOnly(lambda text: self._tokenize(text, False), self._user_defined())
+        self._text_only = TextOnly(lambda text: self._tokenize(text, False), self._texts(USER_DEFINED))
+        # Every text llama_tokenize may take for a token when it parses special tokens:
+        # a text holding none of them tokenizes the same either way (chat.chat_token_ids).
+        self._spellings = re.compile("|".join(map(re.escape, self._texts(UNKNOWN | CONTROL | USER_DEFINED))) or "(?!)")
         self._special_text = {name: (lib.llama_vocab_get_text(vocab, t) or b"").decode("utf-8", "replace") if t >= 0 else ""
                               for name, t in (("bos_token", self._bos), ("eos_token", lib.llama_vocab_eos(vocab)))}
 
@@ -110,13 +117,14 @@ class LlamaCppTokenizer:
         else every added token's spelling stays text (chat.TextOnly)."""
         return self._tokenize(text, True) if special else self._text_only(text)
 
-    def _user_defined(self) -> list[str]:
-        """Added tokens that are not control tokens (Qwen's <tool_call>), which
-        llama_tokenize matches even with special tokens off."""
+    def _texts(self, attributes: int) -> list[str]:
+        """The texts of the tokens with any of `attributes`. USER_DEFINED ones (Qwen's
+        <tool_call>) llama_tokenize matches even with special tokens off; UNKNOWN and
+        CONTROL ones only with them on (its cache_special_tokens holds all three)."""
         lib, vocab = self._lib, self._vocab
-        flag = 16  # LLAMA_TOKEN_ATTR_USER_DEFINED
-        return [(lib.llama_vocab_get_text(vocab, t) or b"").decode("utf-8", "replace")
-                for t in range(lib.llama_vocab_n_tokens(vocab)) if lib.llama_vocab_get_attr(vocab, t) & flag]
+        texts = [(lib.llama_vocab_get_text(vocab, t) or b"").decode("utf-8", "replace")
+                 for t in range(lib.llama_vocab_n_tokens(vocab)) if lib.llama_vocab_get_attr(vocab, t) & attributes]
+        return [t for t in texts if t]
 
     def _tokenize(self, text: str, special: bool) -> list[int]:
         data = text.encode("utf-8")
@@ -163,11 +171,12 @@ class LlamaCppTokenizer:
     def chat_prompt(self, text: str) -> list[int]:
         return self.chat_messages([{"role": "user", "content": text}])
 
-    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def chat_messages(self, messages: list[dict], tools: list[dict] | None = None, check=None) -> list[int]:
         if not self.chat_template:
             raise ValueError("this GGUF file has no chat template")
         render = lambda chat: render_chat(self.chat_template, chat, tools=tools, **self._special_text)  # noqa: E731
-        return with_bos(chat_token_ids(render, messages, self.encode, tools), self._bos, self._add_bos)
+        ids = chat_token_ids(render, messages, self.encode, tools, self._spellings.search, check)
+        return with_bos(ids, self._bos, self._add_bos)
 
 
 def vocab_fim(lib, vocab) -> FimFormat | None:

@@ -1,4 +1,5 @@
-"""Who may come in: the Host check, the API key and the JSON content type.
+"""Who may come in: the Host check, the API key and the JSON content type; and what a
+client's text may put in a response header (header_value).
 
 The three stop what a web page can do to a server on this machine. A page may send a
 "simple" cross-site request (a text/plain POST, no preflight) to 127.0.0.1: only a
@@ -106,3 +107,15 @@ def require_json(request: Request) -> None:
     if given.split(";", 1)[0].strip().lower() != "application/json":
         raise APIError(415, "the body must be sent as Content-Type: application/json, "
                        f"not {repr(given) if given else 'without one'}", code="unsupported_media_type")
+
+
+MAX_HEADER_VALUE = 1024  # characters of client text in one header; a client reads its body for more
+
+
+def header_value(text: str) -> str:
+    """Client text (a schema's format name, say) made safe to send in a header: printable
+    ASCII as it is, everything else (ESC, DEL, CR, LF, non-ASCII) as Python's backslash
+    escapes, and cut at MAX_HEADER_VALUE. Every header built from client input goes
+    through here."""
+    escaped = text.encode("unicode_escape").decode("ascii")
+    return escaped if len(escaped) <= MAX_HEADER_VALUE else escaped[: MAX_HEADER_VALUE - 3] + "..."

@@ -23,6 +23,9 @@ from .schemas import EditorFields
 # naming them asks for nothing.
 OURS = ("penalties", "temperature", "min_p", "top_k", "top_p", "infill")
 NO_OPS = ("dry", "top_n_sigma", "typ_p", "xtc")
+# llama-server's top_k when a request names the top_k sampler without giving one: its
+# clients count on it (the infill sampler needs a top_k before it), where ours is off.
+LLAMA_SERVER_TOP_K = 40
 
 
 def editor_config(request: EditorFields, config: GenerationConfig | None, target) -> GenerationConfig | None:
@@ -36,7 +39,7 @@ def editor_config(request: EditorFields, config: GenerationConfig | None, target
         return None
     sampling = config.sampling
     if request.samplers is not None:
-        sampling = ordered_sampling(request.samplers, sampling, target)
+        sampling = ordered_sampling(request.samplers, sampling, target, top_k_given=request.top_k is not None)
     stops = list(config.text_stops)
     if request.n_indent:
         stops.append(IndentStop(request.n_indent))
@@ -66,9 +69,11 @@ def sampler_names(samplers: list[str] | str) -> list[str]:
     return [LETTERS[c] for c in samplers]
 
 
-def ordered_sampling(samplers: list[str] | str, sampling: SamplingConfig, target) -> SamplingConfig:
+def ordered_sampling(samplers: list[str] | str, sampling: SamplingConfig, target, top_k_given: bool = True
+                     ) -> SamplingConfig:
     """llama-server's rule: the samplers named run in that order, the others not at all
-    (their fields are then ignored); ours come after logit_bias and the penalties."""
+    (their fields are then ignored); ours come after logit_bias and the penalties. A
+    top_k named but not given (`top_k_given`) is llama-server's default."""
     names = sampler_names(samplers)
     unknown = [n for n in names if n not in OURS + NO_OPS]
     if unknown:
@@ -81,6 +86,8 @@ def ordered_sampling(samplers: list[str] | str, sampling: SamplingConfig, target
                        param="samplers", code="invalid_value")
     named = set(steps)
     changes = {field: off for step, (field, off) in STEP_OFF.items() if step not in named}
+    if "top_k" in named and not top_k_given:
+        changes["top_k"] = LLAMA_SERVER_TOP_K
     if "penalties" not in named:
         changes.update(presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0)
     order = tuple(s for s in steps if s != "penalties")

@@ -21,6 +21,7 @@ from ..decoding.sampling import InvalidSetting, SamplingConfig, bias_entry, chec
 from ..output.constraints import Constraint, ConstraintError
 from ..output.fim import ExtraFile, fim_prompt
 from ..policy.calibrate import K_MAX, most_drafts
+from .doors import header_value
 from .errors import APIError, ClientGone
 from .schemas import ChatRequest, CompletionRequest, GenerationRequest, InfillRequest, ResponseFormat, TokenizeRequest
 from .settings import Settings
@@ -115,8 +116,7 @@ def response_headers(plan: RequestPlan) -> dict[str, str]:
     constraint = plan.config.constraint if plan.config is not None else None
     if constraint is None or not constraint.unenforced:
         return {}
-    value = "; ".join(constraint.unenforced).encode("ascii", "backslashreplace").decode()
-    return {UNENFORCED_HEADER: value}
+    return {UNENFORCED_HEADER: header_value("; ".join(constraint.unenforced))}
 
 
 def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
@@ -260,13 +260,19 @@ def editor_max_tokens(request: InfillRequest | ChatRequest, requested: int | Non
 
 
 def chat_prompts(request: ChatRequest, target: Backend, left: Callable[[], bool] = lambda: False) -> list[Prompt]:
-    return [(chat_prompt(request, target), None)]
+    return [(chat_prompt(request, target, left), None)]
 
 
-def chat_prompt(request: ChatRequest | TokenizeRequest, target: Backend) -> list[int]:
+def chat_prompt(request: ChatRequest | TokenizeRequest, target: Backend, left: Callable[[], bool] = lambda: False
+                ) -> list[int]:
+    """The chat's ids; building them stops between messages once the client has left (`left`)."""
+    def check():
+        if left():
+            raise ClientGone()
+
     messages = template_messages(request.messages)
     try:
-        return target.tokenizer.chat_messages(messages, template_tools(request.tools))
+        return target.tokenizer.chat_messages(messages, template_tools(request.tools), check=check)
     except ChatTemplateError as e:  # the template refused these messages (raise_exception)
         raise APIError(400, str(e), param="messages") from None
     except ValueError as e:  # no chat template

@@ -24,8 +24,8 @@ from .events import Ended, Finished, Generated
 from .replies import FINISH_REASONS, Answer, Choice, InfillReply, Reply
 from .request_config import (chat_prompt, chat_prompts, completion_prompts, infill_prompts, plan, response_headers,
                              make_choices)
-from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, GenerationRequest, InfillRequest,
-                      TokenizeRequest, read_request)
+from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, EraseRequest, GenerationRequest,
+                      InfillRequest, TokenizeRequest, read_request)
 from .settings import Server
 from .tool_requests import tool_plan
 from .worker import QueuedRequest, QueueFull, ShuttingDown, SlotBusy, TargetLost
@@ -281,17 +281,21 @@ async def slot_action(request: Request) -> Response:
     """llama-server's `POST /slots/N?action=erase`: slot N forgets the prompt and answer
     its cache holds (cache_prompt), so that the next request there is scored from
     scratch; what benchmarks send between loads of the same prompts. The other actions
-    (save, restore) are llama-server's slot files, which this server has none of."""
+    (save, restore) are llama-server's slot files, which this server has none of. Its
+    body may be empty, or give the `cache_salt` whose cache to erase: a slot filled
+    under another salt is left as it is and reported as holding nothing."""
     server: Server = request.app.state.server
-    # Its body is ignored, but it must be declared JSON: a cross-site page may POST
+    # The body must be declared JSON even when empty: a cross-site page may POST
     # text/plain (or nothing) here without asking, and would erase a keyless server's slots.
     require_json(request)
     seq = request.path_params["slot"]
     action = request.query_params.get("action")
     if action != "erase":
         raise APIError(400, f"action {action!r}: this server's slots take only action=erase", param="action")
+    body = await read_request(request, EraseRequest, server.settings.max_body_bytes, server.settings.body_timeout,
+                              empty_ok=True)
     try:
-        done = server.worker.erase(seq)
+        done = server.worker.erase(seq, body.cache_salt)
     except ValueError as e:
         raise APIError(400, str(e), param="id_slot") from e
     except TargetLost as e:

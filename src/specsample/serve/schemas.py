@@ -10,13 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from typing import Literal, TypeVar
+import re
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from .doors import log, require_json
 from .errors import APIError, ClientGone
+
+
+# vLLM's cache_salt: a slot's cache is reused only between requests with the same salt.
+Salt = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
 class _Strict(BaseModel):
@@ -115,7 +120,7 @@ class GenerationRequest(_Strict):
     cache_prompt: bool | None = None
     # vLLM's: a slot's cache is reused only between requests with the same salt, so a
     # client cannot learn from cached_tokens (or timing) what another's prompt holds.
-    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
+    cache_salt: Salt | None = None
 
 
 class CompletionRequest(GenerationRequest):
@@ -126,6 +131,10 @@ class CompletionRequest(GenerationRequest):
 
 
 MAX_EXTRA_CHUNKS = 256  # /infill's input_extra
+# OpenAI's limit on a chat's messages ("array too long ... maximum length 2048"); llama-server
+# and vLLM set none. The bound comes before any tokenizing: 20,000 one-letter messages
+# held the shared tokenizer thread for 42 s (chat.py says where that time went).
+MAX_MESSAGES = 2048
 
 
 class ExtraChunk(_Strict):
@@ -166,7 +175,7 @@ class ChatRequest(GenerationRequest, EditorFields):
     samplers, n_predict 0 warm-ups; response_fields is taken and, as llama-server does on
     this route, not applied)."""
 
-    messages: list[Message] = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
@@ -178,9 +187,15 @@ class ChatRequest(GenerationRequest, EditorFields):
 class TokenizeRequest(_Strict):
     model: str | None = None
     prompt: str | None = None
-    messages: list[Message] | None = None
+    messages: list[Message] | None = Field(default=None, max_length=MAX_MESSAGES)
     tools: list[ToolDef] | None = None  # with messages: counted as the chat template writes them in
     add_special_tokens: bool = True  # accepted for vLLM's clients; this tokenizer adds none
+
+
+class EraseRequest(_Strict):
+    """`/slots/N?action=erase`'s body, which may be empty: the salt whose cache to erase."""
+
+    cache_salt: Salt | None = None  # None: the unsalted requests' cache
 
 
 class DetokenizeRequest(_Strict):
@@ -200,10 +215,12 @@ NEUTRAL = {
 Model = TypeVar("Model", bound=_Strict)
 
 
-async def read_request(request: Request, model: type[Model], limit: int, timeout: float) -> Model:
+async def read_request(request: Request, model: type[Model], limit: int, timeout: float,
+                       empty_ok: bool = False) -> Model:
     """The body, at most `limit` bytes of JSON arriving within `timeout` seconds, as
-    `model`; unknown parameters are refused unless NEUTRAL allows their value."""
-    data = await read_json(request, limit, timeout)
+    `model` (an empty body as {} if `empty_ok`); unknown parameters are refused unless
+    NEUTRAL allows their value."""
+    data = await read_json(request, limit, timeout, empty_ok)
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
     try:
@@ -235,7 +252,7 @@ def _validation_error(e: ValidationError) -> APIError:
     return APIError(400, f"{param}: {error['msg']}" if param else error["msg"], param=param, code="invalid_type")
 
 
-async def read_json(request: Request, limit: int, timeout: float):
+async def read_json(request: Request, limit: int, timeout: float, empty_ok: bool = False):
     require_json(request)
     length = request.headers.get("content-length", "0")
     if not (length.isascii() and length.isdigit()) or int(length) > limit:
@@ -251,10 +268,51 @@ async def read_json(request: Request, limit: int, timeout: float):
         client = request.client
         log.info("%s left before sending all of its request body", f"{client.host}:{client.port}" if client else "a client")
         raise ClientGone() from None
+    if empty_ok and not body.strip():
+        return {}
     try:
-        return json.loads(body, parse_constant=_no_constants, parse_float=_finite)
+        data = json.loads(body, parse_constant=_no_constants, parse_float=_finite)
     except (ValueError, RecursionError) as e:
         raise APIError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
+    if _may_hold_surrogates(body):
+        _refuse_lone_surrogates(data)
+    return data
+
+
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins a pair into one character: any left is alone
+
+
+def _may_hold_surrogates(body: bytearray) -> bool:
+    """Cheap, on bytes: a lone surrogate comes from a \\ud800-\\udfff escape, from raw
+    surrogate bytes (which json.loads decodes with surrogatepass), or from a UTF-16 or
+    UTF-32 body (which json.loads detects, NULs and all)."""
+    return not body.isascii() or b"\x00" in body or _ESCAPED_SURROGATE.search(body) is not None
+
+
+def _refuse_lone_surrogates(data) -> None:
+    """A 400 naming a string (or key) that holds a lone UTF-16 surrogate, which
+    JSON can spell but no UTF-8 text holds: every text field, once, before a tokenizer
+    or a template sees it."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")  # in C: the walk below only when one is there
+        return
+    except UnicodeEncodeError:
+        pass
+    stack = [((), data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                # A key may hold it too: the name goes back escaped, as an answer holds no surrogate.
+                param = ".".join(str(p).encode("utf-8", "backslashreplace").decode() for p in path) or None
+                raise APIError(400, f"{param or 'the body'}: the text holds a lone UTF-16 surrogate (a \\ud800-\\udfff "
+                               "escape without its pair), which is no Unicode character", param=param,
+                               code="invalid_value")
+        elif isinstance(value, dict):
+            stack += [(path + (k,), k) for k in value] + [(path + (k,), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(path + (i,), v) for i, v in enumerate(value)]
 
 
 async def _read_body(request: Request, limit: int) -> bytearray:

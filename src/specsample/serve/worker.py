@@ -138,7 +138,7 @@ class Worker:
         self._salts: list[str | None] = [None] * parallel  # the cache_salt of what each slot's cache holds
         self._waiting: collections.deque[QueuedRequest] = collections.deque()
         self._running: dict[int, QueuedRequest] = {}  # slot -> the job being generated on it
-        self._erasing: list[tuple[int, concurrent.futures.Future]] = []  # erase(): slots to empty, in order
+        self._erasing: list[tuple[int, str | None, concurrent.futures.Future]] = []  # erase(): slots to empty, in order
         self._changed = threading.Condition()  # guards _waiting, _running, _erasing and _stopping
         self._stopping = False
         self.lost: TargetLost | None = None  # set once, by lose()
@@ -176,7 +176,7 @@ class Worker:
             self._waiting.clear()
             for job in self._running.values():
                 job.cancel()
-            for _, done in self._erasing:  # the thread ends before it comes to them
+            for *_, done in self._erasing:  # the thread ends before it comes to them
                 _settle(done, error=ShuttingDown("the server is shutting down; the slot was not erased"))
             self._erasing.clear()
             self._stopping = True
@@ -192,7 +192,7 @@ class Worker:
             self.lost = error
             for job in {id(j): j for j in [*self._running.values(), *self._waiting]}.values():  # a job on several slots once
                 job.emit(Ended(End.FAILED, error))
-            for _, done in self._erasing:  # the thread that would do them never comes back
+            for *_, done in self._erasing:  # the thread that would do them never comes back
                 _settle(done, error=error)
             self._running.clear()
             self._waiting.clear()
@@ -212,12 +212,14 @@ class Worker:
             self._waiting.append(job)
             self._changed.notify()
 
-    def erase(self, seq: int) -> concurrent.futures.Future:
+    def erase(self, seq: int, cache_salt: str | None = None) -> concurrent.futures.Future:
         """Empty slot `seq`'s caches (target and draft model), as llama-server's
         `/slots/N?action=erase`: a later request finds nothing of an earlier one there
         (cache_prompt). Done on the worker thread before it admits any request submitted
         after this call; the future gives the tokens the slot held, or SlotBusy while a
-        request is being generated on it."""
+        request is being generated on it. Only a cache filled under `cache_salt` is
+        erased: another salt's is none of the caller's to see, so it stays, and the
+        future gives 0, as for an empty slot."""
         if not 0 <= seq < self.parallel:
             raise ValueError(f"slot {seq}: this server has slots 0 to {self.parallel - 1}")
         done: concurrent.futures.Future = concurrent.futures.Future()
@@ -226,16 +228,19 @@ class Worker:
                 raise self.lost
             if self._stopping:
                 raise ShuttingDown("the server is shutting down; the slot was not erased")
-            self._erasing.append((seq, done))
+            self._erasing.append((seq, cache_salt, done))
             self._changed.notify()
         return done
 
     def _erase(self) -> None:
         with self._changed:
             erasing, self._erasing = self._erasing, []
-        for seq, done in erasing:
+        for seq, salt, done in erasing:
             if seq not in self.admission.free:
                 _settle(done, error=SlotBusy(f"slot {seq} is generating a request"))
+                continue
+            if self._salts[seq] != salt:
+                _settle(done, 0)
                 continue
             held = self.slots[seq].length
             self._empty(seq)
