@@ -8,6 +8,7 @@ import logging
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -173,3 +174,29 @@ def test_a_stream_whose_client_leaves_counts_as_499():
         counted = 'specsample_requests_total{endpoint="/v1/completions",status="%s"}'
         wait_until(lambda: metric(url, counted % 499) == 1, what="the cancelled stream counted as 499")
         assert metric(url, counted % 200) == 0
+
+
+def test_shutting_down_ends_whole_requests_with_503_and_streams_with_an_error_then_done(monkeypatch):
+    """Issue 55, 9: on SIGTERM uvicorn cancelled what was still running once its grace
+    ran out, a 500 with a CancelledError traceback, and sse-starlette cut streams at
+    once, with no error event and no [DONE]."""
+    from sse_starlette.sse import AppStatus
+
+    app, target = toy_app(drafter="none", eos=False, context_length=512, parallel=2)
+    target.delay = 0.02  # 200 tokens take 4 s: both requests are in flight at the shutdown
+    worker = app.state.server.worker
+    request = {"model": "toy", "prompt": "the cat", "max_tokens": 200}
+    with httpx.Client(timeout=20) as client, ThreadPoolExecutor(1) as pool, contextlib.ExitStack() as streams:
+        with running(app, timeout_graceful_shutdown=2.3, http=connections.protocol(0.5, 30, shutdown_grace=0.3)) as url:
+            stream = streams.enter_context(client.stream("POST", url + "/v1/completions", json={**request, "stream": True}))
+            lines = stream.iter_lines()
+            assert next(lines).startswith("data: ")
+            whole = pool.submit(client.post, url + "/v1/completions", json=request)
+            wait_until(lambda: worker.active == 2, what="both requests generating")
+            monkeypatch.setattr(AppStatus, "should_exit", True)  # what SIGTERM sets (sse-starlette's hook)
+        # leaving `running` shut the server down, once the requests in flight ended
+        rest = [line for line in lines if line.startswith("data: ")]
+        answer = whole.result()
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "shutting_down", answer.text
+    assert rest[-1] == "data: [DONE]"
+    assert json.loads(rest[-2].removeprefix("data: "))["error"]["code"] == "shutting_down"

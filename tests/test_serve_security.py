@@ -249,7 +249,7 @@ def test_the_serve_flags_bound_connections_and_reach_uvicorn_and_the_settings(mo
     assert main(["serve", "--draft", "ngram"]) == 0
     settings = started["app"].state.server.settings
     assert (started["limit_concurrency"], started["timeout_keep_alive"]) == (100, 5)
-    assert started["http"].header_timeout == 10 and started["timeout_graceful_shutdown"] == 2
+    assert started["http"].header_timeout == 10 and started["timeout_graceful_shutdown"] == 3
     assert (settings.allowed_hosts, settings.body_timeout, started["http"].send_timeout) == ((), 30, 30)
     assert main(["serve", "--draft", "ngram", "--max-connections", "7", "--keep-alive-timeout", "2",
                  "--body-timeout", "3", "--send-timeout", "4", "--allowed-hosts", " a.example, b.example:80 "]) == 0

@@ -91,7 +91,6 @@ def door_settings(args) -> dict:
     return dict(allowed_hosts=allowed, body_timeout=args.body_timeout)
 
 
-SHUTDOWN_SECONDS = 2  # what requests in flight get on SIGINT/SIGTERM before they are cancelled
 MOST_SLOTS = 8  # what --parallel auto loads the models for, and chooses among
 
 
@@ -124,7 +123,7 @@ def cmd_serve(args) -> int:
     from ..backends.rpc import joined, parse_workers
     from . import connections, recovery
     from .app import create_app
-    from .settings import Settings
+    from .settings import SHUTDOWN_SECONDS, Settings
 
     parallel = parse_parallel(args.parallel)
     # Drafters are built per request, with the request's own sampling.
@@ -144,8 +143,9 @@ def cmd_serve(args) -> int:
     options = dict(host=args.host, port=args.port, log_level="info", limit_concurrency=args.max_connections,
                    timeout_keep_alive=args.keep_alive_timeout, http=connections.protocol(args.header_timeout, args.send_timeout),
                    # uvicorn waits for every open connection by default, so a slow client or an idle
-                   # socket held a SIGTERM off for good: requests get this long, then are cancelled.
-                   timeout_graceful_shutdown=SHUTDOWN_SECONDS)
+                   # socket held a SIGTERM off for good: requests get SHUTDOWN_SECONDS, then end
+                   # with a 503 (connections.py); what still runs a second later is cancelled.
+                   timeout_graceful_shutdown=SHUTDOWN_SECONDS + 1)
     workers = joined(parse_workers(args.target_rpc) if args.target_rpc else None,
                      parse_workers(args.draft_rpc) if getattr(args, "draft_rpc", None) else None)
     if workers is not None:  # on a socket that a reload after a lost worker keeps

@@ -18,6 +18,10 @@ few dozen clients that stall in a phase with no deadline turn everyone else away
   full, a client that takes none of the rest within `send_timeout` seconds (a stream it
   stopped reading, a large answer, a close waiting to flush) is dropped: the socket is
   aborted, and the app sees a disconnect.
+- shutting down: a request in flight gets `shutdown_grace` seconds to finish; then the
+  app's SHUT_DOWN hook (app.py's lifespan state) ends it, a whole answer with a 503
+  `shutting_down` and a stream with an error event and [DONE], before uvicorn's own
+  deadline (timeout_graceful_shutdown, a second longer) would cancel it mid-answer.
 """
 
 from __future__ import annotations
@@ -28,10 +32,15 @@ import functools
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .settings import SHUTDOWN_SECONDS
+
+SHUT_DOWN = "specsample.shut_down"  # the lifespan state's hook that ends every request in flight
+
 
 class Deadlines(H11Protocol):
     header_timeout = 10.0  # set per server by protocol()
     send_timeout = 30.0
+    shutdown_grace = float(SHUTDOWN_SECONDS)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -67,6 +76,12 @@ class Deadlines(H11Protocol):
     def resume_writing(self) -> None:
         super().resume_writing()
         self._disarm("send")
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        stop = self.app_state.get(SHUT_DOWN)
+        if stop is not None and self.cycle is not None and not self.cycle.response_complete:
+            self._arm("shutdown", self.shutdown_grace, stop)
 
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in self._timers.values():
@@ -110,6 +125,8 @@ class Deadlines(H11Protocol):
 
 
 @functools.cache
-def protocol(header_timeout: float, send_timeout: float = 30.0) -> type[Deadlines]:
+def protocol(header_timeout: float, send_timeout: float = 30.0,
+             shutdown_grace: float = SHUTDOWN_SECONDS) -> type[Deadlines]:
     """uvicorn's `http` option: the h11 protocol with these deadlines."""
-    return type("Deadlines", (Deadlines,), {"header_timeout": header_timeout, "send_timeout": send_timeout})
+    return type("Deadlines", (Deadlines,), {"header_timeout": header_timeout, "send_timeout": send_timeout,
+                                            "shutdown_grace": shutdown_grace})

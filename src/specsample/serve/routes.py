@@ -25,7 +25,7 @@ from .request_config import (chat_prompt, chat_prompts, completion_prompts, infi
                              make_choices)
 from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, GenerationRequest, InfillRequest,
                       TokenizeRequest, read_request)
-from .settings import Server
+from .settings import SHUTDOWN_SECONDS, Server
 from .tool_requests import tool_plan
 from .worker import QueuedRequest, QueueFull, ShuttingDown, SlotBusy, TargetLost
 
@@ -106,9 +106,11 @@ async def _answer_body(request: Request, kind: type[GenerationRequest], body: Ge
     await follower.started()
     if body.stream:
         # A client that stops reading is dropped by the connection's send deadline
-        # (connections.py), which the stream hears as a disconnect.
+        # (connections.py), which the stream hears as a disconnect. On shutdown
+        # sse-starlette would cut the stream at once: it waits for the worker's cut,
+        # which ends it with an error event and [DONE].
         return EventSourceResponse(_stream(follower, reply, include_usage), sep="\n", ping=15,
-                                   headers=response_headers(asked))
+                                   shutdown_grace_period=SHUTDOWN_SECONDS + 1, headers=response_headers(asked))
     async for _ in follower.steps():
         pass
     return JSONResponse(reply.whole(follower.answer.whole, follower.answer.results), headers=response_headers(asked))

@@ -15,6 +15,10 @@ from ..policy.calibrate import PolicyLike, check_draft_length
 from .metrics import Metrics
 from .worker import Worker
 
+# What requests in flight get on SIGINT/SIGTERM to finish, before they are ended with a
+# 503 (connections.py); uvicorn cancels what still runs a second later.
+SHUTDOWN_SECONDS = 2
+
 
 @dataclass
 class Settings:
