@@ -65,8 +65,8 @@ def add_door_arguments(p) -> None:
     p.add_argument("--body-timeout", type=float, default=30.0,
                    help="seconds a request body may take to arrive; then 408 (default 30)")
     p.add_argument("--send-timeout", type=float, default=30.0,
-                   help="seconds a client may take none of an answer the socket buffers cannot hold (a stream it "
-                        "stopped reading); then it is dropped (default 30)")
+                   help="seconds a client may take to make room for what of an answer the socket buffers cannot hold "
+                        "(a stream it stopped reading); then it is dropped (default 30)")
 
 
 def door_settings(args) -> dict:

@@ -15,9 +15,9 @@ few dozen clients that stall in a phase with no deadline turn everyone else away
   the socket closes when the client closes or `keep-alive timeout` seconds after the
   answer, whichever comes first.
 - unsent data: only the kernel's socket buffers hold an answer's bytes; once they are
-  full, a client that takes none of the rest within `send_timeout` seconds (a stream it
-  stopped reading, a large answer, a close waiting to flush) is dropped: the socket is
-  aborted, and the app sees a disconnect.
+  full, a client that has not made room for the rest within `send_timeout` seconds (a
+  stream it stopped reading, a large answer, a close waiting to flush) is dropped: the
+  socket is aborted, and the app sees a disconnect.
 - shutting down: a request in flight gets `shutdown_grace` seconds to finish; then the
   app's SHUT_DOWN hook (app.py's lifespan state) ends it, a whole answer with a 503
   `shutting_down` and a stream with an error event and [DONE], before uvicorn's own
