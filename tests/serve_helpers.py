@@ -128,12 +128,16 @@ def served_pair(make_backend):
 
 
 @contextlib.contextmanager
-def running(app):
-    """Serve app on 127.0.0.1 on a free port; yields the base URL."""
+def running(app, sndbuf: int | None = None, **options):
+    """Serve app on 127.0.0.1 on a free port (uvicorn.Config's `options` added); yields
+    the base URL. `sndbuf`: each connection's kernel send buffer (a small one fills
+    soon when a client stops reading)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if sndbuf is not None:  # accepted sockets inherit it
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    server = uvicorn.Server(uvicorn.Config(app, **{"log_level": "warning", "timeout_graceful_shutdown": 2, **options}))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

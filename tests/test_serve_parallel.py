@@ -15,7 +15,7 @@ from specsample.decoding.drafters import ModelDrafter
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig
 from specsample.serve.events import End, Ended
-from specsample.serve.worker import QueuedRequest, ChoiceTask, Worker
+from specsample.serve.worker import QueuedRequest, ChoiceTask, ShuttingDown, Worker
 
 from serve_helpers import ToySequences, WordTokenizer, running, toy_app, toy_pair, wait_until
 
@@ -116,7 +116,7 @@ class Inline:
 
 def test_stopping_the_worker_ends_every_request_generating_or_waiting():
     """Two generations share the batch and a third waits; stop() cancels them all: each
-    hears one Ended(CANCELLED), and the worker's thread ends (no request is left asleep
+    hears one Ended with ShuttingDown (a 503), and the worker's thread ends (no request is left asleep
     in a sequence of the scheduler)."""
     target = ToySequences(0, sequences=2, eos=False, context_length=4096)
     target.delay = 0.01
@@ -136,7 +136,8 @@ def test_stopping_the_worker_ends_every_request_generating_or_waiting():
         events = []
         while not job.events.empty():
             events.append(job.events.get_nowait())
-        assert [e for e in events if isinstance(e, Ended)] == [Ended(End.CANCELLED)]
+        [ended] = [e for e in events if isinstance(e, Ended)]
+        assert ended.end is End.FAILED and isinstance(ended.error, ShuttingDown)
     assert worker.active == 0 and worker.scheduler.live == 0
 
 

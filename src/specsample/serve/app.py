@@ -16,6 +16,7 @@ from ..backends.base import Backend
 from ..decoding.drafters import Drafter
 from ..decoding.sampling import SamplingConfig
 from . import routes
+from .connections import SHUT_DOWN
 from .doors import CheckHost, RequireKey
 from .errors import APIError
 from .metrics import CountRequests, Metrics
@@ -52,7 +53,7 @@ def create_app(target: Backend, make_drafter: Callable[[SamplingConfig, Backend 
         server.tokenizing = anyio.CapacityLimiter(settings.tokenizer_threads)  # needs the running loop
         worker.start()
         try:
-            yield
+            yield {SHUT_DOWN: worker.shut_down}  # for connections.py, as uvicorn begins to shut down
         finally:
             worker.stop()
 

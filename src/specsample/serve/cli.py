@@ -57,14 +57,16 @@ def add_door_arguments(p) -> None:
     p.add_argument("--max-connections", type=int, default=100,
                    help="open connections (and requests) at once; more get 503 (default 100)")
     p.add_argument("--keep-alive-timeout", type=float, default=5.0,
-                   help="seconds an idle connection stays open between requests (default 5)")
+                   help="seconds an idle connection stays open between requests, and one answered before its "
+                        "request's body arrived (default 5)")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a request's headers may take to arrive, from the connection's opening or its first "
                         "byte after an answer; then the connection is closed (default 10)")
     p.add_argument("--body-timeout", type=float, default=30.0,
                    help="seconds a request body may take to arrive; then 408 (default 30)")
     p.add_argument("--send-timeout", type=float, default=30.0,
-                   help="seconds a stream may wait for its client to read; then it is dropped (default 30)")
+                   help="seconds a client may take to make room for what of an answer the socket buffers cannot hold "
+                        "(a stream it stopped reading); then it is dropped (default 30)")
 
 
 def door_settings(args) -> dict:
@@ -86,10 +88,9 @@ def door_settings(args) -> dict:
         allowed = None if "*" in hosts else hosts
     else:
         allowed = () if is_loopback(args.host) else None  # a public bind is reached by names we cannot know
-    return dict(allowed_hosts=allowed, body_timeout=args.body_timeout, send_timeout=args.send_timeout)
+    return dict(allowed_hosts=allowed, body_timeout=args.body_timeout)
 
 
-SHUTDOWN_SECONDS = 2  # what requests in flight get on SIGINT/SIGTERM before they are cancelled
 MOST_SLOTS = 8  # what --parallel auto loads the models for, and chooses among
 
 
@@ -122,7 +123,7 @@ def cmd_serve(args) -> int:
     from ..backends.rpc import joined, parse_workers
     from . import connections, recovery
     from .app import create_app
-    from .settings import Settings
+    from .settings import SHUTDOWN_SECONDS, Settings
 
     parallel = parse_parallel(args.parallel)
     # Drafters are built per request, with the request's own sampling.
@@ -140,10 +141,11 @@ def cmd_serve(args) -> int:
                         verifier=args.verifier, cache_prompt=args.cache_prompt, **doors)
     app = create_app(models.target, models.drafter, models.drafter_name, settings, models.draft)
     options = dict(host=args.host, port=args.port, log_level="info", limit_concurrency=args.max_connections,
-                   timeout_keep_alive=args.keep_alive_timeout, http=connections.protocol(args.header_timeout),
+                   timeout_keep_alive=args.keep_alive_timeout, http=connections.protocol(args.header_timeout, args.send_timeout),
                    # uvicorn waits for every open connection by default, so a slow client or an idle
-                   # socket held a SIGTERM off for good: requests get this long, then are cancelled.
-                   timeout_graceful_shutdown=SHUTDOWN_SECONDS)
+                   # socket held a SIGTERM off for good: requests get SHUTDOWN_SECONDS, then end
+                   # with a 503 (connections.py); what still runs a second later is cancelled.
+                   timeout_graceful_shutdown=SHUTDOWN_SECONDS + 1)
     workers = joined(parse_workers(args.target_rpc) if args.target_rpc else None,
                      parse_workers(args.draft_rpc) if getattr(args, "draft_rpc", None) else None)
     if workers is not None:  # on a socket that a reload after a lost worker keeps

@@ -40,6 +40,8 @@ def ending_error(ended: Ended) -> APIError | None:
         return APIError(400, str(ended.error))
     if isinstance(ended.error, TargetLost):
         return target_lost(ended.error)
+    if isinstance(ended.error, ShuttingDown):  # cut short: the server is stopping
+        return shutting_down(ended.error)
     return APIError(500, f"generation failed: {type(ended.error).__name__}", type="server_error")
 
 

@@ -81,7 +81,9 @@ class Metrics:
 class CountRequests:
     """ASGI middleware: count every answer by endpoint and status, time it to its
     last byte (streams included). Unknown paths share one label, so a scanner
-    cannot grow the label set."""
+    cannot grow the label set. An answer begun but never finished counts as 499 (its
+    client left, or was dropped for not reading: a stream's 200 went out first), or
+    as 500 if the app raised."""
 
     def __init__(self, app, metrics: Metrics, endpoints: set[str]):
         self.app = app
@@ -92,17 +94,22 @@ class CountRequests:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         endpoint = scope["path"] if scope["path"] in self.endpoints else "other"
-        status = 500  # if the app fails before answering
+        status, finished, failed = 500, False, True
 
         async def send_and_note(message):
-            nonlocal status
+            nonlocal status, finished
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                finished = True
             await send(message)
 
         start = time.perf_counter()
         try:
             await self.app(scope, receive, send_and_note)
+            failed = False
         finally:
+            if not finished:
+                status = 500 if failed else 499
             self.metrics.requests.labels(endpoint, str(status)).inc()
             self.metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - start)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import anyio.to_thread
 from sse_starlette import EventSourceResponse
-from sse_starlette.sse import SendTimeoutError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -26,7 +25,7 @@ from .request_config import (chat_prompt, chat_prompts, completion_prompts, infi
                              make_choices)
 from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, EraseRequest, GenerationRequest,
                       InfillRequest, TokenizeRequest, read_request)
-from .settings import Server
+from .settings import SHUTDOWN_SECONDS, Server
 from .tool_requests import tool_plan
 from .worker import QueuedRequest, QueueFull, ShuttingDown, SlotBusy, TargetLost
 
@@ -106,8 +105,12 @@ async def _answer_body(request: Request, kind: type[GenerationRequest], body: Ge
     follower = Follower(server, job, Answer(echoes, server.target.tokenizer), arrived)
     await follower.started()
     if body.stream:
-        return EventStream(_stream(follower, reply, include_usage), sep="\n", ping=15,
-                      send_timeout=settings.send_timeout, headers=response_headers(asked))
+        # A client that stops reading is dropped by the connection's send deadline
+        # (connections.py), which the stream hears as a disconnect. On shutdown
+        # sse-starlette would cut the stream at once: it waits for the worker's cut,
+        # which ends it with an error event and [DONE].
+        return EventSourceResponse(_stream(follower, reply, include_usage), sep="\n", ping=15,
+                                   shutdown_grace_period=SHUTDOWN_SECONDS + 1, headers=response_headers(asked))
     async for _ in follower.steps():
         pass
     return JSONResponse(reply.whole(follower.answer.whole, follower.answer.results), headers=response_headers(asked))
@@ -117,19 +120,6 @@ async def off_the_loop(server: Server, tokenizing, *args):
     """Tokenizing a long prompt takes a while: off the loop, but in a few threads only
     (server.tokenizing), so that a flood of prompts cannot take the worker's cores."""
     return await anyio.to_thread.run_sync(tokenizing, *args, limiter=server.tokenizing)
-
-
-class EventStream(EventSourceResponse):
-    """Server-sent events whose client stopped reading (send_timeout) end with one log
-    line: its generation is cancelled as the events' generator closes."""
-
-    async def __call__(self, scope, receive, send):
-        try:
-            await super().__call__(scope, receive, send)
-        except SendTimeoutError:
-            client = scope.get("client")
-            log.info("%s stopped reading its stream for %g s: dropped", "%s:%s" % tuple(client) if client else "a client",
-                     self.send_timeout)
 
 
 async def _cancel_on_disconnect(request: Request, left: threading.Event) -> None:

@@ -15,6 +15,10 @@ from ..policy.calibrate import PolicyLike, check_draft_length
 from .metrics import Metrics
 from .worker import Worker
 
+# What requests in flight get on SIGINT/SIGTERM to finish, before they are ended with a
+# 503 (connections.py); uvicorn cancels what still runs a second later.
+SHUTDOWN_SECONDS = 2
+
 
 @dataclass
 class Settings:
@@ -33,7 +37,6 @@ class Settings:
     verifier: str = "auto"  # GenerationConfig.verifier for every request
     cache_prompt: bool = True  # GenerationConfig.cache_prompt for requests that do not say (serve --no-cache-prompt)
     body_timeout: float = 30.0  # seconds a request body may take to arrive (408 after)
-    send_timeout: float = 30.0  # seconds a stream's client may leave a chunk unread before it is dropped
     tokenizer_threads: int = field(default_factory=lambda: tokenizer_threads())  # tokenizing off the queue
 
     def __post_init__(self):

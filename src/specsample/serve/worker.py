@@ -167,22 +167,31 @@ class Worker:
         self._thread.start()
 
     def stop(self, timeout: float = 3.0) -> None:
-        """Cancel every request, waiting or being generated, and end the thread once
-        each generation has stopped at its next call: every request hears its Ended."""
+        """shut_down(), and wait for the thread to end."""
+        self.shut_down()
+        if self.lost is None:  # else the thread is parked inside the lost call for good
+            self._thread.join(timeout)
+
+    def shut_down(self) -> None:
+        """End every request, waiting or being generated, with ShuttingDown (a 503, or a
+        stream's error event) and refuse later ones; the thread ends once each
+        generation has stopped at its next call. Does not wait: safe on the event loop."""
         with self._changed:
+            self._stopping = True
             for job in self._waiting:
                 job.cancel()
-                job.emit(Ended(End.CANCELLED))
+                job.emit(self._cut())
             self._waiting.clear()
             for job in self._running.values():
                 job.cancel()
             for *_, done in self._erasing:  # the thread ends before it comes to them
                 _settle(done, error=ShuttingDown("the server is shutting down; the slot was not erased"))
             self._erasing.clear()
-            self._stopping = True
             self._changed.notify()
-        if self.lost is None:  # else the thread is parked inside the lost call for good
-            self._thread.join(timeout)
+
+    def _cut(self) -> Ended:
+        """How a cancelled request ends: its client left, or the server is shutting down."""
+        return Ended(End.FAILED, ShuttingDown("the server is shutting down")) if self._stopping else Ended(End.CANCELLED)
 
     def lose(self, error: TargetLost) -> None:
         """The target is gone for good: every request being generated or waiting ends
@@ -363,7 +372,7 @@ class Worker:
                     _stop_if_cancelled(job)
                 job.emit(Finished(task.index, s.result))
         except (_Cancelled, Cancelled):  # Cancelled: between a prompt's chunks
-            self._end(job, Ended(End.CANCELLED))
+            self._end(job, self._cut())
             return
         except Exception as e:  # reported to the request; the worker keeps serving
             self._end(job, Ended(End.FAILED, e))
