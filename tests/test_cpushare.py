@@ -81,7 +81,8 @@ def test_a_neighbour_that_just_finished_costs_the_next_prefill_no_thread():
     """Interleaved against llama-server, each of our prompts after its turn saw a
     quarter second of two busy cores and was prefilled on one thread of two."""
     proc = FakeProc()
-    share = CpuShare(interval=0.25, read=proc.read, clock=proc.clock, cores=2, running=proc.running)
+    share = CpuShare(interval=0.25, read=proc.read, clock=proc.clock, cores=2, running=proc.running,
+                     sleep=lambda s: None)
     share.threads(2)
     proc.others = 2.0  # another server answered while we were idle...
     proc.advance(0.25)
@@ -90,6 +91,24 @@ def test_a_neighbour_that_just_finished_costs_the_next_prefill_no_thread():
     proc.others = 2.0  # one that is still running counts
     proc.advance(0.25)
     assert share.threads(2) == 1
+
+
+def test_a_team_still_spinning_down_is_waited_out_and_one_that_computes_is_not():
+    """A neighbour's OpenMP threads spin on for milliseconds after its last call: the
+    instant right after it answered still showed both running."""
+    proc = FakeProc()
+    readings, slept = iter([2, 2, 1, 0, 2]), []
+    share = CpuShare(interval=0.25, read=proc.read, clock=proc.clock, cores=2, running=lambda: next(readings),
+                     sleep=slept.append)
+    share.threads(2)
+    proc.others = 2.0
+    proc.advance(0.25)
+    assert share.threads(2) == 2 and len(slept) == 3  # gone after three short waits
+    busy = CpuShare(interval=0.25, read=proc.read, clock=proc.clock, cores=2, running=lambda: 2, sleep=slept.append)
+    slept.clear()
+    busy.threads(2)
+    proc.advance(0.25)
+    assert busy.threads(2) == 1 and sum(slept) == pytest.approx(0.03)  # watched at most 30 ms
 
 
 def test_the_instant_is_read_only_after_an_idle_spell_of_ours():

@@ -25,6 +25,10 @@ import time
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 STALE = 4  # a window longer than this many intervals is too old to go by...
 IDLE = 0.5  # ...if this process used less than this many cores' worth in it
+# How long the first call after an idle spell watches the others' running threads, at
+# most: an OpenMP team that has just finished spins on for libgomp's 300,000 turns
+# (milliseconds here) before it sleeps, and one that computes stays.
+SETTLE, SETTLE_STEP = 0.03, 0.005
 
 
 def read_proc(helpers: frozenset[int] = frozenset()) -> tuple[int, int] | None:
@@ -105,12 +109,12 @@ class CpuShare:
     """Cores the other processes on this machine are using, re-read every `interval`."""
 
     def __init__(self, interval: float = 0.25, read=read_proc, clock=time.monotonic, cores: int | None = None,
-                 enabled: bool = True, running=running_others):
+                 enabled: bool = True, running=running_others, sleep=time.sleep):
         self.interval = interval
         self.helpers: frozenset[int] = frozenset()  # processes whose time is ours (read_proc)
         self.enabled = enabled
         self.cores = cores or available_cores()
-        self._read, self._clock, self._running = read, clock, running
+        self._read, self._clock, self._running, self._sleep = read, clock, running, sleep
         self._last: tuple[float, int, int] | None = None
         self._lock = threading.Lock()
         self._watching = False
@@ -131,11 +135,23 @@ class CpuShare:
                 # llama-server, every prompt after its turn was prefilled on one thread
                 # of two). Go by the neighbours still running now, never more than the
                 # window says; one that runs on is running now and still counts.
-                now = self._running()
-                if now is not None:
-                    others = min(others, float(now))
+                others = min(others, self._running_now(others))
         free = self.cores - others
         return max(1, min(wanted, int(free + 0.5)))
+
+    def _running_now(self, window: float) -> float:
+        """The fewest threads of other processes seen running over SETTLE seconds (the
+        window's figure if /proc cannot say); done as soon as none is."""
+        fewest, waited = window, 0.0
+        while True:
+            now = self._running()
+            if now is None:
+                return fewest
+            fewest = min(fewest, float(now))
+            if fewest < 0.5 or waited >= SETTLE:
+                return fewest
+            self._sleep(SETTLE_STEP)
+            waited += SETTLE_STEP
 
     def _update(self) -> None:
         now = self._clock()
