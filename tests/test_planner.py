@@ -105,6 +105,35 @@ def test_without_a_calibration_each_size_is_learnt_from_its_first_call():
     assert curve(1) == pytest.approx(0.5) and curve(4) == pytest.approx(1.0) and curve(2) == pytest.approx(2 / 3)
 
 
+def test_a_wider_call_is_never_priced_below_a_narrower_one():
+    """Calibration noise (5 tokens timed below 4) or two bands scaled apart (the 2-4
+    band slowed by its own recent calls, the 5-8 band by every size's) would make a
+    wider call look cheaper, and a planner then chose four drafts over three."""
+    noisy = Curve({1: 1.0, 4: 3.0, 5: 2.9, 8: 4.0})
+    assert noisy(4) == pytest.approx(3.0) and noisy(5) >= noisy(4)
+    banded = Curve({1: 1.0, 4: 2.0, 5: 2.2, 8: 3.0})
+    for _ in range(3):
+        banded.observe(4, 4.0)  # the 2-4 band at twice its prior
+    for _ in range(5):
+        banded.observe(1, 1.0)
+    assert banded(4) == pytest.approx(4.0) and banded(5) >= banded(4) and banded(6) >= banded(5)
+    assert all(banded(n + 1) >= banded(n) for n in range(1, 40))
+
+
+def test_a_drafting_rounds_own_work_is_priced_as_a_plain_ones_until_timed():
+    """Plain rounds' own work is known (0.5 s) and no drafting round has been timed: a
+    one-token lookup at its prior acceptance (0.6) then costs 2 + 0.5 s for 1.6 tokens,
+    less than plain's 1 token in 1.5 s. Priced at no work it looked better than plain."""
+    planner = Planner(6, prices(linear))
+    planner.prices.work[False].update(0.5)
+    seat = planner.seat()
+    seat.begin([1] * 10, 200)
+    assert seat.plan(Offer({lookup_source(3): 1})).source is None
+    assert planner.prices.own(True) == pytest.approx(0.5)
+    planner.prices.work[True].update(0.01)  # once timed, its own figure
+    assert planner.prices.own(True) == pytest.approx(0.01)
+
+
 EVIDENCE = 7  # rounds of each kind: enough for the guard to judge (Goodput.EVIDENCE)
 
 
@@ -132,6 +161,33 @@ def test_lookups_that_lose_do_not_bar_the_model():
         guard.add(1, "model", 3, 1.0)
     assert guard.barred(1, "lookup") and not guard.barred(1, "model")
 
+
+def test_a_source_that_plays_one_round_in_twenty_and_loses_is_barred_then_tried_again():
+    """Lookups on chat: a round now and then, each realising less than plain steps.
+    Decayed with every round, their evidence never reached EVIDENCE and they were
+    never barred; decayed with their own rounds, a dozen are enough."""
+    guard = Goodput()
+    played = 0
+    while not guard.barred(1, "lookup") and played < 12:  # a barred source plays no rounds
+        for _ in range(19):
+            guard.add(1, None, 1, 1.0)
+        guard.add(1, "lookup", 2, 3.0)  # 0.67 token/s against plain's 1
+        played += 1
+    assert guard.barred(1, "lookup") and not guard.barred(1, "model")
+    rounds = 0
+    while guard.barred(1, "lookup"):
+        guard.add(1, None, 1, 1.0)
+        rounds += 1
+    assert rounds < 100  # a bar still ages with every round
+
+
+def test_a_sparse_source_that_pays_is_not_barred():
+    guard = Goodput()
+    for _ in range(12):
+        for _ in range(19):
+            guard.add(1, None, 1, 1.0)
+        guard.add(1, "lookup", 3, 1.5)  # 2 tokens/s
+    assert not guard.barred(1, "lookup")
 
 def test_where_drafting_is_all_a_size_plays_a_plain_round_is_asked_for_now_and_then():
     guard = Goodput()

@@ -135,13 +135,13 @@ class Planner:
 
     def _rate(self, chosen: list[Option], load: int) -> float:
         """Expected tokens per second of a round in which the sequences play `chosen`."""
-        prices, work = self.prices, self.prices.work
+        prices = self.prices
         call = prices.target(load + sum(o.m + 1 for o in chosen))
         # The draft steps: with runs sorted longest first, k sequences step together for as many
         # steps as the k-th longest run exceeds the (k+1)-th; some may hide under a call (overlap).
         runs = sorted((o.steps for o in chosen if o.steps), reverse=True) + [0]
         drafting = sum((runs[k - 1] - runs[k]) * prices.draft(k) for k in range(1, len(runs)))
-        own = sum(o.extra + (work[o.m > 0].value or 0.0) for o in chosen)
+        own = sum(o.extra + prices.own(o.m > 0) for o in chosen)
         return sum(o.expected for o in chosen) / max(round_seconds(call, drafting, prices.draft.hidden) + own, 1e-9)
 
     def _search(self, menus: list[list[Option]], load: int) -> list[Option]:

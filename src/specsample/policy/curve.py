@@ -32,8 +32,9 @@ class Curve:
     RECENT calls of any size (a machine slows every size alike; a size not called
     lately would keep an old price). The price is their mean with each ratio held to
     SPIKE times their median: a call descheduled once moves it by a fraction, a
-    neighbour that keeps taking the cores moves it fully within a few calls. Without a
-    calibration, the first call of each size becomes its prior."""
+    neighbour that keeps taking the cores moves it fully within a few calls; and never
+    below a smaller size's price. Without a calibration, the first call of each size
+    becomes its prior."""
 
     def __init__(self, prior: dict[int, float] | None = None):
         self.prior = sorted((prior or {}).items())
@@ -41,6 +42,7 @@ class Curve:
         self._ratios: dict[int, deque] = {}  # band -> (call number, ratio)
         self._all: deque = deque(maxlen=RECENT)
         self._prices: dict[int, float] = {}
+        self._raws: dict[int, float] = {}  # before the running maximum
         self._calls = 0
         self._hidden = [0.0, 0.0]  # decayed counts: calls made during a target call (overlap), all calls
 
@@ -52,9 +54,20 @@ class Curve:
             return 0.0
         price = self._prices.get(n)
         if price is None:  # priced once between two calls observed: the planner asks many times a round
-            band = [r for i, r in self._ratios.get(_band(n), ()) if i > self._calls - FRESH]
-            price = self._prices[n] = self.base(n) * _scale(band if len(band) >= 3 else self._all)
+            # Never below a smaller call's price: scoring more tokens is never less work, and a
+            # calibration's noise or two bands scaled apart would make a wider call look cheaper.
+            # The raw price is linear between the prior's sizes and the bands' edges, so its
+            # running maximum is its maximum at those below n.
+            below = [k for k, _ in self.prior if k < n] + [k for k in EDGES if k < n]
+            price = self._prices[n] = max([self._raw(n)] + [self._raw(k) for k in below])
         return price
+
+    def _raw(self, n: int) -> float:
+        raw = self._raws.get(n)
+        if raw is None:
+            band = [r for i, r in self._ratios.get(_band(n), ()) if i > self._calls - FRESH]
+            raw = self._raws[n] = self.base(n) * _scale(band if len(band) >= 3 else self._all)
+        return raw
 
     @property
     def hidden(self) -> float:
@@ -67,6 +80,7 @@ class Curve:
             return
         self._hidden = [self._hidden[0] * HIDDEN_DECAY + hidden, self._hidden[1] * HIDDEN_DECAY + 1]
         self._prices.clear()
+        self._raws.clear()
         self._calls += 1
         if self.learning and n not in dict(self.prior) or self.base(n) <= 0:
             self.prior = sorted((dict(self.prior) | {n: seconds}).items())
@@ -96,3 +110,6 @@ def _scale(ratios) -> float:
 
 def _band(n: int) -> int:
     return (n - 1).bit_length() if n <= 16 else 5
+
+
+EDGES = (1, 2, 4, 5, 8, 9, 16, 17)  # the bands' first and last sizes

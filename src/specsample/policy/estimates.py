@@ -90,23 +90,37 @@ class Prices:
     draft: Curve = field(default_factory=Curve)
     work: dict[bool, Ema] = field(default_factory=lambda: {False: Ema(), True: Ema()})
 
+    def own(self, drafting: bool) -> float:
+        """A sequence's own seconds between calls in a plain or a drafting round. Until
+        a drafting round has been timed it is priced as a plain one's (it does at least
+        that work): priced at nothing, it made a first wide call look cheaper than a
+        plain step whose own work was known."""
+        value = self.work[drafting].value
+        return value if value is not None else self.work[False].value or 0.0
+
 
 class Goodput:
     """Tokens per second that rounds realised, by the number of sequences sharing
     their target call and by what the round drafted from: nothing (plain), the draft
     model, or lookups alone; the guard against prices whose sums fall short
     (Nightjar's and AdaSpec's switch). Each kind's tokens, seconds and rounds are sums
-    decayed by DECAY a round. A drafting kind is barred for a size where it holds
-    EVIDENCE rounds, plain steps at least one recent one, and it realised less than
-    plain steps (lookups that lose do not bar the model, nor the reverse); while barred
-    its evidence decays, so after about thirty-five rounds it is tried again. (A few
+    decayed by DECAY a round; a drafting kind that is not barred decays by DECAY a
+    round of its own and IDLE_DECAY a round of another kind, so that a source playing
+    one round in twenty still gathers enough evidence to be judged (decayed with every
+    round, lookups on chat never did, and on a compute-bound target each of their wide
+    calls lost). A drafting kind is barred for a size where it holds EVIDENCE rounds,
+    plain steps at least one recent one, and it realised less than plain steps
+    (lookups that lose do not bar the model, nor the reverse); while barred its
+    evidence decays, so after about thirty-five rounds it is tried again. (A few
     rounds are too few to bar on: a drafting round emits anything from one token to
     all its drafts and one more.) Where drafting is all a size plays, a plain round
     is asked for once plain evidence has decayed below PROBE (about one round in
-    sixty), so that there is always a plain rate to hold drafting to. Rounds whose calls also read a prompt or caught a draft up are
-    left out: that work is the same whatever the round drafts."""
+    sixty), so that there is always a plain rate to hold drafting to. Rounds whose
+    calls also read a prompt or caught a draft up are left out: that work is the same
+    whatever the round drafts."""
 
     EVIDENCE, STALE, RECENT_PLAIN, PROBE, DECAY = 6.0, 3.0, 0.5, 0.3, 0.98
+    IDLE_DECAY = 0.998  # a few hundred rounds: Acceptance.idle_decay's horizon
     KINDS = (None, "model", "lookup")  # what a round drafted from; None: a plain step
 
     def __init__(self):
@@ -115,8 +129,12 @@ class Goodput:
 
     def add(self, size: int, kind: str | None, tokens: int, seconds: float) -> None:
         sums = self._sums.setdefault(size, {k: [0.0, 0.0, 0.0] for k in self.KINDS})
-        for mode in sums.values():
-            mode[:] = [x * self.DECAY for x in mode]
+        for k, mode in sums.items():
+            # Plain steps, and a barred kind, age with every round; a drafting kind's
+            # evidence ages with its own rounds (and IDLE_DECAY with the others), so the
+            # few rounds a source plays now and then still add up to a verdict.
+            decay = self.DECAY if k in (None, kind) or (size, k) in self._barred else self.IDLE_DECAY
+            mode[:] = [x * decay for x in mode]
         sums[kind][:] = [x + y for x, y in zip(sums[kind], (tokens, seconds, 1))]
         plain = sums[None]
         for drafting in self.KINDS[1:]:
