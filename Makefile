@@ -33,10 +33,20 @@ demo: fetch
 # The pure ones (toy and tiny models, no clock, process or real model) run on every core
 # at once, one thread each; then the rest, alone: processes, servers and timings must
 # not be crowded, and the real models need the cores. Each part prints its 20 slowest
-# tests (docs/testing.md: where the time goes).
+# tests (docs/testing.md: where the time goes), and the end its total wall time (the two
+# parts, not the fetch before them), whether they passed or not.
 test: fetch
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m pure -n auto --dist worksteal --durations=20
-	$(BIN)/python -m pytest -q -m "not pure" --durations=20
+	@start=$$(date +%s); \
+	echo "OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m pure -n auto --dist worksteal --durations=20"; \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m pure -n auto --dist worksteal --durations=20; \
+	status=$$?; pure=$$(( $$(date +%s) - start )); \
+	if [ $$status -eq 0 ]; then \
+		echo "$(BIN)/python -m pytest -q -m \"not pure\" --durations=20"; \
+		$(BIN)/python -m pytest -q -m "not pure" --durations=20; status=$$?; \
+	fi; \
+	total=$$(( $$(date +%s) - start )); \
+	echo "make test: $$((total / 60)) min $$((total % 60)) s in all (the pure part $$pure s, the rest $$((total - pure)) s)"; \
+	exit $$status
 
 bench: fetch
 	$(BIN)/specsample bench --out results/bench

@@ -241,14 +241,18 @@ def test_sample_at_a_large_vocabulary_follows_the_distribution():
     bin_of[by_rank] = ((ordered.double().cumsum(0) - ordered) * bins).long().clamp_max(bins - 1)
     exact = {(b,): float(m) for b, m in enumerate(torch.zeros(bins).index_add_(0, bin_of, probs))}
 
-    def binned(row: torch.Tensor, shift: int = 0) -> dict:
-        tokens = torch.cat([sample(row.expand(500, vocab), g) for _ in range(n // 500)])  # [n]
-        tokens = (tokens + shift) % vocab
+    def draws(row: torch.Tensor) -> torch.Tensor:  # [n]
+        return torch.cat([sample(row.expand(500, vocab), g) for _ in range(n // 500)])
+
+    def binned(tokens: torch.Tensor) -> dict:
         return {(b,): c for b, c in enumerate(torch.bincount(bin_of[tokens], minlength=bins).tolist())}
 
-    assert_fits(binned(probs), exact, n)
+    right = draws(probs)
+    assert_fits(binned(right), exact, n)
     truncated = probs.clone()
     truncated[by_rank[ordered.cumsum(0) < 0.01]] = 0.0
-    assert_misfits(binned(truncated / truncated.sum()), exact, n)
-    assert_misfits(binned(probs, shift=1), exact, n)
+    assert_misfits(binned(draws(truncated / truncated.sum())), exact, n)
+    # Off by one: the same draws, each moved to the next token (a third sampling pass
+    # over 20,000 x 20,000 would cost a third of this test for the same distribution).
+    assert_misfits(binned((right + 1) % vocab), exact, n)
 

@@ -9,7 +9,7 @@ from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig
 
 from tiny_hf import tiny_backend
-from toy import TrigramBackend, assert_fits, exact_distribution, random_table
+from toy import TrigramBackend, assert_follows, random_table
 
 pytestmark = pytest.mark.pure
 
@@ -40,19 +40,22 @@ def test_greedy_with_a_truncated_draft_equals_greedy_autoregressive(k):
 
 def test_a_draft_with_zero_probability_tokens_keeps_the_target_distribution():
     """The exact check of test_distribution.py with a draft that can never propose
-    two of the six tokens (their logits are -inf, as after truncation)."""
+    two of the six tokens (their logits are -inf, as after truncation): sequences of
+    4 tokens from that file's target table, tested token by token at toy.ALPHA. At
+    8,000 of them the test sees more than the whole-sequence fit on 20,000 used here
+    before: a target logit off by 0.2 in every row gives p ~ 4e-6 token by token, and
+    p = 2e-4 as whole sequences (test_distribution.py's docstring)."""
     table = random_table(6, seed=0)
     draft_table = table + 0.3 * random_table(6, seed=1, scale=1.0)
     draft_table[..., [1, 4]] = float("-inf")
-    sampling, n = SamplingConfig(1.0), 20_000
-    exact = exact_distribution(TrigramBackend(table), [1, 2], 4, sampling)
+    sampling, n = SamplingConfig(1.0), 8_000
     target, drafter = TrigramBackend(table), ModelDrafter(TrigramBackend(draft_table), sampling)
     counts = {}
     for i in range(n):
         seq = tuple(generate(target, [1, 2], GenerationConfig(max_new_tokens=4, sampling=sampling, seed=i),
                              drafter, 3).token_ids)
         counts[seq] = counts.get(seq, 0) + 1
-    assert_fits(counts, exact, n)
+    assert_follows(counts, TrigramBackend(table), [1, 2], sampling)
 
 
 class WordTokenizer:
