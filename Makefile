@@ -35,14 +35,15 @@ demo: fetch
 # not be crowded, and the real models need the cores. Each part prints its 20 slowest
 # tests (docs/testing.md: where the time goes), and the end its total wall time (the two
 # parts, not the fetch before them), whether they passed or not.
+PURE_TESTS := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m pure -n auto --dist worksteal --durations=20
+OTHER_TESTS := $(BIN)/python -m pytest -q -m "not pure" --durations=20
+
 test: fetch
 	@start=$$(date +%s); \
-	echo "OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m pure -n auto --dist worksteal --durations=20"; \
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m pure -n auto --dist worksteal --durations=20; \
+	echo '$(PURE_TESTS)'; $(PURE_TESTS); \
 	status=$$?; pure=$$(( $$(date +%s) - start )); \
 	if [ $$status -eq 0 ]; then \
-		echo "$(BIN)/python -m pytest -q -m \"not pure\" --durations=20"; \
-		$(BIN)/python -m pytest -q -m "not pure" --durations=20; status=$$?; \
+		echo '$(OTHER_TESTS)'; $(OTHER_TESTS); status=$$?; \
 	fi; \
 	total=$$(( $$(date +%s) - start )); \
 	echo "make test: $$((total / 60)) min $$((total % 60)) s in all (the pure part $$pure s, the rest $$((total - pure)) s)"; \

@@ -189,6 +189,7 @@ def test_a_sparse_source_that_pays_is_not_barred():
         guard.add(1, "lookup", 3, 1.5)  # 2 tokens/s
     assert not guard.barred(1, "lookup")
 
+
 def test_where_drafting_is_all_a_size_plays_a_plain_round_is_asked_for_now_and_then():
     guard = Goodput()
     rounds = []
