@@ -49,8 +49,9 @@ test: fetch
 	echo "make test: $$((total / 60)) min $$((total % 60)) s in all (the pure part $$pure s, the rest $$((total - pure)) s)"; \
 	exit $$status
 
+# The paper's measurements: the research bench (benchmarks/bench.py), run from the checkout.
 bench: fetch
-	$(BIN)/specsample bench --out results/bench
+	$(BIN)/python -m benchmarks.bench --out results/bench
 
 clean:
 	rm -rf $(VENV) results

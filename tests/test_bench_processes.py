@@ -16,7 +16,7 @@ import pytest
 
 from specsample.bench import native
 from specsample.bench.servers import ServerProcess
-from specsample.studies import contention
+from benchmarks.studies import contention
 
 pytestmark = pytest.mark.system
 
