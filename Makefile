@@ -26,7 +26,10 @@ $(STAMP): pyproject.toml Makefile
 fetch: $(STAMP)
 	$(BIN)/specsample fetch
 
+# llama-server, built once from the llama.cpp our backend runs (benchmarks/llama_server.py);
+# without cmake the demo goes on, its llama-server rows noted as not run.
 demo: fetch
+	-$(BIN)/python -m benchmarks.llama_server
 	$(BIN)/specsample bench --preset demo --backend llamacpp --out results/demo
 
 # Every test is marked pure, system or real (tests/conftest.py refuses one that is not).

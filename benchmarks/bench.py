@@ -33,6 +33,7 @@ from .neighbour import busy_neighbours
 from .parity import PARITY_NOTE, parity_table, pass_rates, run_parity
 from .peers import PEER_FAMILIES, build_peer_modes
 from .relay import DelayRelay
+from .rounds import round_sections
 
 # A research run's defaults, beside the bench's: 40 HumanEval problems per mode for parity.
 DEFAULTS = dict(parity=True, parity_prompts=40, parity_k=3)
@@ -189,11 +190,13 @@ class Research:
 
 
 def research_sections(records, curve, weights: int | None, read_bandwidth: float | None) -> list[str]:
-    """A target type's research sections: its cost curve, the analytic prediction at the
-    measured acceptance, parity's pass@1, and the effective bandwidth of each mode."""
-    summaries = summarise([r for r in records if r.phase == "main"])
+    """A target type's research sections: where our rounds' time went and what -k auto
+    chose, its cost curve, the analytic prediction at the measured acceptance, parity's
+    pass@1, and the effective bandwidth of each mode."""
+    main = [r for r in records if r.phase == "main"]
+    summaries = summarise(main)
     predictions = predictions_by_group(summaries, curve)
-    sections = cost_section(curve)
+    sections = round_sections(main) + cost_section(curve)
     if predictions:
         sections += ["## Analytic prediction", PREDICTION_NOTE, prediction_section(summaries, predictions)]
     rates = pass_rates([r for r in records if r.phase == "parity"])

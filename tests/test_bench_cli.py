@@ -160,6 +160,22 @@ def test_no_native_server_is_none_when_unasked_and_a_reason_when_it_cannot_run()
         start_server(args, ["ar", "llamacpp-spec"], 512, 4, None)
 
 
+def test_the_llama_server_binary_is_the_one_named_or_the_pinned_build(monkeypatch, tmp_path):
+    from specsample.bench.native import llama_server_binary, server_path
+    from specsample.bench.servers import ServerUnavailable
+
+    monkeypatch.setenv("SPECSAMPLE_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ServerUnavailable, match="python -m benchmarks.llama_server builds it"):
+        llama_server_binary()
+    with pytest.raises(ServerUnavailable, match="--llama-server .*mine: no such file"):
+        llama_server_binary(tmp_path / "mine")
+    (tmp_path / "mine").write_bytes(b"\x7fELF")
+    assert llama_server_binary(tmp_path / "mine") == tmp_path / "mine"
+    server_path().parent.mkdir(parents=True)
+    server_path().write_bytes(b"\x7fELF")
+    assert llama_server_binary() == server_path() and _args().llama_server is None
+
+
 # Every model option away from its default, so that one dropped on the way shows.
 CHANGED = ModelOptions(**{f.name: other_value(f) for f in fields(ModelOptions)})
 

@@ -136,7 +136,7 @@ def test_two_target_types_get_an_overview_and_a_section_each(tmp_path):
 
 def test_round_time_table_splits_decoding_by_round_and_leaves_prefill_out(capsys, tmp_path):
     from specsample.bench.report import write_records
-    from specsample.bench.tables import round_time_table
+    from benchmarks.rounds import round_time_table
     from benchmarks.studies.rounds import main
 
     def split(mode, tokens, calls, draft_calls, draft, target, prefill, total, calibration=0.0):

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import sys
 
-from specsample.bench import read_records, round_time_table
+from specsample.bench import read_records
+
+from ..rounds import round_time_table
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,8 +33,7 @@ import importlib
 
 # name -> the module that defines it: imported when first asked for, so that
 # `import specsample.bench` stays light.
-PUBLIC = {"markdown_table": "tables", "machine_description": "tables", "round_time_table": "tables",
-          "read_records": "records", "humaneval_problems": "tasks", "specsample_server": "servers",
+PUBLIC = {"markdown_table": "tables", "machine_description": "tables", "read_records": "records", "humaneval_problems": "tasks", "specsample_server": "servers",
           "BENCH_CONTEXT": "options", "threads": "options"}
 __all__ = sorted(PUBLIC)
 

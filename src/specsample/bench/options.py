@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..app.arguments import UsageError, add_model_arguments, model_options
 from .modes import FAMILIES, OUR_FAMILIES, SETTINGS
-from .native import LlamaServer, ensure_server
+from .native import LlamaServer, llama_server_binary
 from .runner import BenchConfig
 from .servers import ServerUnavailable
 from .tables import machine_description
@@ -71,7 +71,9 @@ def add_bench_arguments(b) -> None:
     b.add_argument("--prompts", help="prompts per task: N, or task=N,... (default 8)")
     b.add_argument("--max-new-tokens", type=int, help="cap every task's answer length (default: each task's own; for smoke runs)")
     b.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i in every mode")
-    b.add_argument("--no-build", dest="build", action="store_false", help="skip llamacpp-spec unless llama-server is already built")
+    b.add_argument("--llama-server", type=Path, metavar="PATH",
+                   help="the llama-server binary of the llamacpp-server and llamacpp-spec modes (default: the build "
+                        "of llama.cpp our backend runs, made by python -m benchmarks.llama_server)")
     b.add_argument("--no-plots", dest="plots", action="store_false", default=None, help="skip the PNG plots")
     b.add_argument("--serve", action="store_true",
                    help="measure serving instead: each server in turn (modes: ar, spec-auto, spec, llamacpp-server, "
@@ -246,7 +248,7 @@ def start_server(args, families, n_ctx: int, k_max: int, target_gguf: Path | Non
     draft = resolve(args.draft)
     if target_gguf is None or draft.gguf_path is None:
         raise ServerUnavailable("needs GGUF files for target and draft")
-    binary = ensure_server(build=args.build, jobs=min(2, os.cpu_count() or 1))
+    binary = llama_server_binary(args.llama_server)
     # The peer gets the very files our modes use (the draft as requantized by --draft-quant).
     draft_path = getattr(loaded_draft, "path", None) or draft_file(args, draft.gguf_path)
     return LlamaServer(binary, target_gguf, draft_path, threads=threads(args), n_ctx=n_ctx, k_max=k_max,

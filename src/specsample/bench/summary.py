@@ -9,14 +9,14 @@ from .fim_task import held_out_bodies
 from .plots import figures
 from .records import Record
 from .stats import summarise
-from .tables import (CONTROLLER_NOTE, FIM_NOTE, ROUND_NOTE, STRUCTURED_NOTE, THROUGHPUT_NOTE, controller_table,
-                     fim_table, greedy_identity, main_table, markdown_table, round_time_table, structured_table)
+from .tables import (FIM_NOTE, STRUCTURED_NOTE, THROUGHPUT_NOTE, fim_table, greedy_identity, main_table,
+                     markdown_table, structured_table)
 
 
 @dataclass
 class TargetRun:
     """One target encoding's share of a run: its records, and the sections a research
-    run adds after ours (benchmarks/: cost curve, analytic prediction, parity)."""
+    run adds after ours (benchmarks/: rounds, cost curve, analytic prediction, parity)."""
 
     label: str  # the target's weight type ("q4_k_m", "bf16") or dtype
     records: list[Record]
@@ -43,12 +43,6 @@ def run_sections(run: TargetRun, plots: bool) -> RunSections:
     middles = fim_table(main, held_out_bodies()) if any(r.task == "fim" for r in main) else None
     if middles:
         parts += ["## Fill-in-the-middle", FIM_NOTE, middles]
-    rounds = round_time_table(main)
-    if rounds:
-        parts += ["## Where a round's time goes", ROUND_NOTE, rounds]
-    choices = controller_table(main)
-    if choices:
-        parts += ["## What -k auto chose", CONTROLLER_NOTE, choices]
     parts += run.sections
     if not plots:
         return RunSections(parts, table)

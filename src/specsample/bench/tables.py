@@ -47,32 +47,6 @@ def greedy_identity(records: list, answer: Callable = lambda r: r.token_ids,
     return [list(header)] + [[*cells, f"{a}/{n}"] for cells, (a, n) in counts.items()]
 
 
-def controller_table(records: list[Record]) -> str | None:
-    """Rounds by draft length and by source, per task and setting, for adaptive modes."""
-    groups: dict[tuple, dict] = {}
-    for r in records:
-        st = r.stats
-        if r.k != "auto" or "draft_length_histogram" not in st:
-            continue
-        g = groups.setdefault((r.task, r.setting, r.mode), {"lengths": [], "sources": {}})
-        for m, count in enumerate(st["draft_length_histogram"]):
-            g["lengths"].extend([0] * (m + 1 - len(g["lengths"])))
-            g["lengths"][m] += count
-        for source, c in st.get("sources", {}).items():
-            acc = g["sources"].setdefault(source, [0, 0, 0])
-            acc[0], acc[1], acc[2] = acc[0] + c["rounds"], acc[1] + c["drafted"], acc[2] + c["accepted"]
-    if not groups:
-        return None
-    rows = [["task", "setting", "mode", "rounds", "plain steps", "rounds by draft length 0, 1, 2, ...",
-             "source: rounds, accepted/drafted"]]
-    for (task, setting, mode), g in groups.items():
-        rounds = sum(g["lengths"])
-        sources = "; ".join(f"{s}: {n}, {a}/{d}" for s, (n, d, a) in sorted(g["sources"].items())) or "none"
-        rows.append([task, setting, mode, str(rounds), f"{g['lengths'][0] / rounds:.0%}" if rounds else "-",
-                     ", ".join(map(str, g["lengths"])), sources])
-    return markdown_table(rows)
-
-
 def structured_table(records: list[Record]) -> str | None:
     """Per task with a schema, setting and mode: answers valid under the schema, the
     share of tokens the grammar forced, and the time spent in the grammar engine."""
@@ -97,7 +71,6 @@ def structured_table(records: list[Record]) -> str | None:
                      cell(1000 * grammar / tokens if ours and tokens else None, ".2f"),
                      cell(grammar / total if ours and total else None, ".1%")])
     return markdown_table(rows)
-
 
 
 def fim_table(records: list[Record], bodies: dict[str, str]) -> str | None:
@@ -130,50 +103,6 @@ STRUCTURED_NOTE = (
     "with probability 1, in plain decoding each still costs a target call. Grammar time: masks, forced tokens and "
     "state moves in the grammar engine (llguidance), per new token and as a share of the mode's wall time. Peers "
     "report neither (llama-server applies the same schema through its own grammar sampler).")
-
-
-CONTROLLER_NOTE = (
-    "Summed over the mode's sequences. A plain step scores one token with the target and drafts nothing; the last "
-    "round of an answer is plain when only one token is left to emit. Sources: the draft model, or a context "
-    "lookup whose suffix match had n tokens (ngram<n>), or tokens a grammar forced (forced).")
-
-
-def round_time_table(records: list[Record]) -> str | None:
-    """Where a round of our loop spends its time, per task, setting and mode: draft
-    steps (the draft's prefill and catch-up included), the target call, and the rest
-    (sampling, verification, the policy, the grammar), per round and per token."""
-    groups: dict[tuple, dict[str, float]] = {}
-    for r in records:
-        st = r.stats
-        if "target_seconds" not in st or not st.get("target_calls"):
-            continue  # peers report no split
-        g = groups.setdefault((r.task, r.setting, r.mode), dict.fromkeys(
-            ("seqs", "tokens", "rounds", "steps", "draft", "target", "other"), 0.0))
-        g["seqs"] += 1
-        g["tokens"] += st["new_tokens"]
-        g["rounds"] += st["target_calls"]
-        g["steps"] += st.get("draft_calls", 0)
-        g["draft"] += st["draft_seconds"]
-        g["target"] += st["target_seconds"]
-        g["other"] += st["other_seconds"]  # GenerationStats.other_seconds: prefill and calibration left out
-    if not groups:
-        return None
-    rows = [["task", "setting", "mode", "seqs", "rounds", "tokens/round", "draft calls/round",
-             "ms/round: draft", "target", "other", "ms/draft call", "decode ms/token"]]
-    for (task, setting, mode), g in groups.items():
-        n = g["rounds"]
-        rows.append([task, setting, mode, str(int(g["seqs"])), str(int(n)), f"{g['tokens'] / n:.2f}",
-                     f"{g['steps'] / n:.2f}", f"{1000 * g['draft'] / n:.1f}", f"{1000 * g['target'] / n:.1f}",
-                     f"{1000 * g['other'] / n:.1f}", cell(1000 * g["draft"] / g["steps"] if g["steps"] else None, ".1f"),
-                     f"{1000 * (g['draft'] + g['target'] + g['other']) / g['tokens']:.1f}"])
-    return markdown_table(rows)
-
-
-ROUND_NOTE = (
-    "Our loop's decoding time, summed over the mode's sequences, split by round (one target call each; the prompt "
-    "prefill and the controller's one-off calibration left out). Draft time includes the draft's own prompt prefill "
-    "and catch-up on tokens it has not seen; other is sampling, verification, the policy and the grammar. "
-    "`python -m benchmarks.studies.rounds records.jsonl` prints this table for any run's records.")
 
 
 def machine_description(dtype: str | None, threads: int | None) -> str:
