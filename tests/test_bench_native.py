@@ -76,7 +76,7 @@ def test_build_modes_skips_the_native_peer_with_its_reason():
 def test_hf_stop_criterion_looks_only_at_new_text():
     import torch
 
-    from specsample.bench.modes import _StopStrings
+    from benchmarks.peers import _StopStrings
 
     class Chars:
         def decode(self, ids):

@@ -1,13 +1,13 @@
 """Records on disk: every records file committed under docs/results/ reads back into
 Records and writes out byte for byte as it was, so old runs stay readable (the report,
-studies.rounds) and new runs write the same format."""
+benchmarks.studies.rounds) and new runs write the same format."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from specsample.bench.records import Record, RequestTiming, ServedRecord, read_records, read_served_records
+from specsample.bench.records import Record, RequestTiming, ServedRecord, read_records
 from specsample.bench.report import write_records
 
 from bench_helpers import record
@@ -15,6 +15,10 @@ from bench_helpers import record
 RESULTS = Path(__file__).parents[1] / "docs" / "results"
 
 pytestmark = pytest.mark.pure
+
+
+def read_served_records(path: Path) -> list[ServedRecord]:
+    return [ServedRecord.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
 @pytest.mark.parametrize("path", sorted(RESULTS.glob("*/records.jsonl")), ids=lambda p: p.parent.name)

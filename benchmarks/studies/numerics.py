@@ -6,7 +6,7 @@ the next 1, 2, 4 and 8 tokens in one call each, and compares the first row: tota
 variation between the softmaxes (T = 1) and the largest logit difference, over ten
 positions; and it times a 1-token and a 4-token call.
 
-    python -m specsample.studies.numerics [--threads 2] [--target NAME]
+    python -m benchmarks.studies.numerics [--threads 2] [--target NAME]
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import statistics
 
 import torch
 
-from ..app.check import total_variation
-from ..policy.calibrate import timed_call
+from specsample.app.check import total_variation
+from specsample.policy.calibrate import timed_call
 
 # Setting -> (model params, context params) overrides of llama.cpp's defaults.
 SETTINGS = {
@@ -62,7 +62,7 @@ def call_ms(backend, ids: list[int], n: int, size: int, reps: int = 7) -> float:
 
 def load_with(path, threads: int, model_overrides: dict, context_overrides: dict):
     """A llama.cpp backend with some of llama.cpp's default parameters overridden."""
-    from ..backends import llamacpp
+    from specsample.backends import llamacpp
 
     lib = llamacpp._llama()
     defaults = lib.llama_model_default_params, lib.llama_context_default_params
@@ -84,11 +84,10 @@ def load_with(path, threads: int, model_overrides: dict, context_overrides: dict
 
 
 def main(argv=None) -> None:
-    from ..backends.models import DEFAULT_TARGET, resolve
-    from ..bench.tables import markdown_table
-    from ..bench.tasks import humaneval_problems
+    from specsample.backends.models import DEFAULT_TARGET, resolve
+    from specsample.bench import humaneval_problems, markdown_table
 
-    p = argparse.ArgumentParser(prog="python -m specsample.studies.numerics", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.numerics", description=__doc__.splitlines()[0])
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)

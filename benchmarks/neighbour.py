@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 
-from ..processes import dies_with_parent
+from specsample.processes import dies_with_parent
 
 SPIN = "while True: pass"
 

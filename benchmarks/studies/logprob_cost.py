@@ -2,7 +2,7 @@
 generations with logprobs off and at 5, interleaved (off, on, on, off, ...) so that a
 machine slowing down over the run charges both alike.
 
-    python -m specsample.studies.logprob_cost --out results/logprob-cost        # default pair, -k auto
+    python -m benchmarks.studies.logprob_cost --out results/logprob-cost        # default pair, -k auto
 
 The aim: less than 5% of decode speed at logprobs 5.
 """
@@ -23,12 +23,12 @@ PROMPTS = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..app.arguments import add_draft_length_arguments, add_model_arguments, model_options
-    from ..app.assemble import assemble
-    from ..decoding.generate import GenerationConfig, generate
-    from ..decoding.sampling import SamplingConfig
+    from specsample.app.arguments import add_draft_length_arguments, add_model_arguments, model_options
+    from specsample.app.assemble import assemble
+    from specsample.decoding.generate import GenerationConfig, generate
+    from specsample.decoding.sampling import SamplingConfig
 
-    p = argparse.ArgumentParser(prog="python -m specsample.studies.logprob_cost", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.logprob_cost", description=__doc__.splitlines()[0])
     add_model_arguments(p)
     add_draft_length_arguments(p)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"tokens_per_second": rates,
               "cost": {mode: 1 - rates[f"{mode}, logprobs 5"] / rates[f"{mode}, logprobs None"]
                        for mode in ("greedy", "sample")},
-              "command": "python -m specsample.studies.logprob_cost " + " ".join(argv or sys.argv[1:])}
+              "command": "python -m benchmarks.studies.logprob_cost " + " ".join(argv or sys.argv[1:])}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "logprob-cost.json").write_text(json.dumps(report, indent=1) + "\n")
     json.dump(report, sys.stdout, indent=1)

@@ -63,3 +63,38 @@ def effective_bandwidth(weight_bytes: int | None, tokens_per_second: float | Non
     if not weight_bytes or not tokens_per_second:
         return None
     return weight_bytes * tokens_per_second
+
+
+def bandwidth_note(weight_bytes: int | None, probe: float | None, ceiling: float | None) -> str:
+    if not weight_bytes:
+        return ""
+    note = (f"eff. GB/s = target weights ({weight_bytes / 1e9:.2f} GB) x decode tokens/s, the bandwidth plain decoding "
+            "would need for that rate")
+    if ceiling:
+        note += (f"; the percentage is of the read ceiling, {ceiling / 1e9:.1f} GB/s: the larger of a read probe in "
+                 f"this run ({(probe or 0) / 1e9:.1f} GB/s, torch streaming a 1 GiB buffer on the run's threads) and "
+                 "what plain decoding itself reached, so no autoregressive row passes 100% and only speculation can")
+    return note + "."
+
+
+def _bandwidth_cell(weight_bytes: int | None, decode_rate: float | None, read_bandwidth: float | None) -> str:
+    effective = effective_bandwidth(weight_bytes, decode_rate)
+    if effective is None:
+        return "–"
+    share = f" ({100 * effective / read_bandwidth:.0f}%)" if read_bandwidth else ""
+    return f"{effective / 1e9:.1f}{share}"
+
+
+def bandwidth_table(summaries, weight_bytes: int | None, probe: float | None) -> list[str]:
+    """summary.md's bandwidth section: each mode's decode rate as effective bandwidth,
+    against the read ceiling; none where the weights' size is unknown."""
+    if not weight_bytes:
+        return []
+    from specsample.bench.tables import markdown_table
+
+    ceiling = read_ceiling(probe, [s.decode_tokens_per_second for s in summaries
+                                   if s.mode == "ar" and s.decode_tokens_per_second], weight_bytes)
+    rows = [["task", "setting", "mode", "eff. GB/s (% of read)"]]
+    rows += [[s.task, s.setting, s.mode, _bandwidth_cell(weight_bytes, s.decode_tokens_per_second, ceiling)]
+             for s in summaries]
+    return ["## Effective bandwidth", bandwidth_note(weight_bytes, probe, ceiling), markdown_table(rows)]

@@ -8,9 +8,9 @@ This measures it: each worker process loads the pair once, waits until all
 workers are loaded, then draws the same speculative samples through the public
 API; we compare the median sample time of a pair of workers with that of one.
 
-    python -m specsample.studies.contention --backend llamacpp --threads 2 --out docs/results/contention
+    python -m benchmarks.studies.contention --backend llamacpp --threads 2 --out docs/results/contention
 
-`python -m specsample.studies.contention WORKER ...` is the worker (model arguments,
+`python -m benchmarks.studies.contention WORKER ...` is the worker (model arguments,
 then --reps and --tokens); the environment passed to it is the configuration
 under test.
 """
@@ -27,8 +27,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bench.tables import markdown_table
-from ..processes import dies_with_parent
+from specsample.bench import markdown_table
+from specsample.processes import dies_with_parent
 
 # Seconds a set of workers may take to load and sample, all together: room for a
 # pair's samples with fixed threads on the transformers backend, the slowest
@@ -50,7 +50,7 @@ class Contention:
 
 def measure(model_argv: list[str], label: str, env: dict[str, str] | None = None, reps: int = 6,
             tokens: int = 32, timeout: float = WORKER_TIMEOUT) -> Contention:
-    cmd = [sys.executable, "-m", "specsample.studies.contention", "WORKER", *model_argv, "--reps", str(reps),
+    cmd = [sys.executable, "-m", "benchmarks.studies.contention", "WORKER", *model_argv, "--reps", str(reps),
            "--tokens", str(tokens)]
     lone = _run_workers(1, cmd, env, timeout)
     paired = _run_workers(2, cmd, env, timeout)
@@ -88,11 +88,10 @@ def contention_table(results: list[Contention]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Each configuration, one worker alone then two at once; contention.md in --out."""
-    from ..app.arguments import add_model_arguments, model_options
-    from ..bench.options import BENCH_CONTEXT, threads
-    from ..bench.tables import machine_description
+    from specsample.app.arguments import add_model_arguments, model_options
+    from specsample.bench import BENCH_CONTEXT, machine_description, threads
 
-    p = argparse.ArgumentParser(prog="python -m specsample.studies.contention", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.contention", description=__doc__.splitlines()[0])
     add_model_arguments(p)
     p.set_defaults(ctx_size=BENCH_CONTEXT)  # the bench's: a short prompt needs no more
     p.add_argument("--reps", type=int, default=6, help="timed samples per worker (default 6)")
@@ -105,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(measure(model_options(args).argv(), label, env, reps=args.reps, tokens=args.tokens))
     machine = machine_description("gguf" if args.backend != "hf" else args.dtype, threads(args))
     sections, table = contention_sections(results, args.reps, args.tokens)
-    command = "python -m specsample.studies.contention " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.studies.contention " + " ".join(argv if argv is not None else sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
     parts = ["# Two model processes at once", f"Command: `{command}`", f"Machine: {machine}", *sections]
     (args.out / "contention.md").write_text("\n\n".join(parts) + "\n")
@@ -158,10 +157,10 @@ def _line(worker, expired: threading.Event, timeout: float) -> str:
 def _worker(argv: list[str]) -> None:
     import argparse
 
-    from ..app.arguments import add_model_arguments, model_options
-    from ..app.assemble import assemble
-    from ..decoding.generate import GenerationConfig, generate
-    from ..decoding.sampling import SamplingConfig
+    from specsample.app.arguments import add_model_arguments, model_options
+    from specsample.app.assemble import assemble
+    from specsample.decoding.generate import GenerationConfig, generate
+    from specsample.decoding.sampling import SamplingConfig
 
     p = argparse.ArgumentParser()
     add_model_arguments(p)

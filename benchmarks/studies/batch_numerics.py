@@ -12,7 +12,7 @@ prefilled alone, so only the step's company differs. The default target is measu
 with llama.cpp's default kernels and with --batch-invariant, and so is its BF16
 re-encoding when one is cached (it is never made here).
 
-    python -m specsample.studies.batch_numerics [--threads 2] [--target NAME] [--out DIR]
+    python -m benchmarks.studies.batch_numerics [--threads 2] [--target NAME] [--out DIR]
 """
 
 from __future__ import annotations
@@ -97,8 +97,8 @@ def measure(backend, texts: list[list[int]], subjects: int = SUBJECTS) -> dict[t
 
 def models(target: str) -> list[tuple[str, Path]]:
     """The target's GGUF file, and its BF16 re-encoding where one is cached."""
-    from ..backends.models import resolve
-    from ..backends.reencode import cached_reencoding
+    from specsample.backends.models import resolve
+    from specsample.backends.reencode import cached_reencoding
 
     path = resolve(target).gguf_path
     found = [(f"{target} ({path.name})", path)]
@@ -111,17 +111,16 @@ def models(target: str) -> list[tuple[str, Path]]:
 
 
 def main(argv=None) -> None:
-    from ..backends.llamacpp import LlamaCppBackend
-    from ..backends.models import DEFAULT_TARGET
-    from ..bench.tables import machine_description, markdown_table
-    from ..bench.tasks import humaneval_problems
+    from specsample.backends.llamacpp import LlamaCppBackend
+    from specsample.backends.models import DEFAULT_TARGET
+    from specsample.bench import humaneval_problems, machine_description, markdown_table
 
-    p = argparse.ArgumentParser(prog="python -m specsample.studies.batch_numerics", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.batch_numerics", description=__doc__.splitlines()[0])
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, help="also write batch-composition.md here")
     args = p.parse_args(argv)
-    command = "python -m specsample.studies.batch_numerics " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.studies.batch_numerics " + " ".join(argv if argv is not None else sys.argv[1:])
     problems = humaneval_problems()[:SEQUENCES]
     rows = [["model", "kernels", "step", "company", "tokens in the call", "max logit diff", "TV mean / max",
              "argmax changed"]]

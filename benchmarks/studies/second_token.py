@@ -4,7 +4,7 @@ a draft model that has not read the prompt must not hold the stream back (the ai
 Runs are interleaved (plain, auto, auto, plain, ...) so that a machine slowing down
 charges both alike; each run scores its prompt afresh.
 
-    python -m specsample.studies.second_token --threads 2 --out docs/results/second-token
+    python -m benchmarks.studies.second_token --threads 2 --out docs/results/second-token
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-SOURCE = Path(__file__).resolve().parents[1]  # the package's own code: a long prompt any machine has
+import specsample
+
+SOURCE = Path(specsample.__file__).parent  # the package's own code: a long prompt any machine has
 
 
 def long_prompt(target, tokens: int) -> list[int]:
@@ -28,7 +30,7 @@ def long_prompt(target, tokens: int) -> list[int]:
 
 def timed_stream(target, ids, config, drafter, policy) -> tuple[float, float, dict]:
     """Seconds to the first and to the second token, and the run's statistics."""
-    from ..decoding.generate import stream
+    from specsample.decoding.generate import stream
 
     start = time.perf_counter()
     s = stream(target, ids, config, drafter, policy)
@@ -41,12 +43,12 @@ def timed_stream(target, ids, config, drafter, policy) -> tuple[float, float, di
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..app.arguments import add_model_arguments, model_options
-    from ..app.assemble import assemble
-    from ..decoding.generate import GenerationConfig
-    from ..decoding.sampling import SamplingConfig
+    from specsample.app.arguments import add_model_arguments, model_options
+    from specsample.app.assemble import assemble
+    from specsample.decoding.generate import GenerationConfig
+    from specsample.decoding.sampling import SamplingConfig
 
-    p = argparse.ArgumentParser(prog="python -m specsample.studies.second_token", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.second_token", description=__doc__.splitlines()[0])
     add_model_arguments(p)
     p.add_argument("--prompt-tokens", type=int, default=4000)
     p.add_argument("--max-new-tokens", type=int, default=32)
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     medians = {m: {k: statistics.median(r[k] for r in v) for k in ("first", "second")} for m, v in runs.items()}
     ratio = medians["auto"]["second"] / medians["plain"]["second"]
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python -m specsample.studies.second_token " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.studies.second_token " + " ".join(argv if argv is not None else sys.argv[1:])
     (args.out / "runs.json").write_text(json.dumps({"prompt_tokens": len(ids), "runs": runs, "medians": medians,
                                                    "command": command}, indent=1))
     lines = [f"# Time to the second token, {len(ids)}-token prompt", "", f"Command: `{command}`", "",

@@ -1,21 +1,22 @@
 """Where a round of our loop spends its time, for any run's records: the table of
 summary.md's "Where a round's time goes", per target type of the run.
 
-    python -m specsample.studies.rounds docs/results/target-types/records.jsonl
+    python -m benchmarks.studies.rounds docs/results/target-types/records.jsonl
 """
 
 from __future__ import annotations
 
 import sys
 
-from ..bench.records import read_records
-from ..bench.tables import round_time_table
+from specsample.bench import read_records
+
+from ..rounds import round_time_table
 
 
 def main(argv: list[str] | None = None) -> int:
     paths = argv if argv is not None else sys.argv[1:]
     if not paths:
-        print("usage: python -m specsample.studies.rounds RECORDS.jsonl [...]", file=sys.stderr)
+        print("usage: python -m benchmarks.studies.rounds RECORDS.jsonl [...]", file=sys.stderr)
         return 2
     for path in paths:
         by_target: dict[str, list] = {}

@@ -4,7 +4,7 @@ seeded, sampled questions by 6 concurrent clients, half of them streaming; with 
 engine's default kernels and with `--batch-invariant`. Reports, per kernel setting,
 how many (question, client) answers equal the autoregressive server's.
 
-    python -m specsample.studies.seeded --threads 2 --out results/seeded
+    python -m benchmarks.studies.seeded --threads 2 --out results/seeded
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def ask(url: str, model: str, question: str, stream: bool) -> str:
 
 
 def answers(model_argv: list[str], extra: list[str], name: str, clients: int) -> dict[str, list[str]]:
-    from ..bench.servers import specsample_server
+    from specsample.bench import specsample_server
 
     with specsample_server(model_argv, extra, name) as server:
         model = server.request("/v1/models")["data"][0]["id"]
@@ -45,13 +45,13 @@ def answers(model_argv: list[str], extra: list[str], name: str, clients: int) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specsample.studies.seeded", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.seeded", description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--clients", type=int, default=6)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     model_argv = ["--threads", str(args.threads)] if args.threads else []
-    report = {"command": "python -m specsample.studies.seeded " + " ".join(argv if argv is not None else sys.argv[1:]),
+    report = {"command": "python -m benchmarks.studies.seeded " + " ".join(argv if argv is not None else sys.argv[1:]),
               "request": REQUEST, "clients": args.clients, "kernels": {}}
     for kernels, flags in (("default", []), ("batch-invariant", ["--batch-invariant"])):
         texts = {name: answers(model_argv, flags + extra, f"serve {name}", args.clients)

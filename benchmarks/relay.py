@@ -4,8 +4,7 @@ latency between a client and its RPC workers, on one machine (docs/distributed.m
 Each chunk read from one side is written to the other `delay` seconds after it
 arrived, in order, so a request and its reply each pay the delay once (a round trip
 pays it twice) and bandwidth is left as the loopback's. The relay runs an asyncio
-loop in a thread of the process that starts it; `round_trip` measures what it adds
-instead of assuming it.
+loop in a thread of the process that starts it.
 """
 
 from __future__ import annotations
@@ -88,19 +87,3 @@ class DelayRelay:
         finally:
             queue.put_nowait(None)
             await sender
-
-
-def round_trip(endpoint: str, repeats: int = 20) -> float:
-    """Median seconds for a one-byte echo through `endpoint` (to an echo server)."""
-    host, _, port = endpoint.rpartition(":")
-    times = []
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for _ in range(repeats):
-            start = time.perf_counter()
-            sock.sendall(b"x")
-            if sock.recv(1) != b"x":
-                raise RuntimeError("the echo did not come back")
-            times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2]

@@ -22,7 +22,9 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from ..policy.calibrate import measure, repeated, timed_call
+from specsample.bench.stats import ModeSummary
+from specsample.bench.tables import cell, markdown_table
+from specsample.policy.calibrate import measure, repeated, timed_call
 
 
 def expected_tokens_per_round(alpha: float, k: int) -> float:
@@ -147,3 +149,91 @@ def _prefill(backend, context: list[int]) -> int:
     backend.rollback(0)
     backend.score(context, num_logits=1)
     return backend.length
+
+
+def cost_table(curve: CostCurve) -> str:
+    """The cost curve; with a draft model's steps timed, the acceptance rate at which
+    K = n - 1 drafts break even (costs.break_even_alpha)."""
+    drafts = curve.draft_first is not None
+    rows = [["tokens scored in one target call", "median ms", "x a 1-token call"]
+            + (["break-even acceptance at K = n - 1"] if drafts else [])]
+    for n, t in enumerate(curve.target_cost, start=1):
+        row = [str(n), f"{1000 * t:.1f}", f"{curve.ratio(n):.2f}"]
+        if drafts:
+            alpha = break_even_alpha(n - 1, curve.draft_first, curve.target_cost, curve.plain,
+                                     curve.draft_step) if n > 1 else None
+            row.append("" if n == 1 else "never pays" if alpha is None else f"{alpha:.2f}")
+        rows.append(row)
+    blank = [""] if drafts else []
+    if curve.plain is not None:
+        rows.append(["1, back to back (plain decoding)", f"{1000 * curve.plain:.1f}", ""] + blank)
+    if curve.draft_first is not None:
+        rows.append(["draft step after a target call (a round's first)", f"{1000 * curve.draft_first:.1f}", ""] + blank)
+    if curve.draft_step is not None:
+        rows.append(["draft step after a draft step", f"{1000 * curve.draft_step:.1f}", ""] + blank)
+    return markdown_table(rows)
+
+
+def predictions_by_group(summaries: list[ModeSummary], curve: CostCurve | None) -> dict[tuple, list[Prediction]]:
+    """Predictions per (task, setting) from the acceptance rate measured at each K."""
+    if curve is None or curve.draft_first is None:
+        return {}
+    groups: dict[tuple, dict[int, float]] = {}
+    for s in summaries:
+        if s.family == "spec" and s.acceptance_rate is not None:
+            groups.setdefault((s.task, s.setting), {})[s.k] = s.acceptance_rate
+    return {key: predict(alphas, curve.draft_first, curve.target_cost, curve.plain, curve.draft_step)
+            for key, alphas in groups.items()}
+
+
+def prediction_section(summaries: list[ModeSummary], predictions: dict[tuple, list[Prediction]]) -> str:
+    # The prediction leaves out prefill, so it is compared with the decode speedup.
+    measured = {(s.task, s.setting, s.k): s.decode_speedup for s in summaries if s.family == "spec"}
+    parts = []
+    for (task, setting), preds in predictions.items():
+        rows = [["K", "alpha", "E(K) tokens/round", "predicted speedup", "measured decode speedup", "measured / predicted"]]
+        for p in preds:
+            m = measured.get((task, setting, p.k))
+            rows.append([str(p.k), f"{p.alpha:.2f}", f"{p.expected_tokens:.2f}", f"{p.speedup:.2f}", cell(m, ".2f"),
+                         cell(m / p.speedup if m is not None else None, ".2f")])
+        parts.append(f"**{task}, {setting}**\n\n{markdown_table(rows)}\n\n{_verdict(preds, measured, task, setting)}")
+    return "\n\n".join(parts)
+
+
+def _verdict(preds: list[Prediction], measured: dict, task: str, setting: str) -> str:
+    best = recommend(preds)
+    if best is None:
+        line = "The model predicts that no K beats autoregressive decoding on this hardware."
+    else:
+        line = f"The model recommends K = {best.k} (predicted speedup {best.speedup:.2f})."
+    wins = [(k, v) for (t, st, k), v in measured.items() if t == task and st == setting and v is not None and v > 1]
+    if not wins:
+        line += " Measured: no K beat autoregressive decoding."
+    else:
+        k, v = max(wins, key=lambda item: item[1])
+        line += f" Measured: best K = {k} (speedup {v:.2f})."
+    return line
+
+
+PREDICTION_NOTE = (
+    "E(K) = (1 - alpha^(K+1)) / (1 - alpha) tokens per round, assuming draft tokens are accepted independently with "
+    "the measured per-token rate alpha (real acceptances are correlated); predicted time per token = (first draft "
+    "step + (K - 1) later draft steps + target cost(K+1)) / E(K); predicted speedup = the plain-decoding 1-token call "
+    "/ that, from the cost curve above. The prediction ignores prefill and loop overheads, so it is set against the "
+    "measured decode speedup."
+)
+
+
+def cost_section(curve: CostCurve) -> list[str]:
+    """summary.md's cost curve: the table, how it was timed, and what a call of several
+    tokens costs against one (why speculation pays on one encoding and not another)."""
+    said = ""
+    if len(curve.target_cost) > 1:
+        n = len(curve.target_cost)
+        said = f" A call scoring {n} tokens costs {curve.ratio(n):.2f}x a 1-token call here."
+    return ["## Cost curve", f"Median of {curve.reps} calls after a warm-up, at a cache of {curve.context_tokens} "
+            "tokens, with both models loaded and taking turns (one draft step, then one target call) as in a "
+            "speculative round; then 1-token target calls back to back, as plain decoding runs, and draft steps back "
+            "to back, as a round's later steps run." + said + " Drafting pays where scoring several tokens costs "
+            "little more than one (memory-bound calls); where every extra token adds its own arithmetic "
+            "(compute-bound), the drafts' time is not won back.", cost_table(curve)]

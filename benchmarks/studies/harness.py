@@ -7,8 +7,8 @@ Run once against `serve --autoregressive` and once against `serve` (speculative,
 greedy as the tasks ask), the scores must be identical, and every log-likelihood the
 harness computed must equal the library's own prompt scoring of the same tokens.
 
-    python -m specsample.studies.harness --out results/lm-eval            # the default pair
-    python -m specsample.studies.harness --out results/lm-eval --batch-invariant -k 3
+    python -m benchmarks.studies.harness --out results/lm-eval            # the default pair
+    python -m benchmarks.studies.harness --out results/lm-eval --batch-invariant -k 3
 
 Needs the `eval` extra (pip install -e '.[eval]').
 """
@@ -62,7 +62,7 @@ def library_loglikelihood(target, context: str, continuation: str) -> float:
     whole, and takes the continuation's tokens as the whole's past the context's
     length; it sends context tokens + those, which is not the whole's encoding where
     BPE merges across the boundary (")\n" in ")\n 3")."""
-    from ..output.logprobs import score_prompt
+    from specsample.output.logprobs import score_prompt
 
     spaces = len(context) - len(context.rstrip())
     if spaces:
@@ -89,11 +89,11 @@ def compare(runs: dict[str, dict], target=None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..app.arguments import add_model_arguments, model_options
-    from ..app.assemble import assemble
-    from ..bench.servers import specsample_server
+    from specsample.app.arguments import add_model_arguments, model_options
+    from specsample.app.assemble import assemble
+    from specsample.bench import specsample_server
 
-    p = argparse.ArgumentParser(prog="python -m specsample.studies.harness", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.harness", description=__doc__.splitlines()[0])
     add_model_arguments(p)
     p.add_argument("-k", default="auto", help="the speculative server's -k (default auto)")
     p.add_argument("--limit", type=int, help="samples per task (default: all)")

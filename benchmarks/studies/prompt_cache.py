@@ -4,7 +4,7 @@ asked of one real `specsample serve` with cache_prompt off and then on, streamed
 Reports per turn the prompt tokens, those a slot held already, and the time to the
 first token.
 
-    python -m specsample.studies.prompt_cache --threads 2 --out results/prompt-cache
+    python -m benchmarks.studies.prompt_cache --threads 2 --out results/prompt-cache
 """
 
 from __future__ import annotations
@@ -55,14 +55,14 @@ def conversation(url: str, model: str, cache_prompt: bool) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specsample.studies.prompt_cache", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.prompt_cache", description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    from ..bench.servers import specsample_server
+    from specsample.bench import specsample_server
 
     model_argv = ["--threads", str(args.threads)] if args.threads else []
-    command = "python -m specsample.studies.prompt_cache " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.studies.prompt_cache " + " ".join(argv if argv is not None else sys.argv[1:])
     runs = {}
     for name, on in (("off", False), ("on", True)):  # a server each: "on" starts with an empty cache too
         with specsample_server(model_argv, ["--parallel", "1"], f"serve, cache_prompt {name}") as server:
