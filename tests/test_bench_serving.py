@@ -180,7 +180,22 @@ def test_clients_and_slots_are_axes():
     assert argv[argv.index("--target-quant") + 1] == "bf16"  # each --target-quants type on its own server
 
 
+def test_bench_serve_is_bench_dash_dash_serve_and_its_loads_repeat_three_times():
+    def parsed(*argv):
+        return resolve_options(build_parser().parse_args(["bench", *argv]))
+
+    spelled, flagged, url = parsed("serve"), parsed("--serve"), parsed("--url", "http://h:1")
+    assert spelled.serve and flagged.serve and url.serve  # --url alone asks for the serving load
+    assert spelled.repeats == flagged.repeats == url.repeats == 3 and url.tasks == "humaneval,explain"
+    assert parsed("serve", "--repeats", "5").repeats == 5
+    per_sequence = parsed()
+    assert not per_sequence.serve and per_sequence.repeats is None
+    with pytest.raises(SystemExit):  # a word other than serve is not a sub-mode
+        build_parser().parse_args(["bench", "serving"])
+
+
 @pytest.mark.parametrize("argv,message", [
+    (["--repeats", "0"], "--repeats must be >= 1"),
     (["--clients", "0"], "--clients must be >= 1"),
     (["--slots", "1,x"], "--slots takes N or a comma list of N"),
     (["--ks", "0"], "--ks must be >= 1"),
