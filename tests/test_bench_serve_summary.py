@@ -130,6 +130,9 @@ def test_an_endpoint_row_has_no_slot_count_and_its_ratios_are_to_the_named_basel
     rows = table.splitlines()[2:]
     assert rows[0].startswith("| humaneval | greedy | – | 2 | vllm | 1 |") and "| 1.00 | 1.00 | 1.00 |" in rows[0]
     assert rows[1].startswith("| humaneval | greedy | – | 2 | ours | 1 |") and "| 2.00 | 1.00 | 1.00 |" in rows[1]
+    identity = serve_sections(records, baseline="vllm")[0][-1].splitlines()
+    assert identity[0].endswith("| greedy answers identical to vllm's (2 clients) |") and identity[2:] == [
+        "| ours | – | 2 | 1/1 |"]
 
 
 def test_loads_are_ordered_so_the_servers_under_one_load_sit_together():

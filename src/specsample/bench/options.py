@@ -93,7 +93,18 @@ def add_bench_arguments(b) -> None:
     b.add_argument("--slots", default="1,4",
                    help="--serve: requests each server decodes at once, N or a comma list: specsample serve "
                         "--parallel N, llama-server -np N (default 1,4)")
-    # bench serve: repeated loads, and endpoints the user runs (serving.py, endpoints.py)
+    add_serve_arguments(b)
+    b.add_argument("--neighbour", type=int, default=0, metavar="N",
+                   help="run N busy processes (one spinning thread each) beside the whole benchmark, as a user's "
+                        "other programs would; the report's machine line says so")
+    b.add_argument("--rpc-delay-ms", type=float, default=None, metavar="MS",
+                   help="with --target-rpc or --draft-rpc: reach each worker through a local relay that delays every message by "
+                        "MS one way (a network's latency on one machine; docs/distributed.md)")
+
+
+def add_serve_arguments(b) -> None:
+    """bench serve's word and options beyond --serve's: repeated loads, and endpoints
+    the user runs (serving.py, endpoints.py)."""
     b.add_argument("what", nargs="?", choices=("serve",),
                    help="serve: the serving load (the same as --serve; with --url, against your own endpoints)")
     b.add_argument("--url", action="append", metavar="[NAME=]URL",
@@ -107,12 +118,6 @@ def add_bench_arguments(b) -> None:
     b.add_argument("--repeats", type=int, metavar="R",
                    help="serve: send each load R times, in rounds that turn the servers' order by one each time; "
                         "the report gives the median and range (default 3)")
-    b.add_argument("--neighbour", type=int, default=0, metavar="N",
-                   help="run N busy processes (one spinning thread each) beside the whole benchmark, as a user's "
-                        "other programs would; the report's machine line says so")
-    b.add_argument("--rpc-delay-ms", type=float, default=None, metavar="MS",
-                   help="with --target-rpc or --draft-rpc: reach each worker through a local relay that delays every message by "
-                        "MS one way (a network's latency on one machine; docs/distributed.md)")
 
 
 def resolve_options(args) -> argparse.Namespace:

@@ -153,10 +153,11 @@ def served_identity(records: list[ServedRecord], baseline: str = "ar") -> list[l
     if not ar:
         return [["server", "slots", "clients", f"greedy answers identical to {baseline}"]]
     slots, clients = min(ar)
+    endpoints = all(r.family == "endpoint" for r in records)  # --url: no slot count to show
+    where = f"{clients} clients" if endpoints else f"{slots} slots, {clients} clients"
     return greedy_identity(
-        records, served_answer,
-        ("server", "slots", "clients", f"greedy answers identical to {baseline}'s ({slots} slots, {clients} clients)"),
-        label=lambda r: (r.mode, str(r.slot_count), str(r.clients)),
+        records, served_answer, ("server", "slots", "clients", f"greedy answers identical to {baseline}'s ({where})"),
+        label=lambda r: (r.mode, "–" if endpoints else str(r.slot_count), str(r.clients)),
         reference=lambda r: r.mode == baseline and (r.slot_count, r.clients) == (slots, clients))
 
 
