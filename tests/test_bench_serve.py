@@ -33,7 +33,7 @@ def test_load_from_concurrent_clients_times_every_request_and_keeps_its_text():
     app, _ = toy_app(eos=False)
     bodies = [_body(i) for i in range(8)] + [_body(8, temperature=-1)]  # the last one is refused
     with running(app) as url:
-        timings, wall = run_load(url, bodies, concurrency=3)
+        timings, wall = run_load(url + "/v1", bodies, concurrency=3)
         client = OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         whole = [client.completions.create(**_body(i)).choices[0].text for i in range(8)]
     assert [t.index for t in timings] == list(range(9))
@@ -55,10 +55,10 @@ def test_load_from_concurrent_clients_times_every_request_and_keeps_its_text():
 
 def test_a_full_queue_is_counted_as_refused_with_its_status_and_nothing_is_lost():
     with worker_held(eos=False, max_queue=1) as (app, target, url, results, first):
-        waiting = threading.Thread(target=run_load, args=(url, [_body(0)], 1))
+        waiting = threading.Thread(target=run_load, args=(url + "/v1", [_body(0)], 1))
         waiting.start()
         wait_until(lambda: app.state.server.worker.depth == 1, what="a waiting request")
-        timings, wall = run_load(url, [_body(i) for i in range(3)], concurrency=3)
+        timings, wall = run_load(url + "/v1", [_body(i) for i in range(3)], concurrency=3)
         target.gate.set()
         first.join(timeout=30)
         waiting.join(timeout=30)
@@ -68,7 +68,7 @@ def test_a_full_queue_is_counted_as_refused_with_its_status_and_nothing_is_lost(
 
 
 def test_a_server_that_never_answers_loses_the_request():
-    timings, wall = run_load(f"http://127.0.0.1:{free_port()}", [_body(0)], 1)  # nothing listens there
+    timings, wall = run_load(f"http://127.0.0.1:{free_port()}/v1", [_body(0)], 1)  # nothing listens there
     assert timings[0].outcome == "lost" and timings[0].status is None and "Connection" in timings[0].error
     assert summarise_load(timings, wall).lost == 1
 

@@ -9,7 +9,7 @@ import pytest
 from specsample.bench.load import decode_span, summarise_load
 from specsample.bench.records import RequestTiming, ServedRecord
 from specsample.bench.report import write_serve_report
-from specsample.bench.serve_summary import peer_table, serve_sections, serve_table, summaries
+from specsample.bench.serve_summary import paired, peer_table, serve_sections, serve_table, spread, summaries
 
 pytestmark = pytest.mark.pure
 
@@ -61,10 +61,10 @@ def test_outcomes():
 
 
 def _record(mode, prompt="p0", *, slots=1, clients=2, setting="greedy", text="a", tokens=10, wall=2.0, family=None,
-            k=None, target="q4_k_m", **timing):
+            k=None, target="q4_k_m", repeat=None, **timing):
     t = _timing(int(prompt[-1]), tokens=tokens, text=text, finish_reason="stop", chunk_gaps=[0.1], **timing)
     return ServedRecord(mode=mode, family=family or mode, k=k, target=target, task="humaneval", setting=setting,
-                        prompt_id=prompt, clients=clients, slots=slots, wall_seconds=wall, timing=t)
+                        prompt_id=prompt, clients=clients, slots=slots, wall_seconds=wall, timing=t, repeat=repeat)
 
 
 def test_the_load_table_shows_refusals_by_status_and_losses():
@@ -73,11 +73,66 @@ def test_the_load_table_shows_refusals_by_status_and_losses():
                _record("spec-auto", "p1", wall=1.0, error="APIStatusError: 429", status=429, text="", tokens=0),
                _record("spec-auto", "p2", wall=1.0, error="ReadTimeout", text="", tokens=0)]
     ar_row, spec_row = serve_table(summaries(records)).splitlines()[2:4]
-    # 20 tokens in 2 s; each answer streams 10 tokens over [0.5, 1.5], both at once: 18 tokens in 1 s.
-    assert ar_row.startswith("| humaneval | greedy | 1 | 2 | ar | 2/2 | 0 | 0 | 10 | 2.0 | 10.00 | 18.00 | 1.00 |")
-    assert spec_row.startswith("| humaneval | greedy | 1 | 2 | spec-auto | 1/3 | 1 (429: 1) | 1 | 10 | 1.0 | 10.00 | "
-                               "9.00 | 1.00 |")
+    # 20 tokens in 2 s; each answer streams 10 tokens over [0.5, 1.5], both at once: 18 tokens in 1 s; 2 answers in
+    # 2 s; both first texts at 0.5 s; ratios to itself; 1 s / 9 tokens TPOT, 100 ms gaps.
+    assert ar_row == ("| humaneval | greedy | 1 | 2 | ar | 1 | 2/2 | 0 | 0 | 10 | 10.00 | 18.00 | 1.000 | 0.50 | 0.50 | "
+                      "1.00 | 1.00 | 1.00 | 111.1 / 111.1 | 100.0 / 100.0 | – |")
+    assert spec_row.startswith("| humaneval | greedy | 1 | 2 | spec-auto | 1 | 1/3 | 1 (429: 1) | 1 | 10 | 10.00 | "
+                               "9.00 | 1.000 | 0.50 | 0.50 | 1.00 | 0.50 | 1.00 |")
     assert spec_row.endswith("| 0.75 |")  # 6 of 8 drafts accepted
+
+
+def _repeats(mode, walls, firsts, **fields):
+    """A load run once per wall: two answers of 10 tokens each time, the first text of both at firsts[i]."""
+    return [_record(mode, f"p{p}", wall=wall, repeat=i, first=first, finished=first + 1.0, **fields)
+            for i, (wall, first) in enumerate(zip(walls, firsts)) for p in range(2)]
+
+
+def test_a_repeated_load_is_one_row_of_medians_and_ranges_with_ratios_taken_repeat_by_repeat():
+    records = _repeats("ar", [2.0, 2.5, 4.0], [0.5, 0.4, 1.0]) + _repeats("spec-auto", [1.0, 1.0, 2.5], [0.5, 0.5, 0.5])
+    by_key = summaries(records)
+    assert [len(runs) for runs in by_key.values()] == [3, 3]
+    header, _, ar_row, spec_row = serve_table(by_key).split("\n")
+    assert header.startswith("| task | setting | slots | clients | server | repeats | answered |")
+    cells = dict(zip([h.strip() for h in header.split("|")], [c.strip() for c in spec_row.split("|")]))
+    # tokens/s 20 / wall: ar 10, 8, 5; spec-auto 20, 20, 8. Each ratio is within a round: 2.0, 2.5, 1.6, whose
+    # median (2.0) is not the ratio of the medians (20 / 8 = 2.5).
+    assert cells["repeats"] == "3" and cells["answered"] == "6/6"
+    assert cells["tokens/s"] == "20.00 (8.00–20.00)" and cells["tokens/s ÷ ar"] == "2.00 (1.60–2.50)"
+    assert cells["requests/s"] == "2.000 (0.800–2.000)"
+    # TTFT: spec-auto 0.5 every time, over ar's 0.5, 0.4, 1.0.
+    assert cells["TTFT P50 s"] == "0.50 (0.50–0.50)" and cells["TTFT P50 ÷ ar"] == "1.00 (0.50–1.25)"
+    ar_cells = [c.strip() for c in ar_row.split("|")]
+    assert ar_cells[11] == "8.00 (5.00–10.00)" and ar_cells[14:16] == ["0.50 (0.40–1.00)", "0.50 (0.40–1.00)"]
+
+
+@pytest.mark.parametrize("values,text", [([10.0, 12.0, 11.0], "11.0 (10.0–12.0)"), ([3.0], "3.0"),
+                                         ([None, 2.0, 4.0], "3.0 (2.0–4.0)"), ([None], "–"), ([], "–")])
+def test_spread_is_the_median_and_the_range(values, text):
+    assert spread(values, ".1f") == text
+
+
+def test_ratios_pair_the_repeats_of_one_round():
+    def load(tokens_per_second):
+        return summarise_load([_timing(tokens=int(tokens_per_second))], wall_seconds=1.0)
+
+    runs, base = [load(20), load(30)], [load(10), load(10)]
+    assert paired(runs, base, lambda s: s.tokens_per_second) == [2.0, 3.0]
+    assert paired(runs, None, lambda s: s.tokens_per_second) == []
+    assert paired([load(20)], [summarise_load([], wall_seconds=1.0)], lambda s: s.decode_tokens_per_second) == [None]
+
+
+def test_an_endpoint_row_has_no_slot_count_and_its_ratios_are_to_the_named_baseline():
+    records = [_record(name, "p0", family="endpoint", slots=None, wall=wall, repeat=0)
+               for name, wall in (("vllm", 1.0), ("ours", 0.5))]
+    table = serve_sections(records, baseline="vllm")[0][2]
+    assert "tokens/s ÷ vllm" in table.splitlines()[0]
+    rows = table.splitlines()[2:]
+    assert rows[0].startswith("| humaneval | greedy | – | 2 | vllm | 1 |") and "| 1.00 | 1.00 | 1.00 |" in rows[0]
+    assert rows[1].startswith("| humaneval | greedy | – | 2 | ours | 1 |") and "| 2.00 | 1.00 | 1.00 |" in rows[1]
+    identity = serve_sections(records, baseline="vllm")[0][-1].splitlines()
+    assert identity[0].endswith("| greedy answers identical to vllm's (2 clients) |") and identity[2:] == [
+        "| ours | – | 2 | 1/1 |"]
 
 
 def test_loads_are_ordered_so_the_servers_under_one_load_sit_together():

@@ -1,7 +1,8 @@
-"""`bench --serve` runs: every server of a slot count up at once, each load sent to
-every mode in turn (the order reversed from one load to the next), under every
-client count, task and setting; llama-server's slots and their reset between loads;
-the axes on the command line. Fake servers and a fake load client: nothing starts."""
+"""`bench serve` runs: every server of a slot count up at once, each load sent to
+every mode in turn, --repeats times, the order turning by one from round to round,
+under every client count, task and setting; llama-server's slots and their reset
+between loads; the axes on the command line. Fake servers and a fake load client:
+nothing starts."""
 
 import pytest
 
@@ -12,7 +13,7 @@ from specsample.bench.options import resolve_options
 from specsample.bench.records import RequestTiming
 from specsample.bench.runner import PreparedPrompt
 from specsample.bench.servers import ServerUnavailable
-from specsample.bench.serving import Load, our_server_flags, run_serving, served_modes
+from specsample.bench.serving import Load, our_server_flags, rotation, run_serving, served_modes
 from specsample.bench.tasks import TASKS, Prompt
 from specsample.cli import build_parser
 
@@ -36,8 +37,8 @@ def fake_run(monkeypatch):
         flags.append(extra)
         return FakeServer(name, events)
 
-    def run_load(url, bodies, clients):
-        events.append(f"load {url.removeprefix('http://')} {clients} {len(bodies)}")
+    def run_load(api_base, bodies, clients):
+        events.append(f"load {api_base.removeprefix('http://').removesuffix('/v1')} {clients} {len(bodies)}")
         timings = [RequestTiming(i, 0.0, 0.5, 1.0, 4) for i in range(len(bodies))]
         return timings, 2.0
 
@@ -50,13 +51,13 @@ def test_every_server_of_a_slot_count_is_up_while_each_load_goes_round_them_in_t
     events, flags = fake_run
     modes = served_modes(["ar", "llamacpp-server", "llamacpp-spec"], [3], [3, 4])
     load = Load({"humaneval": _prompts("humaneval", 3), "explain": _prompts("explain", 2)}, ("greedy", "sample"),
-                (1, 4), lambda task: TASKS[task].max_new_tokens)
+                (1, 4), lambda task: TASKS[task].max_new_tokens, repeats=2)
     kept = []
     records, notes, splits = run_serving(modes, load, (1, 2), model_argv=["--threads", "2"],
                                          llama_server=lambda n: FakeServer(f"llama-np{n}", events), log=lambda msg: None,
                                          keep=kept.append)
     assert [r for done in kept for r in done] == records  # each load's records as soon as it ended
-    assert len(kept) == 2 * 2 * 2 * 2 * 4  # slot counts x client counts x tasks x settings x modes
+    assert len(kept) == 2 * 2 * 2 * 2 * 4 * 2  # slot counts x client counts x tasks x settings x modes x repeats
     ar1, ar2 = (f"specsample serve --autoregressive --parallel {n}" for n in (1, 2))
     starts = [e for e in events if e.startswith(("start", "close"))]
     assert starts == [f"start {ar1}", "start llama-np1",  # both llamacpp modes share one process per slot count
@@ -67,23 +68,42 @@ def test_every_server_of_a_slot_count_is_up_while_each_load_goes_round_them_in_t
     # A one-request warm-up per mode, then every load on each mode, each after its server's reset.
     assert one[:6] == [f"start {ar1}", f"load {ar1} 1 1", "start llama-np1"] + ["load llama-np1 1 1"] * 3
     loads = [e for e in one[6:] if e.startswith("load")]
-    assert len(loads) == 2 * 2 * 2 * 4  # (client counts x tasks x settings) loads, each on 4 modes
+    assert len(loads) == 2 * 2 * 2 * 4 * 2  # (client counts x tasks x settings) loads, each on 4 modes, twice
     assert all(e.startswith("reset") for e in one[6::2]) and len(one[6:]) == 2 * len(loads)
-    # The order of the modes turns round from one load to the next: ar first, then last.
-    assert [e.split()[1] for e in loads[:8]] == ["specsample", "llama-np1", "llama-np1", "llama-np1",
-                                                 "llama-np1", "llama-np1", "llama-np1", "specsample"]
-    assert [e.split()[-2:] for e in loads[::4]] == [["1", "3"], ["1", "3"], ["1", "2"], ["1", "2"],
-                                                    ["4", "3"], ["4", "3"], ["4", "2"], ["4", "2"]]
-    modes_in_turn = [r.mode for r in records if r.slots == 1 and r.prompt_id.endswith("/0")]
-    assert modes_in_turn[:8] == ["ar", "llamacpp-server", "llamacpp-spec-k3", "llamacpp-spec-k4",
-                                 "llamacpp-spec-k4", "llamacpp-spec-k3", "llamacpp-server", "ar"]
+    # Two passes over the loads, one after the other: the same clients and requests in the same order.
+    rounds = [e.split()[-2:] for e in loads[::4]]
+    assert rounds[:8] == [["1", "3"], ["1", "3"], ["1", "2"], ["1", "2"], ["4", "3"], ["4", "3"], ["4", "2"],
+                          ["4", "2"]] and rounds[8:] == rounds[:8]
+    # Each round starts one mode further on, across both passes: ar first, then last, third, second, first again.
+    in_turn = [r.mode for r in records if r.slots == 1 and r.prompt_id.endswith("/0")]
+    rounds = [in_turn[i:i + 4] for i in range(0, len(in_turn), 4)]
+    order = ["ar", "llamacpp-server", "llamacpp-spec-k3", "llamacpp-spec-k4"]
+    assert rounds == [order[i % 4:] + order[:i % 4] for i in range(16)]
+    assert [r.repeat for r in records if r.slots == 1 and r.prompt_id == "humaneval/0"] == [0] * 16 + [1] * 16
     assert notes == []
-    # One record per request: 4 modes x 2 slot counts x 2 client counts x 2 settings x (3 + 2) prompts.
-    assert len(records) == 4 * 2 * 2 * 2 * 5
-    assert len({(r.mode, r.slots, r.clients, r.task, r.setting) for r in records}) == 4 * 2 * 2 * 2 * 2
+    # One record per request: 4 modes x 2 slot counts x 2 client counts x 2 settings x (3 + 2) prompts, twice.
+    assert len(records) == 4 * 2 * 2 * 2 * 5 * 2
+    assert len({(r.mode, r.slots, r.clients, r.task, r.setting, r.repeat) for r in records}) == 4 * 2 * 2 * 2 * 2 * 2
     assert all(r.wall_seconds == 2.0 and r.target is None for r in records)
-    # A split per load of our server (ar: 2 slot counts x 2 client counts x 2 tasks x 2 settings), none of llama-server's.
-    assert len(splits) == 2 * 2 * 2 * 2 and {s.mode for s in splits} == {"ar"}
+    # A split per load of our server (ar: 2 slot counts x 2 client counts x 2 tasks x 2 settings x 2), none of llama-server's.
+    assert len(splits) == 2 * 2 * 2 * 2 * 2 and {s.mode for s in splits} == {"ar"}
+
+
+@pytest.mark.parametrize("n,i,order", [(3, 0, "ABC"), (3, 1, "BCA"), (3, 2, "CAB"), (3, 4, "BCA"), (2, 3, "BA"),
+                                       (1, 5, "A")])
+def test_rotation_turns_the_order_by_one_a_round(n, i, order):
+    assert "".join(rotation(list("ABC"[:n]), i)) == order
+
+
+def test_each_server_takes_each_place_equally_often_over_the_rounds():
+    load = Load({"t": [], "u": []}, ("greedy",), (1, 2), lambda task: 8, repeats=3)
+    rounds = load.rounds(["A", "B", "C"])
+    assert [(repeat, one) for repeat, one, _ in rounds[:5]] == [(0, (1, "t", "greedy")), (0, (1, "u", "greedy")),
+                                                               (0, (2, "t", "greedy")), (0, (2, "u", "greedy")),
+                                                               (1, (1, "t", "greedy"))]
+    assert len(rounds) == 4 * 3  # (clients x tasks x settings) x repeats
+    places = {(server, order.index(server)) for _, _, order in rounds for server in order}
+    assert all(sum(order.index(s) == place for _, _, order in rounds) == 4 for s, place in places)
 
 
 def test_a_server_that_cannot_start_is_a_note_and_the_others_still_run(fake_run):
@@ -100,7 +120,7 @@ def test_a_server_that_cannot_start_is_a_note_and_the_others_still_run(fake_run)
 
 
 def test_requests_not_answered_are_noted_with_their_statuses(fake_run, monkeypatch):
-    def refusing_load(url, bodies, clients):
+    def refusing_load(api_base, bodies, clients):
         timings = [RequestTiming(0, 0.0, 0.5, 1.0, 4), RequestTiming(1, 0.0, None, 0.1, 0, error="429 busy", status=429),
                    RequestTiming(2, 0.0, None, 0.1, 0, error="ConnectError")]
         return timings[:len(bodies)], 1.0
@@ -114,7 +134,7 @@ def test_requests_not_answered_are_noted_with_their_statuses(fake_run, monkeypat
     [split] = splits
     assert (split.mode, split.task, split.slots, split.clients, split.wall_seconds) == ("spec-auto", "humaneval", 4, 8, 1.0)
     assert split.calls == {"target": {4: [1.0, 8.0, 0.25]}} and split.busy_seconds == 1.0
-    assert notes == ["spec-auto, 4 slots, 8 clients, humaneval greedy: 2 of 3 requests not answered "
+    assert notes == ["spec-auto, 4 slots, 8 clients, humaneval greedy, repeat 1: 2 of 3 requests not answered "
                      "(statuses: 429); first: 429 busy"]
 
 
@@ -137,7 +157,22 @@ def test_clients_and_slots_are_axes():
     assert argv[argv.index("--target-quant") + 1] == "bf16"  # each --target-quants type on its own server
 
 
+def test_bench_serve_is_bench_dash_dash_serve_and_its_loads_repeat_three_times():
+    def parsed(*argv):
+        return resolve_options(build_parser().parse_args(["bench", *argv]))
+
+    spelled, flagged, url = parsed("serve"), parsed("--serve"), parsed("--url", "http://h:1")
+    assert spelled.serve and flagged.serve and url.serve  # --url alone asks for the serving load
+    assert spelled.repeats == flagged.repeats == url.repeats == 3 and url.tasks == "humaneval,explain"
+    assert parsed("serve", "--repeats", "5").repeats == 5
+    per_sequence = parsed()
+    assert not per_sequence.serve and per_sequence.repeats is None
+    with pytest.raises(SystemExit):  # a word other than serve is not a sub-mode
+        build_parser().parse_args(["bench", "serving"])
+
+
 @pytest.mark.parametrize("argv,message", [
+    (["--repeats", "0"], "--repeats must be >= 1"),
     (["--clients", "0"], "--clients must be >= 1"),
     (["--slots", "1,x"], "--slots takes N or a comma list of N"),
     (["--ks", "0"], "--ks must be >= 1"),

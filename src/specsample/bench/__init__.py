@@ -27,6 +27,7 @@ report.py     the one writer of the output folder: records, markdown, plots
 serving.py    --serve: each server, per slot count, under loads of streaming clients;
               load.py: the clients and a load's figures; calls.py: where a load's time went
               in our server; serve_summary.py: serve.md's tables
+endpoints.py  bench serve --url: the same loads against endpoints the user runs
 """
 
 import importlib

@@ -1,14 +1,20 @@
 """A bounded serving load: C concurrent streaming clients send R requests to an
 OpenAI-compatible server, and we time what each client sees.
 
-The client is the official `openai` package, as a user's would be; requests carry
-token ids (both our server and llama-server accept them), so every server decodes
-the very same tokens. Every figure below comes from the client's clock alone, so it
-means the same for every server: neither our `usage` nor llama-server's `timings`
-can split the time of a call that served several requests between them.
+The client is the official `openai` package, as a user's would be. The servers the
+bench starts get token ids as the prompt of /v1/completions (both our server and
+llama-server accept them), so every server decodes the very same tokens; an
+endpoint of `bench serve --url` gets text, on /v1/chat/completions (a body with
+`messages`) or /v1/completions. Every figure below comes from the client's clock
+alone, so it means the same for every server: neither our `usage` nor
+llama-server's `timings` can split the time of a call that served several requests
+between them. Only the token count is the server's: the stream's closing `usage`
+(stream_options.include_usage), which every server we measure sends; a stream
+without one is counted lost, not guessed at.
 
 Per request:
-- TTFT: from sending the request to the first streamed text. Under load it includes
+- TTFT: from sending the request to the first streamed text (a chat stream's first
+  content; its opening chunk with the role alone is not text). Under load it includes
   the time spent waiting in the server's queue: that is what a user waits.
 - TPOT (time per output token): (last text - first text) / (tokens - 1), the
   decode pace of that request once it started. tokens is the server's own count
@@ -65,6 +71,10 @@ class LoadSummary:
         return self.completion_tokens / self.wall_seconds if self.wall_seconds else 0.0
 
     @property
+    def requests_per_second(self) -> float:
+        return self.answered / self.wall_seconds if self.wall_seconds else 0.0
+
+    @property
     def decode_tokens_per_second(self) -> float | None:
         return self.decode_tokens / self.decode_seconds if self.decode_seconds else None
 
@@ -112,22 +122,24 @@ def decode_span(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def run_load(base_url: str, bodies: list[dict], concurrency: int, api_key: str = "none",
+def run_load(api_base: str, bodies: list[dict], concurrency: int, api_key: str = "none",
              timeout: float = 3600.0) -> tuple[list[RequestTiming], float]:
-    """Send every body (a /v1/completions request without `stream`) from `concurrency`
-    clients, each taking the next body when its previous answer ends. Returns the
-    timings in body order and the wall time from the first send to the last answer."""
-    return asyncio.run(_load(base_url, bodies, concurrency, api_key, timeout))
+    """Send every body (a /v1/completions request, or a /v1/chat/completions one where
+    it has `messages`, without `stream`) to the API at `api_base` (".../v1") from
+    `concurrency` clients, each taking the next body when its previous answer ends.
+    Returns the timings in body order and the wall time from the first send to the
+    last answer."""
+    return asyncio.run(_load(api_base, bodies, concurrency, api_key, timeout))
 
 
-async def _load(base_url, bodies, concurrency, api_key, timeout):
+async def _load(api_base, bodies, concurrency, api_key, timeout):
     import httpx
     from openai import AsyncOpenAI
 
     # A new connection per request: a kept-alive one that the server closed while it
     # sat idle (llama-server closes them after 5 s) fails the next request sent on it.
     http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), timeout=timeout)
-    client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key, timeout=timeout, max_retries=0, http_client=http)
+    client = AsyncOpenAI(base_url=api_base, api_key=api_key, timeout=timeout, max_retries=0, http_client=http)
     pending = list(enumerate(bodies))[::-1]
     timings: list[RequestTiming] = []
     start = time.perf_counter()
@@ -151,24 +163,28 @@ async def _one(client, index: int, body: dict, start: float) -> RequestTiming:
     timing = RequestTiming(index, sent - start, None, 0.0, 0)
     last = None
     body = dict(body)
-    known = {k: body.pop(k) for k in ("model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed")
-             if k in body}
+    chat = "messages" in body
+    known = {k: body.pop(k) for k in ("model", "prompt", "messages", "max_tokens", "temperature", "top_p", "stop",
+                                      "seed") if k in body}
+    usage = None
     try:
-        stream = await client.completions.create(**known, stream=True, stream_options={"include_usage": True},
-                                                 extra_body=body)
+        create = client.chat.completions.create if chat else client.completions.create
+        stream = await create(**known, stream=True, stream_options={"include_usage": True}, extra_body=body)
         async for chunk in stream:
             now = time.perf_counter()
-            if chunk.choices and chunk.choices[0].text:
+            text = _text(chunk, chat)
+            if text:
                 if timing.first_text is None:
                     timing.first_text = now - sent
                 else:
                     timing.chunk_gaps.append(now - last)
                 last = now
-                timing.text += chunk.choices[0].text
+                timing.text += text
             if chunk.choices and chunk.choices[0].finish_reason:
                 timing.finish_reason = chunk.choices[0].finish_reason
             if chunk.usage is not None:
-                timing.completion_tokens = chunk.usage.completion_tokens
+                usage = chunk.usage
+                timing.completion_tokens = usage.completion_tokens
                 timing.drafted, timing.accepted = _draft_counts(chunk)
     except APIStatusError as e:  # the server said no, with a status: a refusal
         timing.status, timing.error = e.status_code, f"{type(e).__name__}: {e}"
@@ -176,8 +192,17 @@ async def _one(client, index: int, body: dict, start: float) -> RequestTiming:
         timing.error = f"{type(e).__name__}: {e}"
     if timing.error is None and timing.finish_reason is None:
         timing.error = "the stream ended without a finish reason"
+    elif timing.error is None and usage is None:  # no count of its tokens: none of its figures would hold
+        timing.error = "the stream carried no usage (stream_options.include_usage)"
     timing.finished = (last or time.perf_counter()) - sent
     return timing
+
+
+def _text(chunk, chat: bool) -> str | None:
+    """The text a chunk streams: a chat chunk's content delta, a completion's text."""
+    if not chunk.choices:
+        return None
+    return chunk.choices[0].delta.content if chat else chunk.choices[0].text
 
 
 def _draft_counts(chunk) -> tuple[int, int]:

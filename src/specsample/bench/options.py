@@ -37,6 +37,9 @@ PRESETS = {
 # --serve: short HumanEval completions and long explanations (decoding dominates), both
 # settings, 8 requests from 4 clients per server, on 1 and 4 slots (--clients, --slots).
 SERVE_DEFAULTS = dict(tasks="humaneval,explain", modes="auto", prompts="8")
+# Each load three times: one load's tokens/s moved by more than the differences looked for (issue 41),
+# and the range of three says how far a median can be trusted.
+SERVE_REPEATS = 3
 # The bench's prompts and answers are short: its models are loaded with this context, not the
 # trained 32k (whose KV caches would cost ~1.3 GB and their clearing time at every load);
 # --serve's servers get what their longest prompt and answer need, as llama-server does.
@@ -84,10 +87,32 @@ def add_bench_arguments(b) -> None:
     b.add_argument("--slots", default="1,4",
                    help="--serve: requests each server decodes at once, N or a comma list: specsample serve "
                         "--parallel N, llama-server -np N (default 1,4)")
+    add_serve_arguments(b)
+
+
+def add_serve_arguments(b) -> None:
+    """bench serve's word and options beyond --serve's: repeated loads, and endpoints
+    the user runs (serving.py, endpoints.py)."""
+    b.add_argument("what", nargs="?", choices=("serve",),
+                   help="serve: the serving load (the same as --serve; with --url, against your own endpoints)")
+    b.add_argument("--url", action="append", metavar="[NAME=]URL",
+                   help="serve: an OpenAI-compatible endpoint you run (specsample serve, llama-server, vLLM, ...), "
+                        "e.g. ours=http://127.0.0.1:8080/v1 (repeat for each endpoint compared); nothing is started, "
+                        "prompts go out as text to /v1/chat/completions (chat tasks) or /v1/completions")
+    b.add_argument("--baseline", metavar="NAME", help="serve --url: the endpoint the ratios are to (default the first)")
+    b.add_argument("--model-name", help="serve --url: the model every request names (default: each endpoint's "
+                                        "first in /v1/models)")
+    b.add_argument("--api-key", help="serve --url: the key sent to every endpoint (default $SPECSAMPLE_API_KEY)")
+    b.add_argument("--repeats", type=int, metavar="R",
+                   help="serve: send each load R times, in rounds that turn the servers' order by one each time; "
+                        "the report gives the median and range (default 3)")
 
 
 def resolve_options(args) -> argparse.Namespace:
     """Explicit options win over the preset, the preset over the defaults."""
+    args.serve = args.serve or getattr(args, "what", None) == "serve" or bool(getattr(args, "url", None))
+    if args.serve and getattr(args, "repeats", None) is None:
+        args.repeats = SERVE_REPEATS
     preset = {**(SERVE_DEFAULTS if args.serve else {}), **PRESETS.get(args.preset, {})}
     if getattr(args, "prompts_file", None) is not None:  # the user's own prompts, besides what --tasks names
         from .prompts_file import NAME, register
@@ -156,7 +181,9 @@ def draft_lengths(args) -> tuple[list[int], list[int]]:
 
 
 def serve_axes(args) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """--clients and --slots as tuples of counts >= 1, in the order given."""
+    """--clients and --slots as tuples of counts >= 1, in the order given (--repeats checked)."""
+    if args.repeats is not None and args.repeats < 1:
+        raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     return counts(args.clients, "--clients"), counts(args.slots, "--slots")
 
 

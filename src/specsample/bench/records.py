@@ -102,8 +102,9 @@ class ServedRecord:
     """One request of a `bench --serve` load: which server with how many slots, target
     type, task, setting and prompt, how many clients were sending, and what its client
     saw. serve.jsonl holds one per line, keys in field order, the timing's after the
-    others; target, slots and status are left out where None, as runs made before they
-    existed have them (their servers had one slot each)."""
+    others; target, slots, repeat and status are left out where None, as runs made
+    before they existed have them (their servers had one slot each, their loads ran
+    once); an endpoint of `bench serve --url` has no slot count either."""
 
     mode: str
     family: str
@@ -116,6 +117,7 @@ class ServedRecord:
     slots: int | None = None  # requests the server decodes at once (--parallel, llama-server -np)
     wall_seconds: float  # of the whole load this request was part of
     timing: RequestTiming
+    repeat: int | None = None  # which of the load's --repeats, from 0
 
     @property
     def slot_count(self) -> int:
@@ -123,7 +125,7 @@ class ServedRecord:
 
     def to_json(self) -> dict:
         row = {f.name: getattr(self, f.name) for f in fields(self)
-               if f.name != "timing" and (f.name not in ("target", "slots") or getattr(self, f.name) is not None)}
+               if f.name != "timing" and (f.name not in _SERVED_OPTIONAL or getattr(self, f.name) is not None)}
         timing = {name: value for name, value in vars(self.timing).items() if name != "status" or value is not None}
         return {**row, **timing}
 
@@ -132,3 +134,6 @@ class ServedRecord:
         timing = {name: value for name, value in row.items() if name in RequestTiming.__dataclass_fields__}
         rest = {name: value for name, value in row.items() if name not in timing}
         return cls(**rest, timing=RequestTiming(**timing))
+
+
+_SERVED_OPTIONAL = ("target", "slots", "repeat")

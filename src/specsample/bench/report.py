@@ -2,7 +2,7 @@
 there is named and written here, from the sections and tables the other modules build.
 
     records.jsonl, summary.md, *.png   the per-sequence benchmark (a research run: cost_curve.json)
-    serve.jsonl, serve.md                                --serve
+    serve.jsonl, serve.md, calls.jsonl                   bench serve (--serve)
     partial.jsonl                                        while a run goes on (below)
 """
 
@@ -72,7 +72,7 @@ def write_serve_report(out: Path, records: list, sections: list[str], *, command
     write_records(out / SERVE_RECORDS, records)
     if splits:
         write_records(out / CALL_SPLITS, splits)
-    _write_markdown(out / SERVE_SUMMARY, "specsample bench --serve", command, machine, sections, notes)
+    _write_markdown(out / SERVE_SUMMARY, "specsample bench serve", command, machine, sections, notes)
     start_partial(out)
 
 

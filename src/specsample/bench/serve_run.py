@@ -1,5 +1,6 @@
-"""The serving benchmark (`specsample bench --serve`): each server started in turn,
-loaded by concurrent streaming clients, then serve.md and its records."""
+"""The serving benchmark (`specsample bench serve`, or `bench --serve`): each server
+started in turn, or each endpoint --url names, loaded by concurrent streaming clients,
+then serve.md and its records."""
 
 from __future__ import annotations
 
@@ -10,17 +11,22 @@ from functools import partial
 
 from ..app.arguments import UsageError, model_options
 from ..app.assemble import assemble
+from .endpoints import check_tasks, parse_endpoints, run_endpoints
 from .options import (bench_config, check_remote_modes, command_line, draft_lengths, is_llamacpp, machine_line,
                       names, serve_argv, serve_axes, start_server, target_file, target_label, target_types)
 from .report import keep_partial, start_partial, write_serve_report
 from .runner import prepare
 from .serve_summary import serve_sections
 from .serving import DEFAULT_SERVE_FAMILIES, SERVE_FAMILIES, Load, run_serving, served_modes
-from .tasks import TASKS
+from .tasks import TASKS, load_task
+
+API_KEY_VARIABLE = "SPECSAMPLE_API_KEY"
 
 
 def run(args) -> int:
     """Each server in turn under each --clients count of streaming clients, then serve.md."""
+    if args.url:
+        return run_urls(args)
     load_at_start = os.getloadavg()[0]
     config = bench_config(args)
     if any(TASKS[t].held for t in config.tasks):
@@ -41,7 +47,7 @@ def run(args) -> int:
     n_ctx += max(config.new_tokens(t) for t in config.tasks) + max(ks + peer_ks) + 16
     del target  # the servers load their own copies; this process only sends requests
 
-    load = Load(prompts, config.settings, clients, config.new_tokens)
+    load = Load(prompts, config.settings, clients, config.new_tokens, args.repeats)
     records, notes, splits = [], [], []
     start_partial(args.out)
     for (_, quant), label, gguf in zip(types, labels, files):
@@ -59,4 +65,28 @@ def run(args) -> int:
     write_serve_report(args.out, records, sections, command=command_line(), machine=machine, notes=notes, splits=splits)
     print(printed)
     print(f"specsample: wrote {args.out}/serve.jsonl, calls.jsonl and serve.md", file=sys.stderr)
+    return 0
+
+
+def run_urls(args) -> int:
+    """`bench serve --url`: the same loads against endpoints already running; no model
+    is loaded here, the prompts go out as text (endpoints.py)."""
+    load_at_start = os.getloadavg()[0]
+    config = bench_config(args)
+    endpoints = parse_endpoints(args.url)
+    baseline = args.baseline or endpoints[0].name
+    if baseline not in [e.name for e in endpoints]:
+        raise UsageError(f"--baseline {baseline!r} is none of the endpoints: {', '.join(e.name for e in endpoints)}")
+    clients, _ = serve_axes(args)
+    prompts = {t: load_task(t, config.prompt_count(t)) for t in config.tasks}
+    check_tasks(prompts)
+    start_partial(args.out)
+    load = Load(prompts, config.settings, clients, config.new_tokens, args.repeats)
+    records, notes = run_endpoints(endpoints, load, api_key=args.api_key or os.environ.get(API_KEY_VARIABLE, "none"),
+                                   model_name=args.model_name, keep=partial(keep_partial, args.out, None))
+    machine = "the client's (each endpoint runs on its own): " + machine_line("none here", args, load_at_start)
+    sections, printed = serve_sections(records, baseline=baseline)
+    write_serve_report(args.out, records, sections, command=command_line(), machine=machine, notes=notes)
+    print(printed)
+    print(f"specsample: wrote {args.out}/serve.jsonl and serve.md", file=sys.stderr)
     return 0

@@ -1,18 +1,26 @@
-"""serve.md's sections, from the records of a `bench --serve` run (report.py writes the
+"""serve.md's sections, from the records of a `bench serve` run (report.py writes the
 file): first our servers over llama-server at the same slots and clients, then per
-target type the table of every load and greedy exactness through the servers."""
+target type the table of every load and greedy exactness through the servers. A load
+that ran --repeats times is one row: each rate and time as the median of its repeats
+with their range, each ratio to the baseline taken repeat by repeat (repeat i of both
+ran in the same round, minutes apart) and shown the same way."""
 
 from __future__ import annotations
+
+from dataclasses import fields
 
 from .calls import SPLIT_NOTE, CallSplit, split_table
 from .load import LoadSummary, summarise_load
 from .records import ServedRecord
+from .stats import percentile
 from .tables import cell, greedy_identity, markdown_table
 
 
-def serve_sections(records: list[ServedRecord], splits: list[CallSplit] = ()) -> tuple[list[str], str]:
+def serve_sections(records: list[ServedRecord], splits: list[CallSplit] = (), baseline: str = "ar"
+                   ) -> tuple[list[str], str]:
     """serve.md's sections, and what the command line prints: the summary and the load
-    table of each target type; then, with `splits`, where our servers' time went."""
+    table of each target type; then, with `splits`, where our servers' time went.
+    Ratios are to the server (or --url endpoint) named `baseline`."""
     targets = list(dict.fromkeys(r.target for r in records))
     parts, printed = [], []
     peers = peer_table(records)
@@ -21,11 +29,11 @@ def serve_sections(records: list[ServedRecord], splits: list[CallSplit] = ()) ->
         printed.append(peers)
     for i, target in enumerate(targets):
         own = [r for r in records if r.target == target]
-        table = serve_table(summaries(own))
+        table = serve_table(summaries(own), baseline)
         title = "" if len(targets) == 1 else f" (target {target})"
-        parts += [f"## Serving load{title}", *([SERVE_NOTE] if i == 0 else []), table]
-        identity = served_identity(own)
-        if len(identity) > 1:  # some server's greedy answers to compare with ar's
+        parts += [f"## Serving load{title}", *([SERVE_NOTE.format(baseline=baseline)] if i == 0 else []), table]
+        identity = served_identity(own, baseline)
+        if len(identity) > 1:  # some server's greedy answers to compare with the baseline's
             parts += [f"## Greedy exactness through the server{title}", markdown_table(identity)]
         printed.append(table if len(targets) == 1 else f"Target {target}:\n{table}")
     if splits:
@@ -33,33 +41,80 @@ def serve_sections(records: list[ServedRecord], splits: list[CallSplit] = ()) ->
     return parts, "\n\n".join(printed)
 
 
-def summaries(records: list[ServedRecord]) -> dict[tuple, LoadSummary]:
-    """One LoadSummary per load of one target type, keyed (task, setting, slots,
-    clients, mode), in reading order: tasks, settings and servers as they first came,
-    slots and clients rising, so the servers under the same load sit together."""
-    groups: dict[tuple, list[ServedRecord]] = {}
+def summaries(records: list[ServedRecord]) -> dict[tuple, list[LoadSummary]]:
+    """Each load of one target type, keyed (task, setting, slots, clients, mode), as one
+    LoadSummary per repeat in repeat order (one for a run from before --repeats), in
+    reading order: tasks, settings and servers as they first came, slots and clients
+    rising, so the servers under the same load sit together. An endpoint of --url has
+    no slot count: None."""
+    groups: dict[tuple, dict[int, list[ServedRecord]]] = {}
     for r in records:
-        groups.setdefault((r.task, r.setting, r.slot_count, r.clients, r.mode), []).append(r)
+        slots = None if r.family == "endpoint" else r.slot_count
+        load = groups.setdefault((r.task, r.setting, slots, r.clients, r.mode), {})
+        load.setdefault(r.repeat or 0, []).append(r)
     first: dict[tuple, int] = {}
     for i, key in enumerate(groups):
         for position in (0, 1, 4):
             first.setdefault((position, key[position]), i)
-    order = sorted(groups, key=lambda k: (first[0, k[0]], first[1, k[1]], k[2], k[3], first[4, k[4]]))
-    return {key: summarise_load([r.timing for r in groups[key]], groups[key][0].wall_seconds) for key in order}
+    order = sorted(groups, key=lambda k: (first[0, k[0]], first[1, k[1]], k[2] or 0, k[3], first[4, k[4]]))
+    return {key: [summarise_load([r.timing for r in group], group[0].wall_seconds)
+                  for _, group in sorted(groups[key].items())] for key in order}
 
 
-def serve_table(by_key: dict[tuple, LoadSummary]) -> str:
-    rows = [["task", "setting", "slots", "clients", "server", "answered", "refused (status)", "lost", "tokens/answer",
-             "wall s", "tokens/s", "decode tokens/s", "tokens/s vs ar", "TTFT P50 / P99 s", "TPOT P50 / P99 ms",
-             "ITL P50 / P99 ms", "acceptance"]]
-    for (task, setting, slots, clients, mode), s in by_key.items():
-        base = by_key.get((task, setting, slots, clients, "ar"))
-        rows.append([task, setting, str(slots), str(clients), mode, f"{s.answered}/{s.requests}", _refused(s),
-                     str(s.lost), cell(s.tokens_per_answer, ".0f"), f"{s.wall_seconds:.1f}",
-                     f"{s.tokens_per_second:.2f}", cell(s.decode_tokens_per_second, ".2f"),
-                     cell(_ratio(s.tokens_per_second, base and base.tokens_per_second), ".2f"),
-                     _pair(s, "ttft", 1, ".2f"), _pair(s, "tpot", 1000, ".1f"), _pair(s, "itl", 1000, ".1f"),
-                     cell(s.acceptance_rate, ".2f")])
+def pooled(runs: list[LoadSummary]) -> LoadSummary:
+    """The repeats of a load as one: counts and walls summed, per-request values together."""
+    merged = {}
+    for f in fields(LoadSummary):
+        values = [getattr(s, f.name) for s in runs]
+        if f.name == "refused":
+            merged[f.name] = {status: sum(v.get(status, 0) for v in values) for status in sorted(set().union(*values))}
+        elif isinstance(values[0], list):
+            merged[f.name] = [x for v in values for x in v]
+        else:
+            merged[f.name] = sum(values)
+    return LoadSummary(**merged)
+
+
+def spread(values: list[float | None], fmt: str) -> str:
+    """The median of the repeats' values, with their range where there are several:
+    [10, 12, 11] -> "11.0 (10.0–12.0)" at ".1f". Repeats without a value are left out."""
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return "–"
+    middle = format(percentile(xs, 50), fmt)
+    return middle if len(xs) == 1 else f"{middle} ({format(min(xs), fmt)}–{format(max(xs), fmt)})"
+
+
+def paired(runs: list[LoadSummary], base: list[LoadSummary] | None, metric) -> list[float | None]:
+    """metric(run) / metric(base), repeat by repeat: repeat i of both ran in the same
+    round, so a drift of the machine between rounds cancels out of each ratio."""
+    return [_ratio(metric(s), metric(b)) for s, b in zip(runs, base)] if base else []
+
+
+RATES = {  # name -> (one repeat's figure, format)
+    "tokens/s": (lambda s: s.tokens_per_second, ".2f"),
+    "decode tokens/s": (lambda s: s.decode_tokens_per_second, ".2f"),
+    "requests/s": (lambda s: s.requests_per_second, ".3f"),
+    "TTFT P50 s": (lambda s: s.quantile("ttft", 50), ".2f"),
+    "TTFT P90 s": (lambda s: s.quantile("ttft", 90), ".2f"),
+}
+VERSUS = ("tokens/s", "decode tokens/s", "TTFT P50 s")  # the ratios to the baseline
+
+
+def serve_table(by_key: dict[tuple, list[LoadSummary]], baseline: str = "ar") -> str:
+    rows = [["task", "setting", "slots", "clients", "server", "repeats", "answered", "refused (status)", "lost",
+             "tokens/answer", *RATES, *(f"{name.removesuffix(' s')} ÷ {baseline}" for name in VERSUS),
+             "TPOT P50 / P99 ms", "ITL P50 / P99 ms", "acceptance"]]
+    for (task, setting, slots, clients, mode), runs in by_key.items():
+        base = by_key.get((task, setting, slots, clients, baseline))
+        whole = pooled(runs)
+        rows.append([task, setting, cell(slots, ""), str(clients), mode, str(len(runs)),
+                     f"{whole.answered}/{whole.requests}", _refused(whole), str(whole.lost),
+                     cell(whole.tokens_per_answer, ".0f"),
+                     *(spread([metric(s) for s in runs], fmt) for metric, fmt in RATES.values()),
+                     *(spread(paired(runs, base, RATES[name][0]), ".2f") for name in VERSUS),
+                     _pair(whole, "tpot", 1000, ".1f"), _pair(whole, "itl", 1000, ".1f"),
+                     cell(whole.acceptance_rate, ".2f")])
     return markdown_table(rows)
 
 
@@ -77,7 +132,7 @@ def peer_table(records: list[ServedRecord]) -> str | None:
             here = {key[4]: s for key, s in by_key.items() if key[:4] == load}
             plain = next((s for mode, s in here.items() if families[mode] == "llamacpp-server"), None)
             spec = max((mode for mode in here if families[mode] == "llamacpp-spec"), default=None,
-                       key=lambda mode: here[mode].decode_tokens_per_second or 0.0)
+                       key=lambda mode: pooled(here[mode]).decode_tokens_per_second or 0.0)
             for mode, s in here.items():
                 if families[mode].startswith("llamacpp"):
                     continue
@@ -90,18 +145,20 @@ def peer_table(records: list[ServedRecord]) -> str | None:
     return markdown_table(rows) if len(rows) > 1 else None
 
 
-def served_identity(records: list[ServedRecord]) -> list[list[str]]:
-    """Greedy answers of every server, slot count and client count against `ar`'s with the
-    fewest slots and clients: the answers closest to decoding one request alone."""
-    ar = [(r.slot_count, r.clients) for r in records if r.mode == "ar" and r.setting == "greedy"]
+def served_identity(records: list[ServedRecord], baseline: str = "ar") -> list[list[str]]:
+    """Greedy answers of every server, slot count and client count against the
+    baseline's (`ar`'s) with the fewest slots and clients: the answers closest to
+    decoding one request alone. Each repeat's answer counts."""
+    ar = [(r.slot_count, r.clients) for r in records if r.mode == baseline and r.setting == "greedy"]
     if not ar:
-        return [["server", "slots", "clients", "greedy answers identical to ar"]]
+        return [["server", "slots", "clients", f"greedy answers identical to {baseline}"]]
     slots, clients = min(ar)
+    endpoints = all(r.family == "endpoint" for r in records)  # --url: no slot count to show
+    where = f"{clients} clients" if endpoints else f"{slots} slots, {clients} clients"
     return greedy_identity(
-        records, served_answer,
-        ("server", "slots", "clients", f"greedy answers identical to ar's ({slots} slots, {clients} clients)"),
-        label=lambda r: (r.mode, str(r.slot_count), str(r.clients)),
-        reference=lambda r: r.mode == "ar" and (r.slot_count, r.clients) == (slots, clients))
+        records, served_answer, ("server", "slots", "clients", f"greedy answers identical to {baseline}'s ({where})"),
+        label=lambda r: (r.mode, "–" if endpoints else str(r.slot_count), str(r.clients)),
+        reference=lambda r: r.mode == baseline and (r.slot_count, r.clients) == (slots, clients))
 
 
 def served_answer(r: ServedRecord) -> str | None:
@@ -111,18 +168,22 @@ def served_answer(r: ServedRecord) -> str | None:
 
 
 SERVE_NOTE = (
-    "Each row is one load: `answered` of the requests sent (one per prompt of the task, token ids sent as the "
-    "prompt) streamed to the end by `clients` concurrent clients using the `openai` package, against a server that "
-    "decodes up to `slots` requests at once (`specsample serve --parallel N`, llama-server `-np N`) and queues the "
+    "Each row is one load, sent `repeats` times: `answered` of the requests sent over all repeats (one per prompt "
+    "of the task: token ids as the prompt to the servers the bench starts, text to a --url endpoint) streamed to the "
+    "end by `clients` concurrent clients using the `openai` package, against a server that decodes up to `slots` "
+    "requests at once (`specsample serve --parallel N`, llama-server `-np N`; an endpoint's own) and queues the "
     "rest; every server runs alone. refused: requests the server answered with an HTTP status instead (429: queue "
     "full, 503: waited too long; any other status is shown too); lost: neither an answer nor a status. tokens/s = "
-    "completion tokens / wall time of the load (prompt prefill included). decode tokens/s = tokens after each "
-    "answer's first / the time during which at least one answer was streaming (prefill left out: an answer's first "
-    "token and the wait before it are its TTFT; a newcomer's prefill that runs while others stream stays in). "
-    "TTFT: request sent to first text, queueing included. TPOT: (last text - first text) / (tokens - 1), per "
-    "request. ITL: gaps between streamed chunks (a speculative round sends several tokens in one chunk). P50/P99 are "
-    "over the load's requests (TTFT, TPOT) or chunks (ITL); with fewer than 100 requests P99 sits near the worst "
-    "one. tokens/s vs ar compares with `specsample serve --autoregressive` under the same load."
+    "completion tokens / wall time of the load (whole requests, prompt prefill included). decode tokens/s = tokens "
+    "after each answer's first / the time during which at least one answer was streaming (prefill left out: an "
+    "answer's first token and the wait before it are its TTFT; a newcomer's prefill that runs while others stream "
+    "stays in). requests/s = answered / wall time. TTFT: request sent to first text, queueing included; P50 and P90 "
+    "over a repeat's requests. Each of these is the median of the repeats, with their range in brackets; the "
+    "repeats ran in rounds, every server once per round, the order turning by one from round to round. ÷ {baseline}: "
+    "the same figure over {baseline}'s in the same round, median and range of the repeats' ratios (for TTFT, below "
+    "1 is sooner). TPOT: (last text - first text) / (tokens - 1), per request; ITL: gaps between streamed chunks (a "
+    "speculative round sends several tokens in one chunk); their P50/P99 over every repeat's requests or chunks "
+    "(with fewer than 100, P99 sits near the worst one)."
 )
 
 PEER_NOTE = (
@@ -130,17 +191,17 @@ PEER_NOTE = (
     "tokens/s (prefill included) / decode tokens/s (prefill left out; both defined under the load table): "
     "llama-server -np N is llama.cpp's plain continuous batching, -np N -md its speculation with the same draft file "
     "(the K of --peer-k with the best decode tokens/s), and 1 slot is the same server of ours with --parallel 1, "
-    "decoding one request at a time, under the same clients. Above 1 we are faster."
+    "decoding one request at a time, under the same clients. Above 1 we are faster. With --repeats, the median of "
+    "the repeats' ratios, each repeat's against the peer's same repeat, their range in brackets."
 )
 
 
-def _both(s: LoadSummary, base: LoadSummary | None) -> str:
-    """"a / b": s over base in tokens/s and in decode tokens/s."""
+def _both(runs: list[LoadSummary], base: list[LoadSummary] | None) -> str:
+    """"a / b": runs over base in tokens/s and in decode tokens/s, repeat by repeat
+    (the median, and the range where there are several)."""
     if base is None:
         return "–"
-    ratios = (_ratio(s.tokens_per_second, base.tokens_per_second),
-              _ratio(s.decode_tokens_per_second, base.decode_tokens_per_second))
-    return " / ".join(cell(r, ".2f") for r in ratios)
+    return " / ".join(spread(paired(runs, base, RATES[name][0]), ".2f") for name in ("tokens/s", "decode tokens/s"))
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

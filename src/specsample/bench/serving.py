@@ -2,13 +2,17 @@
 
 For each slot count N of --slots every server is started (and gets one short warm-up
 request); then, for every client count C of --clients, every task and every decoding
-setting, a load: C clients sending the task's first R prompts, to each server in
-turn, in the opposite order on the next load. One server works at a time (the others
+setting, a load: C clients sending the task's first prompts, to each server in
+turn. Every load runs --repeats times; the passes over all loads come one after
+another, and each load's round starts one server further on (A B C, B C A, C A B:
+`rotation`), so each server takes each place in the order as often as the others
+and a drift of the machine during the run falls on all alike, while the spread of
+the repeats shows how far one load's figures can be trusted. One server works at a time (the others
 wait idle, their engines asleep), so no two share the cores; and as all are up
 together, the loads of two modes that a ratio compares are minutes apart, not the
 length of the run: on a shared machine the same plain server's time for the same
 request moved half an hour apart by more than most differences the report is after
-(docs/benchmarks.md, "Serving under load"). The reversed order cancels a steady drift. The cost is memory: every
+(docs/benchmarks.md, "Serving under load"). The cost is memory: every
 server of a slot count holds its models at once. The servers and what they are:
 
   ar               `specsample serve --autoregressive --parallel N`: the target alone
@@ -95,6 +99,24 @@ class Load:
     settings: tuple[str, ...]
     clients: tuple[int, ...]
     new_tokens: Callable[[str], int]
+    repeats: int = 1  # times each load is sent to every server
+
+    def rounds(self, turns: list) -> list[tuple[int, tuple, list]]:
+        """(repeat, (clients, task, setting), turns in this round's order) for every
+        round: all loads once per pass, --repeats passes, the order rotating by one
+        from round to round."""
+        loads = [(clients, task, setting) for clients in self.clients for task in self.prompts
+                 for setting in self.settings]
+        return [(repeat, one, rotation(turns, repeat * len(loads) + i))
+                for repeat in range(self.repeats) for i, one in enumerate(loads)]
+
+
+def rotation(items: list, i: int) -> list:
+    """items started at position i (mod their number): [A, B, C] at 1 -> [B, C, A]."""
+    if not items:
+        return []
+    i %= len(items)
+    return items[i:] + items[:i]
 
 
 def run_serving(modes: list[ServedMode], load: Load, slots: tuple[int, ...], *, model_argv: list[str],
@@ -125,7 +147,7 @@ def _our_server(mode: ServedMode, slots: int, model_argv: list[str]) -> ServerPr
 
 def _serve(cells, slots: int, load: Load, log, splits: list[CallSplit], keep) -> tuple[list[ServedRecord], list[str]]:
     """Every server of one slot count started and warmed up, then each load sent to
-    every mode in turn, in the opposite order from one load to the next."""
+    every mode in turn, --repeats times, in Load.rounds' rotating order."""
     servers, turns, records, notes = [], [], [], []
     try:
         for start, modes in cells:
@@ -138,13 +160,11 @@ def _serve(cells, slots: int, load: Load, log, splits: list[CallSplit], keep) ->
             model = server.request("/v1/models")["data"][0]["id"]
             for mode in modes:
                 warm = next(iter(load.prompts.values()))[0]
-                run_load(server.url, [mode.request_body(model, warm.ids[:32], 8, SETTINGS["greedy"], 0, ())], 1)
+                run_load(server.url + "/v1", [mode.request_body(model, warm.ids[:32], 8, SETTINGS["greedy"], 0, ())], 1)
                 turns.append((mode, server, model))
-        loads = [(clients, task, setting) for clients in load.clients for task in load.prompts
-                 for setting in load.settings]
-        for i, (clients, task, setting) in enumerate(loads):
-            for mode, server, model in turns if i % 2 == 0 else turns[::-1]:
-                done = _one_load(mode, server, model, slots, clients, task, setting, load, log, splits)
+        for repeat, (clients, task, setting), order in load.rounds(turns):
+            for mode, server, model in order:
+                done = _one_load(mode, server, model, slots, clients, task, setting, repeat, load, log, splits)
                 records += done
                 keep(done)
                 notes += unanswered_notes(done)
@@ -155,19 +175,21 @@ def _serve(cells, slots: int, load: Load, log, splits: list[CallSplit], keep) ->
 
 
 def _one_load(mode: ServedMode, server: ServerProcess, model: str, slots: int, clients: int, task: str, setting: str,
-              load: Load, log, splits: list[CallSplit]) -> list[ServedRecord]:
+              repeat: int, load: Load, log, splits: list[CallSplit]) -> list[ServedRecord]:
     group = load.prompts[task]
     bodies = [mode.request_body(model, p.ids, load.new_tokens(task), SETTINGS[setting], i, p.task.stop_strings)
               for i, p in enumerate(group)]
     server.reset([p.ids for p in group])
-    log(f"serve load: {mode.name}, {slots} slots, {clients} clients, {task} {setting}: {len(bodies)} requests")
+    log(f"serve load: {mode.name}, {slots} slots, {clients} clients, {task} {setting}, repeat {repeat + 1} of "
+        f"{load.repeats}: {len(bodies)} requests")
     before = None if mode.native else server.text("/metrics")
-    timings, wall = run_load(server.url, bodies, clients)
+    timings, wall = run_load(server.url + "/v1", bodies, clients)
     if before is not None:
         splits.append(CallSplit.between(before, server.text("/metrics"), mode=mode.name, task=task, setting=setting,
                                         slots=slots, clients=clients, wall_seconds=wall))
     return [ServedRecord(mode=mode.name, family=mode.family, k=mode.k, task=task, setting=setting,
-                         prompt_id=p.prompt.id, clients=clients, slots=slots, wall_seconds=wall, timing=t)
+                         prompt_id=p.prompt.id, clients=clients, slots=slots, wall_seconds=wall, timing=t,
+                         repeat=repeat)
             for t, p in zip(timings, group)]
 
 
@@ -176,12 +198,14 @@ def unanswered_notes(records: list[ServedRecord]) -> list[str]:
     status) and lost, and the first error."""
     loads: dict[tuple, list[ServedRecord]] = {}
     for r in records:
-        loads.setdefault((r.mode, r.slot_count, r.clients, r.task, r.setting), []).append(r)
+        loads.setdefault((r.mode, r.slots, r.clients, r.task, r.setting, r.repeat), []).append(r)
     notes = []
-    for (mode, slots, clients, task, setting), group in loads.items():
+    for (mode, slots, clients, task, setting, repeat), group in loads.items():
         failed = [r.timing for r in group if r.timing.outcome != "answered"]
         if failed:
             statuses = ", ".join(str(t.status) for t in failed if t.status is not None) or "none"
-            notes.append(f"{mode}, {slots} slots, {clients} clients, {task} {setting}: {len(failed)} of {len(group)} "
-                         f"requests not answered (statuses: {statuses}); first: {failed[0].error}")
+            where = ", ".join([mode, *([f"{slots} slots"] if slots is not None else []), f"{clients} clients",
+                               f"{task} {setting}", *([f"repeat {repeat + 1}"] if repeat is not None else [])])
+            notes.append(f"{where}: {len(failed)} of {len(group)} requests not answered (statuses: {statuses}); "
+                         f"first: {failed[0].error}")
     return notes

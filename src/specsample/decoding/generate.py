@@ -259,6 +259,21 @@ def generate(target, prompt_ids, config, drafter=None, policy=None, clock=time.p
     return s.result
 
 
+def _prefill(target, prompt_ids, config, drafter, grammar, sampler) -> tuple[int, Overlap | None, torch.Tensor]:
+    """The prompt's prefill, from the longest prefix the target's cache holds (where
+    the config caches prompts): the tokens reused, the stream's Overlap where the
+    target runs elsewhere (the draft then reads the prompt during the prefill and
+    drafts each next block during a call: overlap.py), and the last row ([1, vocab])."""
+    reused = reusable_prefix(target.cached_tokens(), prompt_ids) if config.cache_prompt else 0
+    target.rollback(reused)
+    if config.cache_prompt:
+        reuse_model_cache(drafter)
+    overlap = Overlap() if overlaps(target, drafter, grammar) else None
+    if overlap is None:
+        return reused, None, target.score(prompt_ids[reused:], num_logits=1)
+    return reused, overlap, overlap.prefill(target, drafter, prompt_ids, reused, sampler)
+
+
 def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibration_seconds) -> Iterator[Chunk]:
     generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
     coupled_seed = None
@@ -277,17 +292,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
     # ("pending", never scored yet) plus the drafts. Either way a round gets one
     # distribution per draft plus one.
     claim = claim_cache(target)
-    reused = reusable_prefix(target.cached_tokens(), prompt_ids) if config.cache_prompt else 0
-    target.rollback(reused)
-    if config.cache_prompt:
-        reuse_model_cache(drafter)
-    # Where the target runs elsewhere, the draft reads the prompt during its prefill and
-    # drafts each next block during a call (overlap.py).
-    overlap = Overlap() if overlaps(target, drafter, grammar) else None
-    if overlap is None:
-        carried = target.score(prompt_ids[reused:], num_logits=1)  # [1, vocab]
-    else:
-        carried = overlap.prefill(target, drafter, prompt_ids, reused, sampler)
+    reused, overlap, carried = _prefill(target, prompt_ids, config, drafter, grammar, sampler)
     out.stats.cached_prompt_tokens = reused
     out.stats.prefill_seconds = clock() - start - calibration_seconds
     if drafter is not None:
