@@ -13,7 +13,7 @@ from ..app.assemble import assemble
 from .bandwidth import measure_read_bandwidth, weight_bytes
 from .budget import TaskLoad, estimate_seconds, format_duration, trim_to_budget
 from .costs import measure_cost_curve
-from .modes import FAMILIES, OurMode, build_modes
+from .modes import AUTO_FAMILIES, FAMILIES, OurMode, build_modes
 from .options import (bench_config, check_remote_modes, command_line, draft_lengths, is_llamacpp, machine_line,
                       names, start_server, target_label, target_types, threads)
 from .records import Record
@@ -27,7 +27,7 @@ def run(args) -> int:
     """The per-sequence benchmark: every mode on every target type, then the report."""
     load_at_start = os.getloadavg()[0]
     config = bench_config(args)  # validates before the slow model loads
-    families = list(FAMILIES) if args.modes == "auto" else names(args.modes, FAMILIES, "mode")
+    families = list(AUTO_FAMILIES) if args.modes == "auto" else names(args.modes, FAMILIES, "mode")
     check_remote_modes(args, families)
     ks, peer_ks = draft_lengths(args)
     types = target_types(args)
@@ -72,7 +72,8 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bo
     if n_ctx > target.context_length:  # before the cost curve's minute, not at the first long prompt
         raise UsageError(f"these prompts and answers need {n_ctx} tokens of context, and the target was loaded with "
                          f"{target.context_length}: give --ctx-size {n_ctx} (or a smaller --max-new-tokens)")
-    curve = _cost_curve(target, draft, prompts, max(ks) + 1 if "spec" in families else 1, args.cost_reps)
+    spec = {"spec", "spec-token"} & set(families)
+    curve = _cost_curve(target, draft, prompts, max(ks) + 1 if spec else 1, args.cost_reps)
     gguf = getattr(target, "path", None) if is_llamacpp(target) else None
     try:
         server, no_server = start_server(args, families, n_ctx, max(ks + peer_ks), gguf, loaded_draft=draft), None
@@ -80,7 +81,8 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bo
         server, no_server = None, str(e)
     try:
         modes, skipped = build_modes(families, ks, peer_ks, target, draft, target_gguf=gguf, ngram_max=args.ngram_max,
-                                     n_ctx=n_ctx, k_max=args.k_max, server=server, no_server=no_server)
+                                     n_ctx=n_ctx, k_max=args.k_max, server=server, no_server=no_server,
+                                     verifier=args.verifier)
         notes = [f"not run: {n}" for n in skipped]
         parity_modes = _parity_modes(target, draft, args.parity_k) if parity_prompts else []
         if parity_count and not parity_modes:
