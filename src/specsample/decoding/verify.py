@@ -113,9 +113,10 @@ def verify_block(
     block as a whole is drafted with probability 2/3 * 1/3 = 2/9 and wanted with
     1/3 * 2/3 = 2/9: block verification keeps both always. Drafts [a, a]: drafted with
     4/9, wanted with 1/9; both are kept with probability 1/4 (verify: 1/2 * 1/2, the
-    same), and a alone never (verify: 1/4 of the time), since the mass [a] lost on
-    [a, b] is paid back here: the round emits b, recovered, which is what the target
-    wants after a rejected a. Over the four blocks, 11/9 drafts accepted per round
+    same), and a alone never (verify: 1/4 of the time): [a, b] kept whole (2/9) and
+    [a, a] kept whole (4/9 * 1/4) already give a the 1/3 the target wants, so the
+    residual after a at its weight 1/2, max(0, 1/2 * target - draft), is empty, and the
+    round emits b, recovered. Over the four blocks, 11/9 drafts accepted per round
     against verify's 10/9. A draft without a distribution (a lookup: one-hot rows)
     leaves nothing to pay back: there the two rules keep each prefix equally often.
     """
