@@ -3,15 +3,16 @@ ICLR 2025): the output is still the target's, and it keeps at least as many draf
 token-by-token verification.
 
 Exactness is checked three ways. By enumeration: over every draft chain of a toy pair
-whose rows depend on the whole prefix, the rule (block_acceptance and the weighted
-residual) gives the target's joint distribution of the next K + 1 tokens to 1e-6. By
-sampling verify_block itself: a chain drafted from the toy draft, verified, and
-continued by the target to K + 1 tokens, SAMPLES times, fits that joint distribution
-(toy.assert_fits, Pearson chi-square, p < toy.ALPHA = 1e-6 fails); two wrong rules
-must fail the same check (keeping each prefix with its own weight, p ~ 1e-30 and
-below; recovering from the token-by-token residual after a kept prefix, p < 1e-9).
-And through the loop (generate with verifier="block": a model drafter, the overlapped
-path, a grammar), by the same token-by-token check as tests/test_distribution.py.
+whose rows depend on the whole prefix (fixed K, or a length the drafted prefix
+decides), the rule (block_acceptance and the weighted residual) gives the target's
+joint distribution of the next K + 1 tokens to 1e-6; recovering from the token-by-token
+residual instead misses it by over 1e-3. By sampling verify_block itself: a chain
+drafted from the toy draft, verified, and continued by the target to K + 1 tokens,
+SAMPLES times, fits that joint distribution (toy.assert_fits, Pearson chi-square,
+p < toy.ALPHA = 1e-6 fails); a wrong acceptance rule, keeping each prefix with its own
+weight, fails it at p ~ 1e-116. And through the loop (generate with verifier="block":
+a model drafter, the overlapped path, a grammar), by the same token-by-token check as
+tests/test_distribution.py, which the wrong rule fails too.
 """
 
 import itertools
@@ -22,14 +23,15 @@ import torch
 
 from specsample.decoding import rounds as rounds_module
 from specsample.decoding import verify as verify_module
-from specsample.decoding.drafters import ModelDrafter, NgramDrafter
+from specsample.decoding.drafters import NgramDrafter
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig, sample
 from specsample.decoding.verify import block_acceptance, residual_distribution, verify, verify_block
 
 import test_constraints
+import test_distribution
 import test_overlap
-from toy import TrigramBackend, assert_does_not_follow, assert_fits, assert_follows, assert_misfits, random_table
+from toy import TrigramBackend, assert_does_not_follow, assert_fits, assert_follows, assert_misfits
 
 pytestmark = pytest.mark.pure
 
@@ -102,18 +104,29 @@ def token_kept_lengths(tokens, drafts, targets) -> list[float]:
     return [reach[n] - (reach[n + 1] if n < k else 0.0) for n in range(k + 1)]
 
 
-def exact_output(pair: PrefixPair, k: int, weighted_residual: bool = True) -> dict[tuple, float]:
-    """The distribution of the first k + 1 tokens when a chain of k drafts is verified
-    by block_acceptance's rule and the rest comes from the target."""
+def stopped_chains(pair: PrefixPair, k: int, prefix: tuple = (), p: float = 1.0):
+    """Chains whose length the drafted prefix decides, as the planner's may: drafting
+    stops after a 0 is drafted, or at k drafts."""
+    if len(prefix) == k or prefix and prefix[-1] == 0:
+        yield prefix, p
+        return
+    for token in range(pair.vocab):
+        yield from stopped_chains(pair, k, prefix + (token,), p * float(pair.draft(prefix)[token]))
+
+
+def exact_output(pair: PrefixPair, k: int, weighted_residual: bool = True, chains=None) -> dict[tuple, float]:
+    """The distribution of the first k + 1 tokens when a chain of k drafts (or those
+    `chains` gives) is verified by block_acceptance's rule and the rest comes from the
+    target."""
     out: dict[tuple, float] = {}
-    for chain, p_chain in pair.chains(k):
+    for chain, p_chain in chains or pair.chains(k):
         tokens, drafts, targets = pair.block(chain)
         weights, stops = block_acceptance(tokens, drafts, targets)
         for n, p_n in enumerate(kept_lengths(stops)):
             if p_n <= 0:
                 continue
-            if n == k:
-                after = targets[k].double()
+            if n == len(chain):
+                after = targets[n].double()
             else:
                 after = residual_distribution(targets[n], drafts[n], weights[n] if weighted_residual else 1.0).double()
             for token in range(pair.vocab):
@@ -159,6 +172,13 @@ def test_the_rule_gives_the_targets_joint_distribution_by_enumeration(k, one_hot
         exact, out = pair.joint(k + 1), exact_output(pair, k)
         assert set(out) <= set(exact)
         assert max(abs(out.get(seq, 0.0) - p) for seq, p in exact.items()) < 1e-6
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_the_rule_stays_exact_when_the_drafted_prefix_decides_the_blocks_length(k):
+    pair = PrefixPair(11)
+    exact, out = pair.joint(k + 1), exact_output(pair, k, chains=stopped_chains(pair, k))
+    assert max(abs(out.get(seq, 0.0) - p) for seq, p in exact.items()) < 1e-6
 
 
 def test_negative_control_the_token_residual_after_a_kept_prefix_fails_the_enumeration():
@@ -250,22 +270,7 @@ def test_negative_control_a_wrong_block_rule_fails_the_check(monkeypatch):
 
 # ---- through the loop ---------------------------------------------------------------
 
-LOOP_VOCAB, LENGTH, LOOP_SAMPLES = 6, 4, 4_000
-PROMPT = [1, 2]
-TARGET = random_table(LOOP_VOCAB, seed=0)
-FAR_DRAFT = random_table(LOOP_VOCAB, seed=2)  # frequent rejections: the weighted residual matters
-
-
-def loop_empirical(sampling, k, verifier="block", n=LOOP_SAMPLES, drafter=None):
-    target = TrigramBackend(TARGET)
-    drafter = drafter or ModelDrafter(TrigramBackend(FAR_DRAFT, name="far"), sampling)
-    counts, accepted = {}, 0
-    for i in range(n):
-        config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, seed=i, verifier=verifier)
-        result = generate(target, PROMPT, config, drafter, k)
-        counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
-        accepted += result.stats.accepted
-    return counts, accepted
+TARGET, PROMPT = test_distribution.TARGET, test_distribution.PROMPT
 
 
 @pytest.mark.parametrize("k,temperature,top_p", [(4, 0.7, 0.9)])
@@ -273,7 +278,7 @@ def test_block_verified_generation_follows_the_target(monkeypatch, k, temperatur
     calls = []
     monkeypatch.setattr(rounds_module, "verify_block", lambda *a: calls.append(1) or verify_block(*a))
     sampling = SamplingConfig(temperature, 0, top_p)
-    counts, _ = loop_empirical(sampling, k)
+    counts = test_distribution.empirical(test_distribution.model_drafter("far"), sampling, k, verifier="block")
     assert calls  # the rounds were verified as blocks
     assert_follows(counts, TrigramBackend(TARGET), PROMPT, sampling)
 
@@ -281,7 +286,7 @@ def test_block_verified_generation_follows_the_target(monkeypatch, k, temperatur
 def test_negative_control_a_wrong_block_rule_fails_the_loops_check(monkeypatch):
     monkeypatch.setattr(verify_module, "block_acceptance", each_prefix_with_its_weight)
     sampling = SamplingConfig()
-    counts, _ = loop_empirical(sampling, 3)
+    counts = test_distribution.empirical(test_distribution.model_drafter("far"), sampling, 3, verifier="block")
     assert_does_not_follow(counts, TrigramBackend(TARGET), PROMPT, sampling)
 
 
@@ -290,7 +295,7 @@ def test_lookup_drafts_stay_with_token_by_token_verification(monkeypatch):
     cheaper rule runs."""
     monkeypatch.setattr(rounds_module, "verify_block", lambda *a: pytest.fail("verify_block on one-hot drafts"))
     sampling = SamplingConfig()
-    counts, _ = loop_empirical(sampling, 3, n=200, drafter=NgramDrafter(max_ngram=2))
+    counts = test_distribution.empirical(lambda s: NgramDrafter(max_ngram=2), sampling, 3, n=200, verifier="block")
     assert sum(counts.values()) == 200
 
 
@@ -316,9 +321,9 @@ def test_constrained_block_verification_follows_the_masked_target():
 
 def test_greedy_generation_is_the_same_under_either_verifier():
     greedy = SamplingConfig(temperature=0)
-    drafter = lambda: ModelDrafter(TrigramBackend(FAR_DRAFT, name="far"), greedy)
+    drafter = test_distribution.model_drafter("far")
     runs = [generate(TrigramBackend(TARGET), PROMPT, GenerationConfig(max_new_tokens=12, sampling=greedy,
-                                                                      verifier=v), drafter(), 3).token_ids
+                                                                      verifier=v), drafter(greedy), 3).token_ids
             for v in ("block", "rejection")]
     assert runs[0] == runs[1]
 

@@ -53,12 +53,12 @@ DRAFTS = {
 }
 
 
-def empirical(drafter_factory, sampling, k, n=SAMPLES, seed=0, target=None):
+def empirical(drafter_factory, sampling, k, n=SAMPLES, seed=0, target=None, verifier="rejection"):
     target = target or TrigramBackend(TARGET)
     drafter = drafter_factory(sampling)
     counts = {}
     for i in range(n):
-        config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, seed=seed * n + i, verifier="rejection")
+        config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, seed=seed * n + i, verifier=verifier)
         seq = tuple(generate(target, PROMPT, config, drafter, k).token_ids)
         counts[seq] = counts.get(seq, 0) + 1
     return counts
