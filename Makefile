@@ -26,7 +26,10 @@ $(STAMP): pyproject.toml Makefile
 fetch: $(STAMP)
 	$(BIN)/specsample fetch
 
+# llama-server, built once from the llama.cpp our backend runs (benchmarks/llama_server.py);
+# without cmake the demo goes on, its llama-server rows noted as not run.
 demo: fetch
+	-$(BIN)/python -m benchmarks.llama_server
 	$(BIN)/specsample bench --preset demo --backend llamacpp --out results/demo
 
 # Every test is marked pure, system or real (tests/conftest.py refuses one that is not).
@@ -49,8 +52,9 @@ test: fetch
 	echo "make test: $$((total / 60)) min $$((total % 60)) s in all (the pure part $$pure s, the rest $$((total - pure)) s)"; \
 	exit $$status
 
+# The paper's measurements: the research bench (benchmarks/bench.py), run from the checkout.
 bench: fetch
-	$(BIN)/specsample bench --out results/bench
+	$(BIN)/python -m benchmarks.bench --out results/bench
 
 clean:
 	rm -rf $(VENV) results

@@ -1,7 +1,7 @@
 """Time to first token against llama-server, on the same file and threads (issue 51).
 
-    python benchmarks/ttft.py --sizes 40,500,2000,4000 --reps 2 --out docs/results/ttft/q4_k_m
-    python benchmarks/ttft.py --target-quant bf16 --sizes 40,500,2000 --out docs/results/ttft/bf16
+    python -m benchmarks.ttft --sizes 40,500,2000,4000 --reps 2 --out docs/results/ttft/q4_k_m
+    python -m benchmarks.ttft --target-quant bf16 --sizes 40,500,2000 --out docs/results/ttft/bf16
 
 Starts three servers at once on the default target (or --target-quant's re-encoding):
 llama-server with its own defaults and no draft (`ls`), `specsample serve
@@ -42,7 +42,7 @@ def free_port() -> int:
 def servers(args) -> dict[str, list[str]]:
     from specsample.backends.models import DEFAULT_TARGET, resolve
     from specsample.backends.reencode import reencoded
-    from specsample.bench.native import ensure_server
+    from benchmarks.llama_server import ensure_server
 
     target = resolve(DEFAULT_TARGET).gguf_path
     target = target if args.target_quant == "none" else reencoded(target, args.target_quant)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from specsample.studies.batch_numerics import OTHER_SIZES, Drift, tokens_in_call
+from benchmarks.studies.batch_numerics import OTHER_SIZES, Drift, tokens_in_call
 
 pytestmark = pytest.mark.pure
 

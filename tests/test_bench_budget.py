@@ -1,6 +1,6 @@
 import pytest
 
-from specsample.bench.budget import TaskLoad, estimate_seconds, format_duration, trim_to_budget
+from benchmarks.budget import TaskLoad, estimate_seconds, format_duration, trim_to_budget
 
 pytestmark = pytest.mark.pure
 

@@ -24,7 +24,6 @@ def test_demo_preset_and_an_explicit_override():
     assert config.prompt_count("humaneval") == 2  # explicit option beats the preset
     assert config.new_tokens("humaneval") == 384  # full answers: the task's own limit
     assert args.modes == "ar,spec-auto,spec,llamacpp-server,llamacpp-spec" and args.ks == "4"
-    assert config.parity_prompts == 0
     assert args.target_quants == "q4_k_m,bf16"  # both regimes: the file as shipped and its bf16 re-encoding
 
 
@@ -34,7 +33,7 @@ def test_a_prompts_file_is_a_task_that_runs_whole(tmp_path):
                     '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}\n'
                     '{"prompt": "Translate: bonjour", "kind": "translation", "id": "t1"}\n')
     config = bench_config(_args("--prompts-file", str(path)))
-    assert config.tasks == ("prompts",) and config.prompt_count("prompts") == 3 and config.parity_prompts == 0
+    assert config.tasks == ("prompts",) and config.prompt_count("prompts") == 3
     from specsample.bench.tasks import load_task
 
     first, chat, third = load_task("prompts")
@@ -66,8 +65,21 @@ def test_defaults_run_every_task_on_enough_prompts():
     assert config.tasks == ("humaneval", "summarize", "humaneval-chat", "copy", "structured")
     assert config.settings == ("greedy", "sample")
     assert all(config.prompt_count(t) >= 8 for t in config.tasks)
-    assert args.modes == "auto" and config.parity_prompts >= 40
-    assert bench_config(_args("--no-parity")).parity_prompts == 0
+    assert args.modes == "auto"
+
+
+def test_the_research_bench_runs_parity_unless_told_or_given_a_preset_or_prompts_file(tmp_path):
+    from benchmarks.bench import parser, resolve
+
+    def research(*argv):
+        return resolve(parser().parse_args(list(argv)))
+
+    assert research().parity and research().parity_prompts >= 40 and research().parity_k == 3
+    assert not research("--no-parity").parity and not research("--preset", "demo").parity
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"prompt": "Write a haiku."}\n')
+    assert not research("--prompts-file", str(path)).parity
+    assert research("--prompts-file", str(path), "--parity-prompts", "4").parity_prompts == 4
 
 
 def test_per_task_prompt_counts_and_a_token_cap():
@@ -91,7 +103,20 @@ def test_help_lists_the_tasks_and_the_native_peer(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for name in ("humaneval", "humaneval-chat", "summarize", "copy", "llamacpp-spec", "--budget-minutes"):
+    for name in ("humaneval", "humaneval-chat", "summarize", "copy", "llamacpp-spec", "--prompts-file"):
+        assert name in text
+    for research in ("--budget-minutes", "--neighbour", "--rpc-delay-ms", "--no-parity", "--cost-reps", "hf-assisted"):
+        assert research not in text  # benchmarks/bench.py's, not the installed bench's
+
+
+def test_the_research_bench_offers_the_bench_and_its_own_options(capsys):
+    from benchmarks.bench import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in ("--prompts-file", "--target-quants", "--budget-minutes", "--neighbour", "--rpc-delay-ms",
+                 "--no-parity", "--cost-reps", "hf-assisted", "llamacpp-lookup"):
         assert name in text
 
 
@@ -135,6 +160,22 @@ def test_no_native_server_is_none_when_unasked_and_a_reason_when_it_cannot_run()
         start_server(args, ["ar", "llamacpp-spec"], 512, 4, None)
 
 
+def test_the_llama_server_binary_is_the_one_named_or_the_pinned_build(monkeypatch, tmp_path):
+    from specsample.bench.native import llama_server_binary, server_path
+    from specsample.bench.servers import ServerUnavailable
+
+    monkeypatch.setenv("SPECSAMPLE_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ServerUnavailable, match="python -m benchmarks.llama_server builds it"):
+        llama_server_binary()
+    with pytest.raises(ServerUnavailable, match="--llama-server .*mine: no such file"):
+        llama_server_binary(tmp_path / "mine")
+    (tmp_path / "mine").write_bytes(b"\x7fELF")
+    assert llama_server_binary(tmp_path / "mine") == tmp_path / "mine"
+    server_path().parent.mkdir(parents=True)
+    server_path().write_bytes(b"\x7fELF")
+    assert llama_server_binary() == server_path() and _args().llama_server is None
+
+
 # Every model option away from its default, so that one dropped on the way shows.
 CHANGED = ModelOptions(**{f.name: other_value(f) for f in fields(ModelOptions)})
 
@@ -152,7 +193,7 @@ def test_the_harness_servers_get_every_model_option(monkeypatch, tmp_path):
     """The harness passed only four options on, so --threads, --dtype, --draft-quant and
     --lookup never reached its servers."""
     from specsample.bench import servers
-    from specsample.studies import harness
+    from benchmarks.studies import harness
 
     started = []
 

@@ -1,6 +1,6 @@
 import pytest
 
-from specsample.bench.costs import break_even_alpha, expected_tokens_per_round, predict, predicted_speedup, recommend
+from benchmarks.costs import break_even_alpha, expected_tokens_per_round, predict, predicted_speedup, recommend
 
 pytestmark = pytest.mark.pure
 

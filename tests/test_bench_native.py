@@ -11,6 +11,8 @@ from specsample.bench.modes import SETTINGS, LlamaServerMode, build_modes
 from specsample.bench.native import LlamaServer, completion_request, llama_server_argv, parse_completion
 from specsample.bench.tasks import HUMANEVAL_STOPS
 
+from bench_helpers import FakeServer
+
 pytestmark = pytest.mark.pure
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -56,17 +58,8 @@ def test_request_fixes_k_and_turns_llama_cpp_extras_off():
     assert greedy["top_k"] == 1 and greedy["speculative.n_max"] == 0  # plain decoding on the same server
 
 
-class FakeServer:
-    def __init__(self):
-        self.bodies = []
-
-    def complete(self, body):
-        self.bodies.append(body)
-        return _captured("greedy")
-
-
 def test_server_mode_runs_through_the_parser():
-    server = FakeServer()
+    server = FakeServer(answer=_captured("greedy"))
     out = LlamaServerMode("llamacpp-spec-k3", server, 3).run([5, 6], 384, SETTINGS["greedy"], 0, HUMANEVAL_STOPS)
     assert out.stop_reason == "stop_string" and out.stats["new_tokens"] == 43 and len(out.token_ids) == 43
     assert server.bodies[0]["speculative.n_max"] == 3
@@ -75,7 +68,7 @@ def test_server_mode_runs_through_the_parser():
 def test_build_modes_skips_the_native_peer_with_its_reason():
     modes, skipped = build_modes(["llamacpp-spec"], [3], [3], target=object(), no_server="cmake not found")
     assert modes == [] and skipped == ["llamacpp-spec: cmake not found"]
-    modes, _ = build_modes(["llamacpp-server", "llamacpp-spec"], [3], [3], target=object(), server=FakeServer())
+    modes, _ = build_modes(["llamacpp-server", "llamacpp-spec"], [3], [3], target=object(), server=FakeServer(answer=_captured("greedy")))
     assert [m.name for m in modes] == ["llamacpp-server", "llamacpp-spec-k3"]
     assert [m.family for m in modes] == ["llamacpp-server", "llamacpp-spec"]
 
@@ -83,7 +76,7 @@ def test_build_modes_skips_the_native_peer_with_its_reason():
 def test_hf_stop_criterion_looks_only_at_new_text():
     import torch
 
-    from specsample.bench.modes import _StopStrings
+    from benchmarks.peers import _StopStrings
 
     class Chars:
         def decode(self, ids):

@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from specsample.bench.parity import build_program, extract_code, pass_rates, run_program
+from benchmarks.parity import build_program, extract_code, pass_rates, run_program
 from specsample.bench.tasks import load_task
 
 from bench_helpers import record
@@ -71,14 +71,14 @@ def test_the_harness_says_what_it_is_not(tmp_path):
     nothing may call the harness a sandbox, and its docstring must say what it is."""
     from pathlib import Path
 
-    import specsample.bench
-    from specsample.bench import parity, runner
+    import benchmarks
+    from benchmarks import parity
 
     marker = tmp_path / "written-by-the-candidate"
     assert run_program(f"open({str(marker)!r}, 'w').write('x')\n").passed and marker.exists()
-    benchmarks = Path(specsample.bench.__file__).parents[3] / "docs" / "benchmarks.md"
-    texts = [parity.__doc__, run_program.__doc__, specsample.bench.__doc__, runner.run_parity.__doc__]
-    texts += [benchmarks.read_text()] if benchmarks.exists() else []
+    doc = Path(benchmarks.__file__).parents[1] / "docs" / "benchmarks.md"
+    texts = [parity.__doc__, run_program.__doc__, benchmarks.__doc__, parity.run_parity.__doc__]
+    texts += [doc.read_text()] if doc.exists() else []
     for text in texts:
         assert "sandboxed" not in text and "isolated" not in text
     assert "not a sandbox" in parity.__doc__ and "network" in parity.__doc__

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from specsample.bench.modes import SETTINGS, HFGenerateMode
+from benchmarks.peers import HFGenerateMode
+from specsample.bench.modes import SETTINGS
 from specsample.bench.native import completion_request
 from specsample.bench.peer_sampling import FIELDS, INFILL_ONLY, PEERS, peer_sampling
 from specsample.bench.serving import ServedMode

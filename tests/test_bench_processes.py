@@ -1,4 +1,4 @@
-"""The processes a benchmark starts: llama-server is built once and appears only when
+"""The processes a benchmark starts: llama-server (benchmarks/llama_server.py) is built once and appears only when
 whole; servers and workers end when the bench ends, however it ends; every command
 has a time limit."""
 
@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from specsample.bench import native
+import specsample
+from benchmarks import llama_server as native
+from benchmarks.studies import contention
 from specsample.bench.servers import ServerProcess
-from specsample.studies import contention
 
 pytestmark = pytest.mark.system
 
-SRC = str(Path(native.__file__).parents[2])
+SRC = str(Path(specsample.__file__).parents[1])
 
 
 @pytest.fixture

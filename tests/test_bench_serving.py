@@ -16,32 +16,9 @@ from specsample.bench.serving import Load, our_server_flags, run_serving, served
 from specsample.bench.tasks import TASKS, Prompt
 from specsample.cli import build_parser
 
+from bench_helpers import FakeServer
+
 pytestmark = pytest.mark.pure
-
-
-class FakeServer:
-    """A started server: answers /v1/models, records resets and its close in `events`."""
-
-    def __init__(self, name, events):
-        self.name, self.events, self.url = name, events, f"http://{name}"
-        events.append(f"start {name}")
-
-    def request(self, route, body=None):
-        return {"data": [{"id": "m"}]}
-
-    def text(self, route):
-        """/metrics: every read finds one more 4-request target call and a second more busy."""
-        self.reads = getattr(self, "reads", 0) + 1
-        return (f'specsample_model_calls_total{{model="target",sequences="4"}} {self.reads}.0\n'
-                f'specsample_model_call_tokens_total{{model="target",sequences="4"}} {8 * self.reads}.0\n'
-                f'specsample_model_call_seconds_total{{model="target",sequences="4"}} {0.25 * self.reads}\n'
-                f"specsample_worker_busy_seconds {self.reads}.0\n")
-
-    def reset(self, prompts):
-        self.events.append(f"reset {self.name}")
-
-    def close(self):
-        self.events.append(f"close {self.name}")
 
 
 def _prompts(task, n):

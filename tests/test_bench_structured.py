@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from specsample.bench.modes import SETTINGS, LlamaServerMode, Outcome, OurMode
+from specsample.bench.modes import SETTINGS, LlamaServerMode, OurMode
 from specsample.bench.native import completion_request
 from specsample.bench.report import write_report
 from specsample.bench.runner import BenchConfig, PreparedPrompt, run_bench, total_steps
@@ -13,6 +13,7 @@ from specsample.bench.structured import SCHEMA, is_valid
 from specsample.bench.summary import TargetRun
 from specsample.bench.tasks import TASKS, Prompt, Task, load_task
 
+from bench_helpers import FakeServer, PlainOnly
 from toy import byte_backend
 
 pytestmark = pytest.mark.pure
@@ -30,27 +31,6 @@ def test_the_task_has_enough_deterministic_prompts_and_a_fixed_schema():
     assert is_valid('{"name": "f", "summary": "s", "parameters": [{"name": "x", "optional": false}], '
                     '"returns": "r", "raises": []}', SCHEMA)
     assert not is_valid('{"name": "f"}', SCHEMA) and not is_valid('{"name": ', SCHEMA)
-
-
-class FakeServer:
-    def __init__(self):
-        self.bodies = []
-
-    def complete(self, body):
-        self.bodies.append(body)
-        text = '{"f": "ab", "ok": true}'
-        return {"content": text, "tokens": list(range(9)), "stop_type": "eos",
-                "timings": {"predicted_n": 9, "prompt_ms": 1.0, "predicted_ms": 9.0, "prompt_n": 3}}
-
-
-class PlainOnly:
-    """A peer that cannot take a schema (as transformers' generate here)."""
-
-    name = family = "plain-only"
-    k, structured = None, False
-
-    def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=()):
-        return Outcome([1] * max_new_tokens, "", "length", {"new_tokens": max_new_tokens})
 
 
 def test_structured_runs_hold_every_answer_to_the_schema_and_report_it(tmp_path):
@@ -79,7 +59,9 @@ def test_structured_runs_hold_every_answer_to_the_schema_and_report_it(tmp_path)
     rows = {row.split("|")[3].strip(): [c.strip() for c in row.split("|")[1:-1]]
             for row in section.splitlines() if row.startswith("| structured |")}
     assert rows["ar"][3] == "2/2" and rows["ar"][5].endswith("%") and rows["llamacpp-spec-k3"][5] == "–"
-    assert "forced" in summary.split("## What -k auto chose")[1]
+    from benchmarks.rounds import controller_table
+
+    assert "forced" in controller_table(records)  # the research bench's table: grammar-forced tokens as a source
     assert json.loads((tmp_path / "records.jsonl").read_text().splitlines()[0])["valid"] is True
 
 

@@ -2,8 +2,6 @@
 calls and validated, our modes held by tools.py's grammar and llama-server by GBNF of
 the same calls."""
 
-import json
-
 import pytest
 
 from specsample.bench.modes import LlamaServerMode, OurMode
@@ -12,7 +10,7 @@ from specsample.bench.tasks import TASKS, load_task
 from specsample.bench.tool_task import call_grammar, calls_valid, library_tools
 from specsample.output.constraints import Constraint
 
-from test_bench_structured import FakeServer, PlainOnly
+from bench_helpers import FakeServer, PlainOnly
 from toy import byte_backend, tool_backend
 
 pytestmark = pytest.mark.pure

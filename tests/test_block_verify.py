@@ -31,7 +31,7 @@ from specsample.decoding.verify import block_acceptance, residual_distribution, 
 import test_constraints
 import test_distribution
 import test_overlap
-from toy import TrigramBackend, assert_does_not_follow, assert_fits, assert_follows, assert_misfits
+from toy import TrigramBackend, assert_does_not_follow, assert_fits, assert_follows, assert_misfits, empirical
 
 pytestmark = pytest.mark.pure
 
@@ -278,7 +278,7 @@ def test_block_verified_generation_follows_the_target(monkeypatch, k, temperatur
     calls = []
     monkeypatch.setattr(rounds_module, "verify_block", lambda *a: calls.append(1) or verify_block(*a))
     sampling = SamplingConfig(temperature, 0, top_p)
-    counts = test_distribution.empirical(test_distribution.model_drafter("far"), sampling, k, verifier="block")
+    counts = test_distribution.fixed(test_distribution.model_drafter("far", sampling), sampling, k, verifier="block")
     assert calls  # the rounds were verified as blocks
     assert_follows(counts, TrigramBackend(TARGET), PROMPT, sampling)
 
@@ -286,7 +286,7 @@ def test_block_verified_generation_follows_the_target(monkeypatch, k, temperatur
 def test_negative_control_a_wrong_block_rule_fails_the_loops_check(monkeypatch):
     monkeypatch.setattr(verify_module, "block_acceptance", each_prefix_with_its_weight)
     sampling = SamplingConfig()
-    counts = test_distribution.empirical(test_distribution.model_drafter("far"), sampling, 3, verifier="block")
+    counts = test_distribution.fixed(test_distribution.model_drafter("far", sampling), sampling, 3, verifier="block")
     assert_does_not_follow(counts, TrigramBackend(TARGET), PROMPT, sampling)
 
 
@@ -295,7 +295,8 @@ def test_lookup_drafts_stay_with_token_by_token_verification(monkeypatch):
     cheaper rule runs."""
     monkeypatch.setattr(rounds_module, "verify_block", lambda *a: pytest.fail("verify_block on one-hot drafts"))
     sampling = SamplingConfig()
-    counts = test_distribution.empirical(lambda s: NgramDrafter(max_ngram=2), sampling, 3, n=200, verifier="block")
+    counts = empirical(200, TrigramBackend(TARGET), PROMPT, GenerationConfig(max_new_tokens=test_distribution.LENGTH, sampling=sampling, verifier="block"),
+                       NgramDrafter(max_ngram=2), 3)
     assert sum(counts.values()) == 200
 
 
@@ -304,7 +305,7 @@ def test_the_overlapped_path_with_block_verification_follows_the_target():
     is drawn from the target's row after the block whatever the rule kept, so the next
     round may verify the kept block there instead."""
     sampling = SamplingConfig(0.9)
-    counts, predrafted = test_overlap.empirical("close", sampling, 3, verifier="block")
+    counts, predrafted = test_overlap.overlapped("close", sampling, 3, verifier="block")
     assert predrafted > 0
     assert_follows(counts, TrigramBackend(test_overlap.TARGET), test_overlap.PROMPT, sampling)
 
@@ -314,16 +315,15 @@ def test_constrained_block_verification_follows_the_masked_target():
     verification is exact for any rows the drafts were drawn from and the target wants,
     so for the masked ones too; forced tokens are one-hot rows on both sides."""
     sampling = SamplingConfig(1.0)
-    counts = test_constraints.empirical(test_constraints.model_drafter("far", sampling), sampling, 3,
-                                        verifier="block")
+    counts = test_constraints.constrained(test_constraints.model_drafter("far", sampling), sampling, 3, verifier="block")
     assert_fits(counts, test_constraints.exact(sampling), test_constraints.N)
 
 
 def test_greedy_generation_is_the_same_under_either_verifier():
     greedy = SamplingConfig(temperature=0)
-    drafter = test_distribution.model_drafter("far")
     runs = [generate(TrigramBackend(TARGET), PROMPT, GenerationConfig(max_new_tokens=12, sampling=greedy,
-                                                                      verifier=v), drafter(greedy), 3).token_ids
+                                                                      verifier=v),
+                     test_distribution.model_drafter("far", greedy), 3).token_ids
             for v in ("block", "rejection")]
     assert runs[0] == runs[1]
 

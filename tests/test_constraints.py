@@ -33,7 +33,7 @@ from specsample.policy.calibrate import make_policy
 from specsample.policy.control import Planner
 
 from toy import (CostedBackend, DrafterWrapper, FakeClock, PieceTokenizer, TrigramBackend, byte_backend,
-                 assert_fits, assert_misfits, exact_constrained_distribution, random_table)
+                 assert_fits, assert_misfits, empirical, exact_constrained_distribution, random_table)
 
 pytestmark = pytest.mark.pure
 
@@ -169,27 +169,23 @@ def test_rows_become_masked_renormalised_probabilities_and_forced_rows_one_hot()
 
 # ---- constrained generation ------------------------------------------------------------
 
-def config(sampling=SamplingConfig(), seed=0, max_new_tokens=LENGTH, verifier="rejection"):
+def config(sampling=SamplingConfig(), max_new_tokens=LENGTH, verifier="rejection"):
     # Modified rejection sampling, whose draft rows the negative controls below corrupt;
     # the coupled verifier has its own positive case.
-    return GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, constraint=CONSTRAINT,
+    return GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling, constraint=CONSTRAINT,
                             verifier=verifier)
 
 
-def empirical(drafter, sampling, policy, n=N, clock=None, verifier="rejection"):
-    """`policy`: a Policy, or K."""
-    target = backend(TARGET)
-    if clock is not None:
-        target = CostedBackend(target, clock, lambda m: 1.0 + 0.1 * (m - 1))
-    counts = {}
-    for i in range(n):
-        try:
-            seq = tuple(generate(target, PROMPT, config(sampling, seed=i, verifier=verifier), drafter, policy,
-                                 *([clock] if clock else [])).token_ids)
-        except ConstraintError:
-            return {("forbidden",): 1}  # outside the exact support: the check fails whatever the rest
-        counts[seq] = counts.get(seq, 0) + 1
-    return counts
+def TARGET_COST(m):  # seconds of a target call scoring m tokens, on the adaptive policy's fake clock
+    return 1.0 + 0.1 * (m - 1)
+
+
+def constrained(drafter, sampling, policy, clock=None, verifier="rejection"):
+    """N constrained outputs of the target (its calls timed on `clock` where given);
+    `policy`: a Policy, or K. An output the grammar forbids fails the check."""
+    target = backend(TARGET) if clock is None else CostedBackend(backend(TARGET), clock, TARGET_COST)
+    return empirical(N, target, PROMPT, config(sampling, verifier=verifier), drafter, policy, clock=clock,
+                     refused=(ConstraintError,))
 
 
 def exact(sampling):
@@ -206,7 +202,7 @@ def model_drafter(kind, sampling):
 ])
 def test_constrained_speculative_sampling_follows_the_masked_target(kind, k, temperature, top_p):
     sampling = SamplingConfig(temperature, 0, top_p)
-    counts = empirical(model_drafter(kind, sampling), sampling, k)
+    counts = constrained(model_drafter(kind, sampling), sampling, k)
     assert_fits(counts, exact(sampling), N)
 
 
@@ -214,7 +210,7 @@ def test_constrained_coupled_sampling_follows_the_masked_target():
     """The coupled verifier draws each token by a race over the masked target row, and
     the draft model races over its own masked row with the same noise."""
     sampling = SamplingConfig(0.9)
-    counts = empirical(model_drafter("close", sampling), sampling, 3, verifier="coupled")
+    counts = constrained(model_drafter("close", sampling), sampling, 3, verifier="coupled")
     assert_fits(counts, exact(sampling), N)
 
 
@@ -225,15 +221,15 @@ def test_constrained_lookup_and_adaptive_policy_follow_the_masked_target():
     model = ModelDrafter(draft, sampling)
     model.clock = clock
     drafter = HybridDrafter(model, NgramDrafter(max_ngram=2))
-    timed_target = CostedBackend(backend(TARGET), clock, lambda m: 1.0 + 0.1 * (m - 1))  # as empirical() times it
+    timed_target = CostedBackend(backend(TARGET), clock, TARGET_COST)  # as constrained() times it
     policy = make_policy("auto", 4, timed_target, draft, context=PROMPT, clock=clock)
-    counts = empirical(drafter, sampling, policy, clock=clock)
+    counts = constrained(drafter, sampling, policy, clock=clock)
     assert_fits(counts, exact(sampling), N)
 
 
 def test_constrained_autoregressive_follows_the_masked_target():
     sampling = SamplingConfig(0.9)
-    counts = empirical(None, sampling, 1)
+    counts = constrained(None, sampling, 1)
     assert_fits(counts, exact(sampling), N)
 
 
@@ -256,7 +252,7 @@ def test_the_mask_on_the_target_alone_is_exact_and_the_drafts_mask_is_for_accept
     from: a draft the grammar forbids is always rejected. So masking the target's rows
     alone is exact; the draft's mask only saves rejected drafts."""
     sampling = SamplingConfig(1.0)
-    counts = empirical(Unconstrained(model_drafter("far", sampling)), sampling, 3)
+    counts = constrained(Unconstrained(model_drafter("far", sampling)), sampling, 3)
     assert_fits(counts, exact(sampling), N)
 
 
@@ -326,7 +322,7 @@ def forced_tokens_from_the_unmasked_draft(monkeypatch, trusted=True):
 def test_forced_drafts_are_verified_so_a_wrong_forced_source_stays_exact(monkeypatch):
     forced_tokens_from_the_unmasked_draft(monkeypatch, trusted=False)
     sampling = SamplingConfig(1.0)
-    counts = empirical(model_drafter("far", sampling), sampling, 3)
+    counts = constrained(model_drafter("far", sampling), sampling, 3)
     assert_fits(counts, exact(sampling), N)
 
 
@@ -335,7 +331,7 @@ def test_forced_drafts_are_verified_so_a_wrong_forced_source_stays_exact(monkeyp
 def test_negative_control_wrong_constrained_samplers_fail_the_check(monkeypatch, wrong):
     wrong(monkeypatch)
     sampling = SamplingConfig(1.0)
-    counts = empirical(model_drafter("far", sampling), sampling, 3)
+    counts = constrained(model_drafter("far", sampling), sampling, 3)
     assert_misfits(counts, exact(sampling), N)
 
 

@@ -19,7 +19,8 @@ from specsample.decoding.sampling import SamplingConfig, race_noise
 from specsample.decoding.verify import verify_coupled
 from specsample.policy.calibrate import make_policy
 
-from toy import CostedBackend, FakeClock, TrigramBackend, assert_fits, assert_misfits, exact_distribution, mixed_tables, random_table
+from toy import (CostedBackend, FakeClock, TrigramBackend, assert_fits, assert_misfits, empirical, exact_distribution,
+                 mixed_tables, random_table)
 
 pytestmark = pytest.mark.pure
 
@@ -30,14 +31,10 @@ TARGET = random_table(VOCAB, seed=0)
 FAR = random_table(VOCAB, seed=2)
 
 
-def empirical(sampling, drafter, k, n=N):
-    target = TrigramBackend(TARGET)
-    counts = {}
-    for i in range(n):
-        config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, seed=i, verifier="coupled")
-        seq = tuple(generate(target, PROMPT, config, drafter, k).token_ids)
-        counts[seq] = counts.get(seq, 0) + 1
-    return counts
+def coupled(sampling, drafter, k):
+    """N outputs of the target under the coupled verifier."""
+    config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, verifier="coupled")
+    return empirical(N, TrigramBackend(TARGET), PROMPT, config, drafter, k)
 
 
 @pytest.mark.parametrize("sampling,kind,k", [
@@ -48,14 +45,14 @@ def test_coupled_output_follows_the_target(sampling, kind, k):
     model = ModelDrafter(TrigramBackend(FAR, name="far"), sampling)
     drafter = model if kind == "model" else HybridDrafter(model, NgramDrafter(max_ngram=2))
     exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, sampling)
-    assert_fits(empirical(sampling, drafter, k), exact, N)
+    assert_fits(coupled(sampling, drafter, k), exact, N)
 
 
 def test_negative_control_noise_reused_at_the_next_position_fails(monkeypatch):
     monkeypatch.setattr(sampling_module, "race_noise", lambda seed, position, vocab: race_noise(seed, position // 2, vocab))
     sampling = SamplingConfig(1.0)
     exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, sampling)
-    counts = empirical(sampling, ModelDrafter(TrigramBackend(FAR, name="far"), sampling), 3)
+    counts = coupled(sampling, ModelDrafter(TrigramBackend(FAR, name="far"), sampling), 3)
     assert_misfits(counts, exact, N)
 
 

@@ -250,4 +250,4 @@ def test_watching_keeps_the_window_fresh_through_an_idle_spell():
         assert share.threads(2) == 1
         assert watchers() == before + 1
     finally:
-        share.stop()
+        share._watching = False  # its loop's condition: the thread ends (a server's watches for good)

@@ -29,18 +29,16 @@ import torch
 
 from specsample.decoding import rounds as rounds_module
 from specsample.decoding.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
-from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.generate import GenerationConfig
 from specsample.decoding.sampling import SamplingConfig, logits_to_probs, sample
 from specsample.decoding.verify import Verdict, verify
 from specsample.policy.calibrate import make_policy
 from specsample.policy.estimates import Goodput
 
 from toy import (CostedBackend, DrafterWrapper, FakeClock, TrigramBackend, assert_does_not_follow, assert_follows,
-                 mixed_tables, random_table)
+                 empirical, mixed_tables, random_table)
 
 pytestmark = pytest.mark.pure
-
-# The module, not the function of the same name that specsample/__init__ exports.
 
 VOCAB, LENGTH = 6, 4
 N = 6_000  # each adaptive check (the planner's), token by token as the fixed-length ones
@@ -53,19 +51,15 @@ DRAFTS = {
 }
 
 
-def empirical(drafter_factory, sampling, k, n=SAMPLES, seed=0, target=None, verifier="rejection"):
-    target = target or TrigramBackend(TARGET)
-    drafter = drafter_factory(sampling)
-    counts = {}
-    for i in range(n):
-        config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, seed=seed * n + i, verifier=verifier)
-        seq = tuple(generate(target, PROMPT, config, drafter, k).token_ids)
-        counts[seq] = counts.get(seq, 0) + 1
-    return counts
+def fixed(drafter, sampling, k, target=None, verifier="rejection"):
+    """SAMPLES outputs of `target` (the toy target unless given) by modified rejection
+    sampling (or `verifier`), `drafter` drafting K = k."""
+    config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, verifier=verifier)
+    return empirical(SAMPLES, target or TrigramBackend(TARGET), PROMPT, config, drafter, k)
 
 
-def model_drafter(kind):
-    return lambda sampling: ModelDrafter(TrigramBackend(DRAFTS[kind], name=kind), sampling)
+def model_drafter(kind, sampling):
+    return ModelDrafter(TrigramBackend(DRAFTS[kind], name=kind), sampling)
 
 
 SETTINGS = [
@@ -83,7 +77,7 @@ SETTINGS = [
 @pytest.mark.parametrize("kind,k,temperature,top_k,top_p", SETTINGS)
 def test_model_drafter_preserves_target_distribution(kind, k, temperature, top_k, top_p):
     sampling = SamplingConfig(temperature, top_k, top_p)
-    assert_follows(empirical(model_drafter(kind), sampling, k), TrigramBackend(TARGET), PROMPT, sampling)
+    assert_follows(fixed(model_drafter(kind, sampling), sampling, k), TrigramBackend(TARGET), PROMPT, sampling)
 
 
 @pytest.mark.parametrize("k,temperature", [(3, 1.0), (2, 0.7)])
@@ -92,19 +86,19 @@ def test_windowed_model_drafter_preserves_target_distribution(k, temperature):
     # (first prompt token, last token) instead of the last two, so its proposals
     # change; what is emitted must not.
     sampling = SamplingConfig(temperature)
-    windowed = lambda s: ModelDrafter(TrigramBackend(DRAFTS["close"], name="close"), s, window=1, head=1)
-    assert_follows(empirical(windowed, sampling, k), TrigramBackend(TARGET), PROMPT, sampling)
+    windowed = ModelDrafter(TrigramBackend(DRAFTS["close"], name="close"), sampling, window=1, head=1)
+    assert_follows(fixed(windowed, sampling, k), TrigramBackend(TARGET), PROMPT, sampling)
 
 
 @pytest.mark.parametrize("k,top_p", [(2, 1.0), (3, 0.9)])
 def test_ngram_drafter_preserves_target_distribution(k, top_p):
     sampling = SamplingConfig(1.0, 0, top_p)
-    assert_follows(empirical(lambda s: NgramDrafter(max_ngram=2), sampling, k), TrigramBackend(TARGET), PROMPT, sampling)
+    assert_follows(fixed(NgramDrafter(max_ngram=2), sampling, k), TrigramBackend(TARGET), PROMPT, sampling)
 
 
 def test_autoregressive_preserves_target_distribution():
     sampling = SamplingConfig(0.9, 0, 0.95)
-    assert_follows(empirical(lambda s: None, sampling, 1), TrigramBackend(TARGET), PROMPT, sampling)
+    assert_follows(fixed(None, sampling, 1), TrigramBackend(TARGET), PROMPT, sampling)
 
 
 def accept_everything(draft_tokens, draft_probs, target_probs, generator):
@@ -126,7 +120,7 @@ def recover_from_target(draft_tokens, draft_probs, target_probs, generator):
 def test_negative_control_wrong_sampler_fails_the_check(monkeypatch, wrong_verify):
     monkeypatch.setattr(rounds_module, "verify", wrong_verify)
     sampling = SamplingConfig()
-    assert_does_not_follow(empirical(model_drafter("far"), sampling, 2), TrigramBackend(TARGET), PROMPT, sampling)
+    assert_does_not_follow(fixed(model_drafter("far", sampling), sampling, 2), TrigramBackend(TARGET), PROMPT, sampling)
 
 
 def bonus_from_the_last_drafts_row(draft_tokens, draft_probs, target_probs, generator):
@@ -143,7 +137,7 @@ def bonus_from_the_last_drafts_row(draft_tokens, draft_probs, target_probs, gene
 def test_negative_control_a_bonus_from_the_wrong_row_fails_the_check(monkeypatch, kind):
     monkeypatch.setattr(rounds_module, "verify", bonus_from_the_last_drafts_row)
     sampling = SamplingConfig()
-    assert_does_not_follow(empirical(model_drafter(kind), sampling, 2), TrigramBackend(TARGET), PROMPT, sampling)
+    assert_does_not_follow(fixed(model_drafter(kind, sampling), sampling, 2), TrigramBackend(TARGET), PROMPT, sampling)
 
 
 class OffByALogit(TrigramBackend):
@@ -170,7 +164,7 @@ def test_negative_control_the_smallest_error_the_check_is_shown_to_detect():
     probability mass of a row (at p0 = 0.45)."""
     sampling = SamplingConfig()
     off = OffByALogit(TARGET, OFFSET)
-    counts = empirical(model_drafter("far"), sampling, 2, target=off)
+    counts = fixed(model_drafter("far", sampling), sampling, 2, target=off)
     assert_follows(counts, off, PROMPT, sampling)  # it is exact for the target it was given
     assert_does_not_follow(counts, TrigramBackend(TARGET), PROMPT, sampling)
 
@@ -189,7 +183,7 @@ MIXED_TARGET, MIXED_DRAFT = mixed_tables(VOCAB, seed=3)
 MIXED_PROMPT = [1, 4, 3, 2, 5, 3, 1, 2, 1, 4]
 
 
-def adaptive_empirical(kind, sampling, wrap=None, n=N, seed=0):
+def adaptive(kind, sampling, wrap=None):
     clock = FakeClock()
     target = CostedBackend(TrigramBackend(MIXED_TARGET), clock, lambda m: 1.0 + 0.1 * (m - 1))
     draft = CostedBackend(TrigramBackend(MIXED_DRAFT), clock, lambda m: 0.3 + 0.02 * (m - 1))
@@ -199,17 +193,16 @@ def adaptive_empirical(kind, sampling, wrap=None, n=N, seed=0):
     if wrap is not None:
         drafter = wrap(drafter)
     policy = make_policy("auto", 4, target, draft, context=MIXED_PROMPT, clock=clock)
-    counts, lengths, switched, sources = {}, {}, 0, {}
-    for i in range(n):
-        config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, seed=seed * n + i, verifier="rejection")
-        result = generate(target, MIXED_PROMPT, config, drafter, policy, clock)
-        seq = tuple(result.token_ids)
-        counts[seq] = counts.get(seq, 0) + 1
-        histogram = result.stats.draft_length_histogram
+    stats = []
+    config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, verifier="rejection")
+    counts = empirical(N, target, MIXED_PROMPT, config, drafter, policy, clock=clock, stats=stats)
+    lengths, switched, sources = {}, 0, {}
+    for s in stats:
+        histogram = s.draft_length_histogram
         for m, c in enumerate(histogram):
             lengths[m] = lengths.get(m, 0) + c
         switched += bool(histogram and histogram[0] and sum(histogram[1:]))
-        for source, (rounds, _, _) in result.stats.sources.items():
+        for source, (rounds, _, _) in s.sources.items():
             sources[source[:5]] = sources.get(source[:5], 0) + rounds
     return counts, lengths, switched, sources
 
@@ -221,7 +214,7 @@ def adaptive_empirical(kind, sampling, wrap=None, n=N, seed=0):
 ])
 def test_adaptive_policy_preserves_target_distribution(kind, temperature, top_k, top_p):
     sampling = SamplingConfig(temperature, top_k, top_p)
-    counts, lengths, switched, sources = adaptive_empirical(kind, sampling)
+    counts, lengths, switched, sources = adaptive(kind, sampling)
     # The controller really did switch: plain steps, several draft lengths, and
     # sequences that mix both.
     assert lengths.get(0, 0) > N // 20
@@ -288,5 +281,5 @@ def test_negative_control_wrong_draft_length_rules_fail_the_check(monkeypatch, w
     monkeypatch.setattr(Goodput, "probe", lambda self, size: False)
     sampling = SamplingConfig(1.0)
     wrap = drops_unlikely_drawn_tokens if wrong == "drop-unlikely" else lambda d: peeks_at_the_verdict(d, sampling)
-    counts, _, _, _ = adaptive_empirical("hybrid", sampling, wrap=wrap)
+    counts, _, _, _ = adaptive("hybrid", sampling, wrap=wrap)
     assert_does_not_follow(counts, TrigramBackend(MIXED_TARGET), MIXED_PROMPT, sampling)

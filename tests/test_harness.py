@@ -5,7 +5,7 @@ harness's log-likelihoods equal the library's prompt scoring of the same tokens.
 
 import pytest
 
-from specsample.studies.harness import GEN_TASK, MC_TASK, compare, evaluate, loglikelihoods
+from benchmarks.studies.harness import GEN_TASK, MC_TASK, compare, evaluate, loglikelihoods
 
 from serve_helpers import running, toy_app, toy_pair
 

@@ -97,7 +97,7 @@ def test_the_cycle_finder_finds_a_lazy_cycle(tmp_path):
 # batch's, so they import each other; the no-cycle test above keeps that to module
 # arrows that never loop.
 LAYERS = (("files", "processes", "machine"), ("backends",), ("output",), ("decoding", "policy"), ("app",),
-          ("serve", "bench"), ("studies",), ("cli", "__main__", ""))
+          ("serve", "bench"), ("cli", "__main__", ""))
 PEERS = ({"decoding", "policy"}, {"cli", "__main__", ""})  # folders of one layer that import each other
 # The editor's rules (a FIM prompt, llama.cpp's infill sampler) plug into the sampler
 # from above; the loop and the policy never know them.
@@ -151,3 +151,59 @@ def test_the_layering_check_finds_an_upward_import(tmp_path):
         ("specsample.decoding.generate", "specsample.serve.worker"),
         ("specsample.decoding.sampling", "specsample.output.infill_sampler"),
     ]
+
+
+# The research harness (benchmarks/ at the repository root, not installed) imports
+# specsample; nothing installed imports it back. Its one-question studies use the bench
+# only through the names specsample.bench publishes, never its modules.
+REPO = PACKAGE.parents[1]
+
+
+def absolute_imports(path: Path) -> list[tuple[str, tuple[str, ...]]]:
+    """(module, names imported from it) for every absolute import in a file, those
+    inside functions too; `import a.b` gives ("a.b", ())."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(a.name, ()) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.append((node.module, tuple(a.name for a in node.names)))
+    return found
+
+
+def imports_of_benchmarks(root: Path) -> list[str]:
+    return sorted(f"{p.relative_to(root)}: {module}" for p in root.rglob("*.py")
+                  for module, _ in absolute_imports(p) if module.split(".")[0] == "benchmarks")
+
+
+def bench_internals(root: Path) -> list[str]:
+    """Imports of specsample.bench's modules, or of names it does not publish."""
+    from specsample.bench import PUBLIC
+
+    wrong = []
+    for p in root.rglob("*.py"):
+        for module, names in absolute_imports(p):
+            if module.startswith("specsample.bench.") or (module == "specsample.bench" and set(names) - set(PUBLIC)):
+                wrong.append(f"{p.relative_to(root)}: {module} {', '.join(names)}".rstrip())
+    return sorted(wrong)
+
+
+def test_nothing_installed_imports_the_research_harness():
+    assert (REPO / "benchmarks" / "__init__.py").exists() and imports_of_benchmarks(PACKAGE) == []
+
+
+def test_the_studies_use_only_what_the_bench_publishes():
+    studies = REPO / "benchmarks" / "studies"
+    assert len(list(studies.glob("*.py"))) > 5 and bench_internals(studies) == []
+
+
+def test_the_one_way_checks_find_a_backward_import(tmp_path):
+    """Negative control: a package module importing benchmarks (inside a function), and
+    a study reaching into a bench module or for a name the bench does not publish."""
+    (tmp_path / "serve.py").write_text("def f():\n    from benchmarks.peers import x\n")
+    (tmp_path / "study.py").write_text("from specsample.bench import markdown_table\n"
+                                       "from specsample.bench.tables import cell\n"
+                                       "from specsample.bench import main_table\n")
+    assert imports_of_benchmarks(tmp_path) == ["serve.py: benchmarks.peers"]
+    assert bench_internals(tmp_path) == ["study.py: specsample.bench main_table",
+                                         "study.py: specsample.bench.tables cell"]

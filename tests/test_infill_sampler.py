@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from specsample.decoding.drafters import ModelDrafter
-from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.generate import GenerationConfig
 from specsample.decoding.sampling import InvalidSetting, SamplingConfig, logits_to_probs
 from specsample.output.infill_sampler import InfillStep, InfillVocab, infill_filter, infill_keep
 
-from toy import TrigramBackend, assert_fits, assert_misfits, exact_distribution, random_table
+from toy import TrigramBackend, assert_fits, assert_misfits, empirical, exact_distribution, random_table
 
 pytestmark = pytest.mark.pure
 
@@ -120,23 +120,20 @@ FILTER = InfillVocab(PIECES.__getitem__, frozenset(), eot=5)
 INFILL = SamplingConfig(top_k=4, order=("top_k", "infill"), extra_step=InfillStep(FILTER), logit_bias={5: -2.0})
 
 
-def empirical(target_sampling, draft_sampling):
-    target, drafter = TrigramBackend(TARGET), ModelDrafter(TrigramBackend(FAR, name="draft"), draft_sampling)
-    counts = {}
-    for i in range(N):
-        config = GenerationConfig(max_new_tokens=LENGTH, sampling=target_sampling, seed=i, verifier="rejection")
-        ids = tuple(generate(target, PROMPT, config, drafter, 3).token_ids)
-        counts[ids] = counts.get(ids, 0) + 1
-    return counts
+def speculative(target_sampling, draft_sampling):
+    """N outputs of the target under `target_sampling`, drafted under `draft_sampling`."""
+    config = GenerationConfig(max_new_tokens=LENGTH, sampling=target_sampling, verifier="rejection")
+    drafter = ModelDrafter(TrigramBackend(FAR, name="draft"), draft_sampling)
+    return empirical(N, TrigramBackend(TARGET), PROMPT, config, drafter, 3)
 
 
 def test_speculative_sampling_under_the_infill_sampler_is_exact():
     exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, INFILL)
     assert 8 <= len(exact) < VOCAB ** LENGTH  # the filter removed sequences, and left several
-    assert_fits(empirical(INFILL, INFILL), exact, N)
+    assert_fits(speculative(INFILL, INFILL), exact, N)
 
 
 def test_negative_control_a_drafter_that_filters_and_a_target_that_does_not_fails():
     plain = SamplingConfig(top_k=4, logit_bias={5: -2.0})
     exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, INFILL)
-    assert_misfits(empirical(plain, INFILL), exact, N)
+    assert_misfits(speculative(plain, INFILL), exact, N)

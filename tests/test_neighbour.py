@@ -1,8 +1,8 @@
-"""bench --neighbour: the busy processes run for the block and are gone after it."""
+"""The research bench's --neighbour: the busy processes run for the block and are gone after it."""
 
 import pytest
 
-from specsample.bench.neighbour import busy_neighbours
+from benchmarks.neighbour import busy_neighbours
 
 pytestmark = pytest.mark.system
 

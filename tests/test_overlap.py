@@ -30,8 +30,8 @@ from specsample.decoding.sampling import SamplingConfig, logits_to_probs
 from specsample.policy.calibrate import make_policy
 from specsample.policy.curve import Curve, round_seconds
 
-from toy import (CostedBackend, FakeClock, TrigramBackend, assert_does_not_follow, assert_follows, mixed_tables,
-                 random_table)
+from toy import (CostedBackend, FakeClock, TrigramBackend, assert_does_not_follow, assert_follows, empirical,
+                 mixed_tables, random_table)
 
 pytestmark = pytest.mark.pure
 
@@ -50,16 +50,13 @@ class Remote(TrigramBackend):
     overlap = True
 
 
-def empirical(kind, sampling, k, verifier="rejection", n=SAMPLES):
-    target = Remote(TARGET)
-    drafter = ModelDrafter(TrigramBackend(DRAFTS[kind], name=kind), sampling)
-    counts, predrafted = {}, 0
-    for i in range(n):
-        config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, seed=i, verifier=verifier)
-        result = generate(target, PROMPT, config, drafter, k)
-        counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
-        predrafted += result.stats.predrafted_rounds
-    return counts, predrafted
+def overlapped(kind, sampling, k, verifier="rejection"):
+    """SAMPLES outputs of the remote target, the `kind` draft drafting K = k; and the
+    rounds whose drafts were drafted during the call before them (kept blocks)."""
+    config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, verifier=verifier)
+    drafter, stats = ModelDrafter(TrigramBackend(DRAFTS[kind], name=kind), sampling), []
+    counts = empirical(SAMPLES, Remote(TARGET), PROMPT, config, drafter, k, stats=stats)
+    return counts, sum(s.predrafted_rounds for s in stats)
 
 
 GREEDY = SamplingConfig(temperature=0)
@@ -78,7 +75,7 @@ def greedy(target, draft, k, tokens=10, prompt=PROMPT):
 ])
 def test_the_overlapped_rounds_preserve_the_target_distribution(kind, k, temperature, top_k, top_p, verifier):
     sampling = SamplingConfig(temperature, top_k, top_p)
-    counts, predrafted = empirical(kind, sampling, k, verifier)
+    counts, predrafted = overlapped(kind, sampling, k, verifier)
     assert predrafted > SAMPLES // 40  # the path under test: blocks drafted during a call were kept and verified
     assert_follows(counts, TrigramBackend(TARGET), PROMPT, sampling)
 
@@ -105,13 +102,9 @@ def test_the_adaptive_policy_on_the_overlapped_rounds_preserves_the_target_distr
     drafter = HybridDrafter(model, NgramDrafter(max_ngram=2))
     prompt = [1, 4, 3, 2, 5, 3, 1, 2, 1, 4]
     policy = make_policy("auto", 4, target, draft, context=prompt, clock=clock)
-    counts, predrafted = {}, 0
-    for i in range(SAMPLES):
-        config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, seed=i, verifier="rejection")
-        result = generate(target, prompt, config, drafter, policy, clock)
-        counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
-        predrafted += result.stats.predrafted_rounds
-    assert predrafted > SAMPLES // 20
+    config, stats = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, verifier="rejection"), []
+    counts = empirical(SAMPLES, target, prompt, config, drafter, policy, clock=clock, stats=stats)
+    assert sum(s.predrafted_rounds for s in stats) > SAMPLES // 20
     assert policy.planner.prices.draft.hidden > 0  # kept blocks' calls were priced as hidden
     assert_follows(counts, TrigramBackend(target_table), prompt, sampling)
 
@@ -147,7 +140,7 @@ def test_negative_control_blocks_kept_the_wrong_way_fail_the_check(monkeypatch, 
     sampling = SamplingConfig()
     keep = keep_with_the_last_drafts_row if wrong == "last-drafts-row" else keep_when_the_block_looks_right(sampling)
     monkeypatch.setattr(Overlap, "keep", keep)
-    counts, predrafted = empirical(kind, sampling, 2)
+    counts, predrafted = overlapped(kind, sampling, 2)
     assert predrafted > 0
     assert_does_not_follow(counts, TrigramBackend(TARGET), PROMPT, sampling)
 

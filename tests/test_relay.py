@@ -1,12 +1,13 @@
-"""The bench's delay relay adds the one-way delay it is set to, measured, and passes every byte."""
+"""The research bench's delay relay adds the one-way delay it is set to, measured, and passes every byte."""
 
 import os
 import socket
 import threading
+import time
 
 import pytest
 
-from specsample.bench.relay import DelayRelay, round_trip
+from benchmarks.relay import DelayRelay
 
 pytestmark = pytest.mark.system
 
@@ -24,6 +25,20 @@ def echo_server() -> str:
 
     threading.Thread(target=serve, daemon=True).start()
     return f"127.0.0.1:{server.getsockname()[1]}"
+
+
+def round_trip(endpoint: str, repeats: int = 20) -> float:
+    """Median seconds for a one-byte echo through `endpoint` (to an echo server)."""
+    host, _, port = endpoint.rpartition(":")
+    times = []
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            sock.sendall(b"x")
+            assert sock.recv(1) == b"x"
+            times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 def test_a_round_trip_through_the_relay_pays_the_delay_twice_and_every_byte_arrives_in_order():

@@ -129,7 +129,7 @@ def test_the_bench_delays_the_draft_workers_messages_too(monkeypatch):
     """--rpc-delay-ms puts one relay in front of each worker named, the draft's too."""
     from argparse import Namespace
 
-    from specsample.bench import cli, relay
+    from benchmarks import bench as cli
 
     class Relay:
         def __init__(self, endpoint, delay):
@@ -141,7 +141,7 @@ def test_the_bench_delays_the_draft_workers_messages_too(monkeypatch):
         def __exit__(self, *exc):
             return False
 
-    monkeypatch.setattr(relay, "DelayRelay", Relay)
+    monkeypatch.setattr(cli, "DelayRelay", Relay)
     args = Namespace(rpc_delay_ms=2.0, target_rpc="a:1,b:2", tensor_split="1,1", draft_rpc="b:2")
     with cli.delayed_workers(args):
         assert (args.target_rpc, args.draft_rpc) == ("relay-of-a:1,relay-of-b:2", "relay-of-b:2")

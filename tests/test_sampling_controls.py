@@ -22,7 +22,7 @@ from specsample.decoding.drafters import ModelDrafter
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import Sampler, SamplingConfig
 
-from toy import TrigramBackend, assert_fits, assert_misfits, exact_distribution, random_table
+from toy import TrigramBackend, assert_fits, assert_misfits, empirical, exact_distribution, random_table
 
 pytestmark = pytest.mark.pure
 
@@ -44,17 +44,13 @@ CONTROLS = {
 }
 
 
-def empirical(target_sampling, draft_sampling, draft_table=FAR, k=3, n=N):
-    target = TrigramBackend(TARGET)
-    drafter = ModelDrafter(TrigramBackend(draft_table, name="draft"), draft_sampling)
-    counts, drafted, accepted = {}, 0, 0
-    for i in range(n):
-        config = GenerationConfig(max_new_tokens=LENGTH, sampling=target_sampling, seed=i, verifier="rejection")
-        result = generate(target, PROMPT, config, drafter, k)
-        counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
-        drafted += result.stats.drafted
-        accepted += result.stats.accepted
-    return counts, accepted / drafted
+def speculative(target_sampling, draft_sampling, draft_table=FAR, n=N):
+    """n outputs of the target under `target_sampling`, drafted under `draft_sampling`
+    with K = 3; and the share of drafts accepted."""
+    config = GenerationConfig(max_new_tokens=LENGTH, sampling=target_sampling, verifier="rejection")
+    drafter, stats = ModelDrafter(TrigramBackend(draft_table, name="draft"), draft_sampling), []
+    counts = empirical(n, TrigramBackend(TARGET), PROMPT, config, drafter, 3, stats=stats)
+    return counts, sum(s.accepted for s in stats) / sum(s.drafted for s in stats)
 
 
 def exact(sampling):
@@ -64,13 +60,13 @@ def exact(sampling):
 @pytest.mark.parametrize("name", list(CONTROLS))
 def test_control_applied_to_both_sides_is_exact(name):
     sampling = CONTROLS[name]
-    counts, _ = empirical(sampling, sampling)
+    counts, _ = speculative(sampling, sampling)
     assert_fits(counts, exact(sampling), N)
 
 
 @pytest.mark.parametrize("name", ["min_p", "presence", "repetition", "logit_bias"])
 def test_negative_control_draft_only_fails(name):
-    counts, _ = empirical(SamplingConfig(temperature=CONTROLS[name].temperature), CONTROLS[name])
+    counts, _ = speculative(SamplingConfig(temperature=CONTROLS[name].temperature), CONTROLS[name])
     assert_misfits(counts, exact(CONTROLS[name]), N)
 
 
@@ -87,15 +83,15 @@ class FirstRowHistory(Sampler):
 def test_negative_control_rows_blind_to_the_drafts_before_them_fail(monkeypatch, name):
     monkeypatch.setattr(generate_module, "Sampler", FirstRowHistory)
     sampling = CONTROLS[name]
-    counts, _ = empirical(sampling, sampling, draft_table=CLOSE)  # long accepted runs: rows after drafts matter
+    counts, _ = speculative(sampling, sampling, draft_table=CLOSE)  # long accepted runs: rows after drafts matter
     assert_misfits(counts, exact(sampling), N)
 
 
 def test_target_only_control_is_exact_but_accepts_less():
     sampling = CONTROLS["presence"]
-    counts, unmatched = empirical(sampling, SamplingConfig(), draft_table=CLOSE)
+    counts, unmatched = speculative(sampling, SamplingConfig(), draft_table=CLOSE)
     assert_fits(counts, exact(sampling), N)
-    _, matched = empirical(sampling, sampling, draft_table=CLOSE, n=2000)
+    _, matched = speculative(sampling, sampling, draft_table=CLOSE, n=2000)
     # ~6,000 drafts each: a standard error near .004 on either rate
     assert matched > unmatched + 0.015
 

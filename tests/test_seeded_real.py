@@ -1,7 +1,7 @@
 """On the real default pair (llama.cpp): a seed gives the same sampled text with and
 without speculation, and greedy log-probabilities from verify calls equal the
 autoregressive ones. With --batch-invariant kernels both hold to the bit; with the
-default kernels a position's logits move with the call size (README, "The engine's
+default kernels a position's logits move with the call size (docs/exactness.md, "The engine's
 own floor"), so there only the size of the log-probability difference is bounded."""
 
 import pytest

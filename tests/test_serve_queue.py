@@ -35,7 +35,7 @@ def worker_held(**settings):
         target.gate.clear()
         results = []
         first = post_in_background(url, results)
-        wait_until(lambda: worker.busy, what="the worker to start")
+        wait_until(lambda: worker.active, what="the worker to start")
         yield app, target, url, results, first
 
 

@@ -51,7 +51,7 @@ def test_a_lost_target_answers_every_request_with_a_503_naming_it_and_health_say
         first = threading.Thread(target=stream)
         target.gate.clear()  # hold the first call until the second request waits behind it
         first.start()
-        wait_until(lambda: worker.busy, what="the first request to start")
+        wait_until(lambda: worker.active, what="the first request to start")
         second = threading.Thread(target=wait_in_queue)
         second.start()
         wait_until(lambda: worker.depth == 1, what="the second request to wait")

@@ -24,7 +24,7 @@ from specsample.output.constraints import start
 from specsample.output.tools import (HERMES, Arguments, CallStart, Content, Tool, ToolParser, parse_tool_calls,
                                      special_markers, tool_constraint, tool_format)
 
-from toy import (TOOL_TEMPLATE, PieceTokenizer, TrigramBackend, byte_backend, assert_fits, assert_misfits,
+from toy import (TOOL_TEMPLATE, PieceTokenizer, TrigramBackend, byte_backend, assert_fits, assert_misfits, empirical,
                  exact_constrained_distribution, random_table)
 
 pytestmark = pytest.mark.pure
@@ -205,31 +205,26 @@ def exact_text(special: bool = False) -> dict[tuple[int, ...], float]:
     return exact_constrained_distribution(toy(20, "target"), PROMPT, LENGTH, SamplingConfig(1.0), allowed_after)
 
 
-def empirical(choice: str, n: int = N, special: bool = False) -> dict[tuple[int, ...], int]:
+def texts(choice: str, n: int = N, special: bool = False) -> dict[tuple[int, ...], int]:
+    """n outputs under tool_choice `choice`, each cut after its first trigger."""
     target = toy(20, "target", special)
     markers = special_markers(target, HERMES)
     assert markers == ({"<tool_call>": TRIGGER, "</tool_call>": CLOSE} if special else {})
     constraint = tool_constraint([Tool("f")], HERMES, choice, markers=markers)
     sampling = SamplingConfig(1.0)
-    drafter = ModelDrafter(toy(21, "draft", special), sampling)
-    counts = {}
-    for seed in range(n):
-        result = generate(target, PROMPT, GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, seed=seed,
-                                                           constraint=constraint), drafter, 2)
-        key = cut(result.token_ids)
-        counts[key] = counts.get(key, 0) + 1
-    return counts
+    config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, constraint=constraint)
+    return empirical(n, target, PROMPT, config, ModelDrafter(toy(21, "draft", special), sampling), 2, key=cut)
 
 
 @pytest.mark.parametrize("special", [False, True])
 def test_auto_leaves_the_text_before_a_call_to_the_target(special):
     exact = exact_text(special)
     assert exact[(TRIGGER,)] > 0.05  # calls do start here
-    assert_fits(empirical("auto", special=special), exact, N)
+    assert_fits(texts("auto", special=special), exact, N)
 
 
 def test_negative_control_a_grammar_that_holds_text_back_fails():
-    assert_misfits(empirical("none", CONTROL_N), exact_text(), CONTROL_N, alpha=1e-12)
+    assert_misfits(texts("none", CONTROL_N), exact_text(), CONTROL_N, alpha=1e-12)
 
 
 @pytest.mark.parametrize("special", [False, True])

@@ -3,12 +3,14 @@ and small enough to enumerate the exact distribution of the next few tokens."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
 import torch
 
 from specsample.backends.base import Backend
+from specsample.decoding.generate import GenerationConfig, GenerationStats, generate
 from specsample.decoding.sampling import Sampler, SamplingConfig, logits_to_probs
 
 
@@ -115,6 +117,33 @@ def exact_distribution(
         if p > 0:
             out[seq] = p
     return out
+
+
+REFUSED = ("refused",)  # empirical's one draw when the loop refuses an output: in no exact support
+
+
+def empirical(n: int, target: Backend, prompt: list[int], config: GenerationConfig, drafter=None, policy=None, *,
+              clock=None, key=tuple, refused: tuple[type[Exception], ...] = (),
+              stats: list[GenerationStats] | None = None) -> dict[tuple, int]:
+    """How often each output comes out of `n` generations, as `key` reads the output's
+    token ids: the i-th with `config` but seed i (a seed of its own for each output;
+    a run is deterministic). `policy` is a Policy or K; `clock` times the calls (a
+    FakeClock that costed backends move) where given. Each result's stats are
+    appended to `stats` where given. A `refused` error (an output the loop will not
+    emit, as a grammar's) ends the sample as one draw, REFUSED, that fits no
+    distribution, so a check fails whatever the rest."""
+    timing = () if clock is None else (clock,)
+    counts: dict[tuple, int] = {}
+    for i in range(n):
+        try:
+            result = generate(target, prompt, dataclasses.replace(config, seed=i), drafter, policy, *timing)
+        except refused:
+            return {REFUSED: 1}
+        output = key(result.token_ids)
+        counts[output] = counts.get(output, 0) + 1
+        if stats is not None:
+            stats.append(result.stats)
+    return counts
 
 
 # The suite's statistical policy (docs/testing.md). Every goodness-of-fit check that a

@@ -195,9 +195,6 @@ class CpuShare:
         self._watching = True
         threading.Thread(target=self._watch, name="specsample-cpushare", daemon=True).start()
 
-    def stop(self) -> None:
-        self._watching = False
-
     def _watch(self) -> None:
         while self._watching:
             with self._lock:

@@ -1,34 +1,44 @@
-"""`specsample bench`: the paper's measurements on the user's models and hardware.
-Everything here is run by that command; one-off studies live in specsample.studies.
+"""`specsample bench`: speculative decoding timed on the user's models, hardware and
+prompts, against plain decoding and llama-server. Research measurements (peers,
+parity, cost curves, relays, studies) live in benchmarks/ at the repository root,
+which imports this package; the names below are what it may use without reaching
+into the modules (tests/test_imports.py holds benchmarks/studies to them).
 
 cli.py        the `bench` subcommand: its parser, and the run its options ask for
 options.py    its options, and what they name: target types, draft lengths, files, the
               native server, the report's command and machine lines
-sequence_run.py  the per-sequence run: each target type's cost curve, then every mode
+sequence_run.py  the per-sequence run: every mode on each target type (research hooks)
 serve_run.py  --serve: each server in turn under concurrent clients
-tasks.py      tasks: prompts, chat or raw, token limit and stop strings each
-structured.py the structured-output task: schema, prompts, validation
-fim_task.py   the fill-in-the-middle task; tool_task.py: the tool-call task
-modes.py      what is timed: our loops and peer implementations, one interface
+tasks.py      tasks: prompts, chat or raw, token limit and stop strings each; chat_task.py,
+              structured.py, fim_task.py, tool_task.py: the tasks of their own;
+              prompts_file.py: --prompts-file, the user's own prompts as a task
+modes.py      what is timed: our loops and llama-server, one interface
 peer_sampling.py  our sampling settings in each peer's request, one table
-native.py     llama.cpp's own speculative decoding: llama-server, built once
+native.py     llama-server as a peer (plain and -md), built once
 servers.py    servers run as child processes (llama-server, specsample serve)
-budget.py     the run's time estimate and --budget-minutes trimming
-bandwidth.py  measured read bandwidth and effective bandwidth
 runner.py     interleaved runs -> one Record per prompt x mode x setting x task
 records.py    Record: one timed generation, a line of records.jsonl; ServedRecord: one
               request of a --serve load, a line of serve.jsonl
-costs.py      the measured cost curve and the analytic speedup prediction
-parity.py     HumanEval pass@1 of samples, run in a resource-limited subprocess (not a sandbox)
-stats.py      percentiles, confidence intervals, per-mode aggregates
+stats.py      percentiles and per-mode aggregates
 tables.py     the reports' tables and notes, as markdown
-summary.py    summary.md's sections for one target type
-targets.py    target types side by side (--target-quants): the overview table
+summary.py    summary.md's sections for one target type; targets.py: the overview by type
 plots.py      the report's figures (matplotlib Agg)
-report.py     the one writer of the output folder: records, curves, markdown, plots
+report.py     the one writer of the output folder: records, markdown, plots
 serving.py    --serve: each server, per slot count, under loads of streaming clients;
               load.py: the clients and a load's figures; calls.py: where a load's time went
               in our server; serve_summary.py: serve.md's tables
-neighbour.py  --neighbour: busy processes beside the run
-relay.py      --rpc-delay-ms: a relay that delays every message to an RPC worker
 """
+
+import importlib
+
+# name -> the module that defines it: imported when first asked for, so that
+# `import specsample.bench` stays light.
+PUBLIC = {"markdown_table": "tables", "machine_description": "tables", "read_records": "records", "humaneval_problems": "tasks", "specsample_server": "servers",
+          "BENCH_CONTEXT": "options", "threads": "options"}
+__all__ = sorted(PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{PUBLIC[name]}"), name)

@@ -15,18 +15,16 @@ from pathlib import Path
 from ..app.arguments import UsageError, add_model_arguments, model_options
 from ..decoding.generate import VERIFIERS
 from .modes import FAMILIES, OUR_FAMILIES, SETTINGS
-from .native import LlamaServer, ensure_server
+from .native import LlamaServer, llama_server_binary
 from .runner import BenchConfig
 from .servers import ServerUnavailable
 from .tables import machine_description
 from .tasks import TASKS
 
-# `make bench`: every task, both settings, 8 prompts each, answers to their task's limit, and 40
-# HumanEval problems per mode for parity: a long run on a CPU (docs/benchmarks.md), so the estimate
-# is printed up front and --budget-minutes trims prompts to fit. A preset replaces the defaults it names.
+# `make bench`: every task, both settings, 8 prompts each, answers to their task's limit: a
+# long run on a CPU (docs/benchmarks.md). A preset replaces the defaults it names.
 DEFAULTS = dict(tasks="humaneval,summarize,humaneval-chat,copy,structured", settings="greedy,sample", modes="auto",
-                ks="2,3,4", peer_k="3", prompts="8", parity_prompts=40, parity_k=3, parity=True, plots=True,
-                target_quants=None)
+                ks="2,3,4", peer_k="3", prompts="8", plots=True, target_quants=None)
 PRESETS = {
     # `make demo`: HumanEval completions to the end of the function on the llama.cpp
     # backend, on the default target as shipped (Q4_K_M: compute-bound calls) and on
@@ -35,7 +33,7 @@ PRESETS = {
     # four general chat prompts (writing, translation, roleplay, a summary), where drafts
     # are seldom right; short enough for a first look (docs/benchmarks.md: its time here).
     "demo": dict(tasks="humaneval,chat", settings="greedy", modes="ar,spec-auto,spec,llamacpp-server,llamacpp-spec",
-                 ks="4", peer_k="4", prompts="4", parity=False, plots=False, target_quants="q4_k_m,bf16"),
+                 ks="4", peer_k="4", prompts="4", plots=False, target_quants="q4_k_m,bf16"),
 }
 # --serve: short HumanEval completions and long explanations (decoding dominates), both
 # settings, 8 requests from 4 clients per server, on 1 and 4 slots (--clients, --slots).
@@ -71,21 +69,17 @@ def add_bench_arguments(b) -> None:
     b.add_argument("--k-max", type=int, default=8,
                    help="the most drafts spec-auto (-k auto) proposes in a round (default 8, as generate's and "
                         "serve's --k-max)")
-    b.add_argument("--peer-k", help="K of ngram, hf-assisted, llamacpp-lookup and llamacpp-spec, or a comma list for a "
-                                   "mode per K (default 3)")
+    b.add_argument("--peer-k", help="K of ngram and llamacpp-spec, or a comma list for a mode per K (default 3)")
     b.add_argument("--prompts", help="prompts per task: N, or task=N,... (default 8)")
     b.add_argument("--max-new-tokens", type=int, help="cap every task's answer length (default: each task's own; for smoke runs)")
-    b.add_argument("--budget-minutes", type=float, help="trim prompts (never tokens) so the estimated run fits")
     b.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i in every mode")
     b.add_argument("--verifier", choices=VERIFIERS, default="auto",
                    help="how our drafting modes verify, as generate's --verifier (auto, the default: coupled, as "
                         "every prompt is seeded); spec-token and spec-auto-token verify token by token whatever it "
                         "says, e.g. beside spec and spec-auto under --verifier block (docs/verification.md)")
-    b.add_argument("--no-parity", dest="parity", action="store_false", default=None, help="skip the HumanEval pass@1 check")
-    b.add_argument("--parity-prompts", type=int, help="HumanEval problems sampled per mode for pass@1 (default 40)")
-    b.add_argument("--parity-k", type=int, help="K of the spec mode compared with ar for parity (default 3)")
-    b.add_argument("--cost-reps", type=int, default=5, help="timed calls per point of the cost curve (default 5)")
-    b.add_argument("--no-build", dest="build", action="store_false", help="skip llamacpp-spec unless llama-server is already built")
+    b.add_argument("--llama-server", type=Path, metavar="PATH",
+                   help="the llama-server binary of the llamacpp-server and llamacpp-spec modes (default: the build "
+                        "of llama.cpp our backend runs, made by python -m benchmarks.llama_server)")
     b.add_argument("--no-plots", dest="plots", action="store_false", default=None, help="skip the PNG plots")
     b.add_argument("--serve", action="store_true",
                    help="measure serving instead: each server in turn (modes: ar, spec-auto, spec, llamacpp-server, "
@@ -96,12 +90,6 @@ def add_bench_arguments(b) -> None:
     b.add_argument("--slots", default="1,4",
                    help="--serve: requests each server decodes at once, N or a comma list: specsample serve "
                         "--parallel N, llama-server -np N (default 1,4)")
-    b.add_argument("--neighbour", type=int, default=0, metavar="N",
-                   help="run N busy processes (one spinning thread each) beside the whole benchmark, as a user's "
-                        "other programs would; the report's machine line says so")
-    b.add_argument("--rpc-delay-ms", type=float, default=None, metavar="MS",
-                   help="with --target-rpc or --draft-rpc: reach each worker through a local relay that delays every message by "
-                        "MS one way (a network's latency on one machine; docs/distributed.md)")
 
 
 def resolve_options(args) -> argparse.Namespace:
@@ -112,7 +100,6 @@ def resolve_options(args) -> argparse.Namespace:
 
         register(args.prompts_file)  # a bad file fails now, before any model loads
         args.tasks = ",".join(t for t in (args.tasks, NAME) if t)
-        args.parity = False if args.parity is None else args.parity
     for name, default in DEFAULTS.items():
         if getattr(args, name, None) is None:
             setattr(args, name, preset.get(name, default))
@@ -125,8 +112,7 @@ def bench_config(args) -> BenchConfig:
     if "prompts" in tasks and "prompts" not in counts:  # a prompts file runs whole unless told otherwise
         counts["prompts"] = len(TASKS["prompts"].load())
     return BenchConfig(tasks=tasks, settings=names(args.settings, SETTINGS, "setting"), prompts=counts,
-                       default_prompts=default, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                       parity_prompts=args.parity_prompts if args.parity else 0)
+                       default_prompts=default, max_new_tokens=args.max_new_tokens, seed=args.seed)
 
 
 def parse_prompts(text: str, tasks: tuple[str, ...]) -> tuple[int, dict[str, int]]:
@@ -250,10 +236,7 @@ def machine_line(engine: str, args, load_at_start: float) -> str:
     """The report's machine line: the engine and threads, and how busy the machine was
     (other work on it skews every timing)."""
     machine = machine_description(engine, threads(args))
-    machine += f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
-    if args.neighbour:
-        machine += f"; {args.neighbour} busy neighbour process(es) spinning beside the run (--neighbour)"
-    return machine
+    return machine + f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
 
 
 def start_server(args, families, n_ctx: int, k_max: int, target_gguf: Path | None, parallel: int = 1,
@@ -271,7 +254,7 @@ def start_server(args, families, n_ctx: int, k_max: int, target_gguf: Path | Non
     draft = resolve(args.draft)
     if target_gguf is None or draft.gguf_path is None:
         raise ServerUnavailable("needs GGUF files for target and draft")
-    binary = ensure_server(build=args.build, jobs=min(2, os.cpu_count() or 1))
+    binary = llama_server_binary(args.llama_server)
     # The peer gets the very files our modes use (the draft as requantized by --draft-quant).
     draft_path = getattr(loaded_draft, "path", None) or draft_file(args, draft.gguf_path)
     return LlamaServer(binary, target_gguf, draft_path, threads=threads(args), n_ctx=n_ctx, k_max=k_max,

@@ -3,12 +3,10 @@ report.py names and saves them."""
 
 from __future__ import annotations
 
-from .costs import Prediction
 from .stats import ModeSummary
 
 
-def figures(summaries: list[ModeSummary], predictions: dict[tuple, list[Prediction]],
-            latencies: dict[str, list[float]]) -> dict:
+def figures(summaries: list[ModeSummary], latencies: dict[str, list[float]]) -> dict:
     """The figures of one target type's results, by name (a matplotlib Figure each)."""
     import matplotlib
 
@@ -18,15 +16,14 @@ def figures(summaries: list[ModeSummary], predictions: dict[tuple, list[Predicti
     spec = [s for s in summaries if s.family == "spec"]
     drawn = {}
     if spec:
-        drawn["speedup_vs_k"] = _per_task(plt, spec, "decode_speedup", "decode speedup over ar (prefill left out)",
-                                          predictions)
-        drawn["tokens_per_call_vs_k"] = _per_task(plt, spec, "tokens_per_target_call", "mean tokens per target call", {})
+        drawn["speedup_vs_k"] = _per_task(plt, spec, "decode_speedup", "decode speedup over ar (prefill left out)")
+        drawn["tokens_per_call_vs_k"] = _per_task(plt, spec, "tokens_per_target_call", "mean tokens per target call")
     if latencies:
         drawn["latency"] = _latency(plt, latencies)
     return drawn
 
 
-def _per_task(plt, spec: list[ModeSummary], attr: str, ylabel: str, predictions):
+def _per_task(plt, spec: list[ModeSummary], attr: str, ylabel: str):
     tasks = list(dict.fromkeys(s.task for s in spec))
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.6), squeeze=False)
     for ax, task in zip(axes[0], tasks):
@@ -34,11 +31,7 @@ def _per_task(plt, spec: list[ModeSummary], attr: str, ylabel: str, predictions)
             points = sorted((s.k, getattr(s, attr)) for s in spec if s.task == task and s.setting == setting
                             and getattr(s, attr) is not None)
             if points:
-                line, = ax.plot(*zip(*points), marker="o", label=f"{setting} measured")
-                preds = predictions.get((task, setting), [])
-                if preds:
-                    ax.plot([p.k for p in preds], [p.speedup for p in preds], linestyle="--", marker="x",
-                            color=line.get_color(), label=f"{setting} predicted")
+                ax.plot(*zip(*points), marker="o", label=setting)
         if attr == "decode_speedup":
             ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set(title=task, xlabel="K (draft tokens per round)", ylabel=ylabel)

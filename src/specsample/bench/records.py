@@ -132,8 +132,3 @@ class ServedRecord:
         timing = {name: value for name, value in row.items() if name in RequestTiming.__dataclass_fields__}
         rest = {name: value for name, value in row.items() if name not in timing}
         return cls(**rest, timing=RequestTiming(**timing))
-
-
-def read_served_records(path: Path) -> list[ServedRecord]:
-    """A serve.jsonl file, as any run of `specsample bench --serve` wrote it."""
-    return [ServedRecord.from_json(json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]

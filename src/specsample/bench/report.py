@@ -1,7 +1,7 @@
 """The one writer of a bench's output folder: every file `specsample bench` leaves
 there is named and written here, from the sections and tables the other modules build.
 
-    records.jsonl, cost_curve.json, summary.md, *.png   the per-sequence benchmark
+    records.jsonl, summary.md, *.png   the per-sequence benchmark (a research run: cost_curve.json)
     serve.jsonl, serve.md                                --serve
     partial.jsonl                                        while a run goes on (below)
 """
@@ -9,13 +9,13 @@ there is named and written here, from the sections and tables the other modules 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from .summary import TargetRun, run_sections
 from .targets import by_target_section
 
-RECORDS, CURVES, SUMMARY = "records.jsonl", "cost_curve.json", "summary.md"
+RECORDS, SUMMARY = "records.jsonl", "summary.md"
 SERVE_RECORDS, SERVE_SUMMARY, CALL_SPLITS = "serve.jsonl", "serve.md", "calls.jsonl"
 PARTIAL = "partial.jsonl"
 
@@ -34,21 +34,21 @@ def start_partial(out: Path) -> None:
 
 
 def write_report(out: Path, runs: list[TargetRun], *, command: str, machine: str, notes: list[str] = (),
-                 plots: bool = True, read_bandwidth: float | None = None) -> str:
-    """records.jsonl, cost_curve.json, summary.md and plots in `out`; returns the
-    tables to print. Several target types get an overview by type, then a section each."""
+                 plots: bool = True, extra: dict[str, str] | None = None) -> str:
+    """records.jsonl, summary.md and plots in `out`, and any `extra` files a research
+    run adds (name -> text: cost_curve.json); returns the tables to print. Several
+    target types get an overview by type, then a section each."""
     out.mkdir(parents=True, exist_ok=True)
     write_records(out / RECORDS, [r for run in runs for r in run.records])
-    curves = {run.label: asdict(run.curve) for run in runs if run.curve is not None}
-    if curves:
-        (out / CURVES).write_text(json.dumps(curves) + "\n")
+    for name, text in (extra or {}).items():
+        (out / name).write_text(text)
     parts, printed = [], []
     if len(runs) > 1:
-        overview = by_target_section(runs, read_bandwidth)
+        overview = by_target_section(runs)
         parts += ["## By target type", overview]
         printed.append(overview)
     for run in runs:
-        built = run_sections(run, read_bandwidth, plots)
+        built = run_sections(run, plots)
         sections = built.sections
         if built.figures:
             images = _save_figures(out, built.figures, f"-{run.label}" if len(runs) > 1 else "")

@@ -10,14 +10,13 @@ every answer is checked against it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ..output.fim import fim_prompt
 from .modes import SETTINGS
 from .records import Record
 from .structured import is_valid
 from .tool_task import calls_valid
-from .parity import build_program, run_program
 from .tasks import TASKS, Prompt, Task, load_task
 
 
@@ -30,12 +29,9 @@ class BenchConfig:
     max_new_tokens: int | None = None  # None: each task's own limit (an override for quick smoke runs)
     seed: int = 0  # prompt i uses seed + i in every mode
     warmup_tokens: int = 8
-    parity_prompts: int = 0  # HumanEval problems for the pass@1 check; 0 skips it
-    parity_setting: str = "sample"
-    parity_timeout: float = 10.0
 
     def __post_init__(self) -> None:
-        for setting in self.settings + (self.parity_setting,):
+        for setting in self.settings:
             if setting not in SETTINGS:
                 raise ValueError(f"unknown setting {setting!r}; choose from {', '.join(SETTINGS)}")
         for task in self.tasks:
@@ -93,15 +89,15 @@ def run_bench(modes, prompts: dict[str, list[PreparedPrompt]], config: BenchConf
     warmup_ids = next(iter(prompts.values()))[0].ids[:32]
     for mode in modes:
         mode.run(warmup_ids, config.warmup_tokens, SETTINGS["greedy"], config.seed)
-        _tick(progress, f"warm-up {mode.name}")
+        tick(progress, f"warm-up {mode.name}")
     records, turn = [], 0
     for task, task_prompts in prompts.items():
         for setting in config.settings:
             for i, prepared in enumerate(task_prompts):
-                for mode in _rotated(runs_task(modes, prepared.task), turn):
-                    records.append(_run_one(mode, prepared, setting, i, config.new_tokens(task), config.seed + i))
+                for mode in rotated(runs_task(modes, prepared.task), turn):
+                    records.append(run_one(mode, prepared, setting, i, config.new_tokens(task), config.seed + i))
                     keep(records[-1:])
-                    _tick(progress, f"{task} {setting} {mode.name}")
+                    tick(progress, f"{task} {setting} {mode.name}")
                 turn += 1
     return records
 
@@ -111,22 +107,7 @@ def runs_task(modes: list, task: Task) -> list:
     return [m for m in modes if not task.held or getattr(m, "structured", False)]
 
 
-def run_parity(modes, prompts: list[PreparedPrompt], config: BenchConfig, progress=None) -> list[Record]:
-    """Sample HumanEval completions with every given mode and execute them (in a
-    resource-limited subprocess with the user's rights: parity.py)."""
-    records = []
-    for i, prepared in enumerate(prompts):
-        for mode in _rotated(modes, i):
-            record = _run_one(mode, prepared, config.parity_setting, i, config.new_tokens(prepared.task.name),
-                              config.seed + i, phase="parity")
-            program = build_program(prepared.prompt.problem, record.text)
-            execution = run_program(program, timeout=config.parity_timeout)
-            records.append(replace(record, passed=execution.passed, outcome=execution.outcome))
-            _tick(progress, f"parity {mode.name}")
-    return records
-
-
-def _run_one(mode, prepared: PreparedPrompt, setting: str, index: int, max_new_tokens: int,
+def run_one(mode, prepared: PreparedPrompt, setting: str, index: int, max_new_tokens: int,
              seed: int, phase: str = "main") -> Record:
     schema, tools = prepared.task.schema, prepared.prompt.tools
     held = {"schema": schema} if schema is not None else {"tools": tools} if tools else {}
@@ -141,17 +122,17 @@ def _run_one(mode, prepared: PreparedPrompt, setting: str, index: int, max_new_t
                   calls_valid(outcome.text, tools) if tools else None, kind=prepared.prompt.kind)
 
 
-def _rotated(modes: list, turn: int) -> list:
+def rotated(modes: list, turn: int) -> list:
     r = turn % len(modes)
     return modes[r:] + modes[:r]
 
 
-def _tick(progress, label: str) -> None:
+def tick(progress, label: str) -> None:
     if progress is not None:
         progress.set_postfix_str(label, refresh=False)
         progress.update(1)
 
 
-def total_steps(modes, prompts, config: BenchConfig, parity_modes: int = 0, parity_prompts: int = 0) -> int:
+def total_steps(modes, prompts, config: BenchConfig) -> int:
     generations = sum(len(p) * len(runs_task(modes, p[0].task)) for p in prompts.values() if p) * len(config.settings)
-    return len(modes) + generations + parity_modes * parity_prompts
+    return len(modes) + generations

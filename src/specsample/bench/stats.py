@@ -1,4 +1,4 @@
-"""Small statistics: percentiles, a binomial confidence interval, per-mode aggregates."""
+"""Small statistics: percentiles and per-mode aggregates."""
 
 from __future__ import annotations
 
@@ -21,31 +21,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion (sensible at 0/n and n/n)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def two_proportion_z_test(successes_a: int, n_a: int, successes_b: int, n_b: int) -> tuple[float, float]:
-    """(z, two-sided p-value) of the pooled two-proportion z-test of a == b.
-
-    40/100 vs 50/100: pooled 0.45, standard error 0.0704, z = -1.42, p = 0.16."""
-    if not n_a or not n_b:
-        return 0.0, 1.0
-    pooled = (successes_a + successes_b) / (n_a + n_b)
-    se = math.sqrt(pooled * (1 - pooled) * (1 / n_a + 1 / n_b))
-    if se == 0:
-        return 0.0, 1.0  # both all-pass or all-fail: no evidence of a difference
-    z = (successes_a / n_a - successes_b / n_b) / se
-    return z, math.erfc(abs(z) / math.sqrt(2))
 
 
 @dataclass

@@ -7,99 +7,24 @@ import platform
 from collections.abc import Callable
 from importlib import metadata
 
-from .bandwidth import effective_bandwidth
-from .costs import CostCurve, Prediction, break_even_alpha, predict, recommend
 from .fim_task import similarity
-from .parity import PassRate
 from .records import Record
-from .stats import ModeSummary, two_proportion_z_test
+from .stats import ModeSummary
 
 
-def main_table(summaries: list[ModeSummary], weight_bytes: int | None = None, read_bandwidth: float | None = None) -> str:
+def main_table(summaries: list[ModeSummary]) -> str:
     rows = [["task", "setting", "mode", "K", "seqs", "tokens", "tokens/s", "speedup vs ar", "TTFT s", "TTFT vs ar",
              "ms/token", "decode tokens/s",
-             "decode speedup", "eff. GB/s (% of read)", "acceptance", "tokens/target call", "P50 s", "P90 s", "P99 s"]]
+             "decode speedup", "acceptance", "tokens/target call", "P50 s", "P90 s", "P99 s"]]
     for s in summaries:
         rows.append([s.task, s.setting, s.mode, "-" if s.k is None else str(s.k), str(s.sequences), str(s.new_tokens),
                      cell(s.tokens_per_second, ".2f"), cell(s.speedup, ".2f"), cell(s.time_to_first_token, ".2f"),
                      cell(s.first_token_ratio, ".2f"), cell(s.ms_per_token, ".0f"),
                      cell(s.decode_tokens_per_second, ".2f"), cell(s.decode_speedup, ".2f"),
-                     _bandwidth_cell(weight_bytes, s.decode_tokens_per_second, read_bandwidth), cell(s.acceptance_rate, ".2f"),
+                     cell(s.acceptance_rate, ".2f"),
                      cell(s.tokens_per_target_call, ".2f"), cell(s.latency(50), ".2f"), cell(s.latency(90), ".2f"),
                      cell(s.latency(99), ".2f")])
     return markdown_table(rows)
-
-
-def _bandwidth_cell(weight_bytes: int | None, decode_rate: float | None, read_bandwidth: float | None) -> str:
-    effective = effective_bandwidth(weight_bytes, decode_rate)
-    if effective is None:
-        return "–"
-    share = f" ({100 * effective / read_bandwidth:.0f}%)" if read_bandwidth else ""
-    return f"{effective / 1e9:.1f}{share}"
-
-
-def cost_table(curve: CostCurve) -> str:
-    """The cost curve; with a draft model's steps timed, the acceptance rate at which
-    K = n - 1 drafts break even (costs.break_even_alpha)."""
-    drafts = curve.draft_first is not None
-    rows = [["tokens scored in one target call", "median ms", "x a 1-token call"]
-            + (["break-even acceptance at K = n - 1"] if drafts else [])]
-    for n, t in enumerate(curve.target_cost, start=1):
-        row = [str(n), f"{1000 * t:.1f}", f"{curve.ratio(n):.2f}"]
-        if drafts:
-            alpha = break_even_alpha(n - 1, curve.draft_first, curve.target_cost, curve.plain,
-                                     curve.draft_step) if n > 1 else None
-            row.append("" if n == 1 else "never pays" if alpha is None else f"{alpha:.2f}")
-        rows.append(row)
-    blank = [""] if drafts else []
-    if curve.plain is not None:
-        rows.append(["1, back to back (plain decoding)", f"{1000 * curve.plain:.1f}", ""] + blank)
-    if curve.draft_first is not None:
-        rows.append(["draft step after a target call (a round's first)", f"{1000 * curve.draft_first:.1f}", ""] + blank)
-    if curve.draft_step is not None:
-        rows.append(["draft step after a draft step", f"{1000 * curve.draft_step:.1f}", ""] + blank)
-    return markdown_table(rows)
-
-
-def predictions_by_group(summaries: list[ModeSummary], curve: CostCurve | None) -> dict[tuple, list[Prediction]]:
-    """Predictions per (task, setting) from the acceptance rate measured at each K."""
-    if curve is None or curve.draft_first is None:
-        return {}
-    groups: dict[tuple, dict[int, float]] = {}
-    for s in summaries:
-        if s.family == "spec" and s.acceptance_rate is not None:
-            groups.setdefault((s.task, s.setting), {})[s.k] = s.acceptance_rate
-    return {key: predict(alphas, curve.draft_first, curve.target_cost, curve.plain, curve.draft_step)
-            for key, alphas in groups.items()}
-
-
-def prediction_section(summaries: list[ModeSummary], predictions: dict[tuple, list[Prediction]]) -> str:
-    # The prediction leaves out prefill, so it is compared with the decode speedup.
-    measured = {(s.task, s.setting, s.k): s.decode_speedup for s in summaries if s.family == "spec"}
-    parts = []
-    for (task, setting), preds in predictions.items():
-        rows = [["K", "alpha", "E(K) tokens/round", "predicted speedup", "measured decode speedup", "measured / predicted"]]
-        for p in preds:
-            m = measured.get((task, setting, p.k))
-            rows.append([str(p.k), f"{p.alpha:.2f}", f"{p.expected_tokens:.2f}", f"{p.speedup:.2f}", cell(m, ".2f"),
-                         cell(m / p.speedup if m is not None else None, ".2f")])
-        parts.append(f"**{task}, {setting}**\n\n{markdown_table(rows)}\n\n{_verdict(preds, measured, task, setting)}")
-    return "\n\n".join(parts)
-
-
-def _verdict(preds: list[Prediction], measured: dict, task: str, setting: str) -> str:
-    best = recommend(preds)
-    if best is None:
-        line = "The model predicts that no K beats autoregressive decoding on this hardware."
-    else:
-        line = f"The model recommends K = {best.k} (predicted speedup {best.speedup:.2f})."
-    wins = [(k, v) for (t, st, k), v in measured.items() if t == task and st == setting and v is not None and v > 1]
-    if not wins:
-        line += " Measured: no K beat autoregressive decoding."
-    else:
-        k, v = max(wins, key=lambda item: item[1])
-        line += f" Measured: best K = {k} (speedup {v:.2f})."
-    return line
 
 
 def greedy_identity(records: list, answer: Callable = lambda r: r.token_ids,
@@ -120,32 +45,6 @@ def greedy_identity(records: list, answer: Callable = lambda r: r.token_ids,
         c[0] += answer(r) == ar[key]
         c[1] += 1
     return [list(header)] + [[*cells, f"{a}/{n}"] for cells, (a, n) in counts.items()]
-
-
-def controller_table(records: list[Record]) -> str | None:
-    """Rounds by draft length and by source, per task and setting, for adaptive modes."""
-    groups: dict[tuple, dict] = {}
-    for r in records:
-        st = r.stats
-        if r.k != "auto" or "draft_length_histogram" not in st:
-            continue
-        g = groups.setdefault((r.task, r.setting, r.mode), {"lengths": [], "sources": {}})
-        for m, count in enumerate(st["draft_length_histogram"]):
-            g["lengths"].extend([0] * (m + 1 - len(g["lengths"])))
-            g["lengths"][m] += count
-        for source, c in st.get("sources", {}).items():
-            acc = g["sources"].setdefault(source, [0, 0, 0])
-            acc[0], acc[1], acc[2] = acc[0] + c["rounds"], acc[1] + c["drafted"], acc[2] + c["accepted"]
-    if not groups:
-        return None
-    rows = [["task", "setting", "mode", "rounds", "plain steps", "rounds by draft length 0, 1, 2, ...",
-             "source: rounds, accepted/drafted"]]
-    for (task, setting, mode), g in groups.items():
-        rounds = sum(g["lengths"])
-        sources = "; ".join(f"{s}: {n}, {a}/{d}" for s, (n, d, a) in sorted(g["sources"].items())) or "none"
-        rows.append([task, setting, mode, str(rounds), f"{g['lengths'][0] / rounds:.0%}" if rounds else "-",
-                     ", ".join(map(str, g["lengths"])), sources])
-    return markdown_table(rows)
 
 
 def structured_table(records: list[Record]) -> str | None:
@@ -172,7 +71,6 @@ def structured_table(records: list[Record]) -> str | None:
                      cell(1000 * grammar / tokens if ours and tokens else None, ".2f"),
                      cell(grammar / total if ours and total else None, ".1%")])
     return markdown_table(rows)
-
 
 
 def fim_table(records: list[Record], bodies: dict[str, str]) -> str | None:
@@ -205,60 +103,6 @@ STRUCTURED_NOTE = (
     "with probability 1, in plain decoding each still costs a target call. Grammar time: masks, forced tokens and "
     "state moves in the grammar engine (llguidance), per new token and as a share of the mode's wall time. Peers "
     "report neither (llama-server applies the same schema through its own grammar sampler).")
-
-
-CONTROLLER_NOTE = (
-    "Summed over the mode's sequences. A plain step scores one token with the target and drafts nothing; the last "
-    "round of an answer is plain when only one token is left to emit. Sources: the draft model, or a context "
-    "lookup whose suffix match had n tokens (ngram<n>), or tokens a grammar forced (forced).")
-
-
-def round_time_table(records: list[Record]) -> str | None:
-    """Where a round of our loop spends its time, per task, setting and mode: draft
-    steps (the draft's prefill and catch-up included), the target call, and the rest
-    (sampling, verification, the policy, the grammar), per round and per token."""
-    groups: dict[tuple, dict[str, float]] = {}
-    for r in records:
-        st = r.stats
-        if "target_seconds" not in st or not st.get("target_calls"):
-            continue  # peers report no split
-        g = groups.setdefault((r.task, r.setting, r.mode), dict.fromkeys(
-            ("seqs", "tokens", "rounds", "steps", "draft", "target", "other"), 0.0))
-        g["seqs"] += 1
-        g["tokens"] += st["new_tokens"]
-        g["rounds"] += st["target_calls"]
-        g["steps"] += st.get("draft_calls", 0)
-        g["draft"] += st["draft_seconds"]
-        g["target"] += st["target_seconds"]
-        g["other"] += st["other_seconds"]  # GenerationStats.other_seconds: prefill and calibration left out
-    if not groups:
-        return None
-    rows = [["task", "setting", "mode", "seqs", "rounds", "tokens/round", "draft calls/round",
-             "ms/round: draft", "target", "other", "ms/draft call", "decode ms/token"]]
-    for (task, setting, mode), g in groups.items():
-        n = g["rounds"]
-        rows.append([task, setting, mode, str(int(g["seqs"])), str(int(n)), f"{g['tokens'] / n:.2f}",
-                     f"{g['steps'] / n:.2f}", f"{1000 * g['draft'] / n:.1f}", f"{1000 * g['target'] / n:.1f}",
-                     f"{1000 * g['other'] / n:.1f}", cell(1000 * g["draft"] / g["steps"] if g["steps"] else None, ".1f"),
-                     f"{1000 * (g['draft'] + g['target'] + g['other']) / g['tokens']:.1f}"])
-    return markdown_table(rows)
-
-
-ROUND_NOTE = (
-    "Our loop's decoding time, summed over the mode's sequences, split by round (one target call each; the prompt "
-    "prefill and the controller's one-off calibration left out). Draft time includes the draft's own prompt prefill "
-    "and catch-up on tokens it has not seen; other is sampling, verification, the policy and the grammar. "
-    "`python -m specsample.studies.rounds records.jsonl` prints this table for any run's records.")
-
-
-def parity_table(rates: list[PassRate], baseline: str = "ar") -> str:
-    rows = [["mode", "passed", "pass@1", "95% CI (Wilson)", "z vs ar", "p-value"]]
-    base = next((r for r in rates if r.mode == baseline), None)
-    for r in rates:
-        lo, hi = r.interval
-        z, pvalue = (None, None) if base is None or r is base else two_proportion_z_test(r.passed, r.total, base.passed, base.total)
-        rows.append([r.mode, f"{r.passed}/{r.total}", f"{r.rate:.2f}", f"[{lo:.2f}, {hi:.2f}]", cell(z, ".2f"), cell(pvalue, ".2f")])
-    return markdown_table(rows)
 
 
 def machine_description(dtype: str | None, threads: int | None) -> str:
@@ -298,29 +142,5 @@ THROUGHPUT_NOTE = (
     "kinds (chat, --prompts-file) has an overall row, then a row per kind (task/kind). P50/P90/P99 are per-sequence latencies over the row's sequences (with fewer than 100 "
     "sequences P99 sits close to the slowest one). decode tokens/s and decode speedup leave out the target's prompt "
     "prefill (modes that report it: our loops and llama-server; a model draft's own prefill stays in). Acceptance is "
-    "per draft token; for llama-cpp-python and transformers peers it is estimated from their call counts. "
+    "per draft token (research peers, benchmarks/peers.py: estimated from their call counts)."
 )
-PREDICTION_NOTE = (
-    "E(K) = (1 - alpha^(K+1)) / (1 - alpha) tokens per round, assuming draft tokens are accepted independently with "
-    "the measured per-token rate alpha (real acceptances are correlated); predicted time per token = (first draft "
-    "step + (K - 1) later draft steps + target cost(K+1)) / E(K); predicted speedup = the plain-decoding 1-token call "
-    "/ that, from the cost curve above. The prediction ignores prefill and loop overheads, so it is set against the "
-    "measured decode speedup."
-)
-PARITY_NOTE = (
-    "HumanEval completions (the standard protocol: raw prompt, stop sequences) sampled at the parity setting. Exact "
-    "speculative sampling leaves the output distribution unchanged, so pass@1 should agree within the intervals; the "
-    "z-test compares each mode with `ar` (pooled two-proportion test, two-sided)."
-)
-
-
-def bandwidth_note(weight_bytes: int | None, probe: float | None, ceiling: float | None) -> str:
-    if not weight_bytes:
-        return ""
-    note = (f"eff. GB/s = target weights ({weight_bytes / 1e9:.2f} GB) x decode tokens/s, the bandwidth plain decoding "
-            "would need for that rate")
-    if ceiling:
-        note += (f"; the percentage is of the read ceiling, {ceiling / 1e9:.1f} GB/s: the larger of a read probe in "
-                 f"this run ({(probe or 0) / 1e9:.1f} GB/s, torch streaming a 1 GiB buffer on the run's threads) and "
-                 "what plain decoding itself reached, so no autoregressive row passes 100% and only speculation can")
-    return note + "."

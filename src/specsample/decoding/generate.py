@@ -320,6 +320,8 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
     finally:  # also when the stream is abandoned (closed, or collected) before its end
         if drafter is not None:
             policy.end()
+        if overlap is not None:
+            overlap.close()
     out.stats.total_seconds = clock() - start
     return out.result()
 

@@ -38,7 +38,7 @@ and a block kept only when its first draft looks acceptable. (Keeping a block af
 rejection, verified after the recovered token, would waste it but stay exact:
 modified rejection sampling is exact for any proposal drawn before the verification.)
 
-The target's call runs on a thread (llama.cpp's calls release the GIL); nothing else
+The target's calls run on a thread of the stream's own (llama.cpp's calls release the GIL); nothing else
 touches the target meanwhile, and the draft and the sampler are touched by this
 thread alone, so a seeded run is reproducible. A worker lost mid-call parks the call's
 thread (rpc.guard_aborts), and this one waits on it for good, as the loop did inside
@@ -48,6 +48,7 @@ the call. A batch (batching.py) never overlaps: its sequences share the calls.
 from __future__ import annotations
 
 import dataclasses
+import queue
 import threading
 import time
 
@@ -72,33 +73,62 @@ def overlaps(target: Backend, drafter: Drafter | None, grammar) -> bool:
 
 
 class TargetCall:
-    """target.score(fed, num_logits) on a thread of its own, timed there; by default
-    a row for every token fed."""
+    """target.score(fed, num_logits) on the stream's call thread (CallThread), timed
+    there; by default a row for every token fed."""
 
-    def __init__(self, target: Backend, fed: list[int], clock=time.perf_counter, num_logits: int | None = None):
+    def __init__(self, thread: CallThread, target: Backend, fed: list[int], clock=time.perf_counter,
+                 num_logits: int | None = None):
         self.rows: torch.Tensor | None = None
         self.error: BaseException | None = None
         self.seconds = 0.0
-        self._thread = threading.Thread(target=self._run, args=(target, fed, clock, num_logits or len(fed)),
-                                        daemon=True, name="target-call")
-        self._thread.start()
+        self._args = (target, fed, clock, num_logits or len(fed))
+        self._done = threading.Event()
+        thread.run(self)
 
-    def _run(self, target: Backend, fed: list[int], clock, num_logits: int) -> None:
+    def __call__(self) -> None:  # on the call thread
+        target, fed, clock, num_logits = self._args
         t0 = clock()
         try:
             self.rows = target.score(fed, num_logits=num_logits)  # [num_logits, vocab]
         except BaseException as e:  # raised again on the loop's thread (result)
             self.error = e
         self.seconds = clock() - t0
+        self._done.set()
 
     def wait(self) -> None:
-        self._thread.join()
+        self._done.wait()
 
     def result(self) -> torch.Tensor:
         self.wait()
         if self.error is not None:
             raise self.error
         return self.rows
+
+
+class CallThread:
+    """One daemon thread per stream that runs its target calls, one at a time, in
+    order: starting a thread per call cost more than a toy model's call. It starts with
+    the first call and ends when the stream closes it; a thread parked in a call on a
+    lost worker never blocks the process's exit (daemon)."""
+
+    def __init__(self):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def run(self, call: TargetCall) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, daemon=True, name="target-call")
+            self._thread.start()
+        self._calls.put(call)
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            call()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._calls.put(None)
+            self._thread = None
 
 
 def meanwhile(call: TargetCall | None, work):
@@ -118,6 +148,10 @@ class Overlap:
 
     def __init__(self):
         self.block: Draft | None = None  # kept from the last round: its drafts are this round's
+        self.calls = CallThread()
+
+    def close(self) -> None:
+        self.calls.close()
 
     def prefill(self, target: Backend, drafter: Drafter, prompt_ids: list[int], reused: int,
                 sampler: Sampler) -> torch.Tensor:
@@ -125,9 +159,13 @@ class Overlap:
         ([1, vocab]) it returns, while the draft reads the prompt (all of it but the
         last token, which the first drafting round feeds): on a long prompt the draft
         is ready to draft from the first round instead of catching up in plain ones."""
-        call = TargetCall(target, prompt_ids[reused:], num_logits=1)
-        meanwhile(call, lambda: drafter.draft(prompt_ids, Plan(None, 0, catch_up=len(prompt_ids)), sampler))
-        return call.result()
+        call = TargetCall(self.calls, target, prompt_ids[reused:], num_logits=1)
+        try:
+            meanwhile(call, lambda: drafter.draft(prompt_ids, Plan(None, 0, catch_up=len(prompt_ids)), sampler))
+            return call.result()
+        except BaseException:  # no rounds follow, so no loop will close the thread
+            self.close()
+            raise
 
     def play(self, target: Backend, drafter: Drafter, policy: Policy, sampler: Sampler, sampling: SamplingConfig,
              grammar: None, context: list[int], carried: torch.Tensor | None, room: int, clock) -> Round:
@@ -146,7 +184,7 @@ class Overlap:
         base = target.length
         pending = [context[-1]] if carried is None else []
         fed = pending + draft.tokens.tolist()
-        call = TargetCall(target, fed, clock) if fed else None
+        call = TargetCall(self.calls, target, fed, clock) if fed else None
         # Meanwhile: the next block, after this one, as if all of it were accepted.
         size = next_block_size(draft, policy.ahead(len(draft), len(fed)), policy.k_max, room)
         calls_before = drafter.calls

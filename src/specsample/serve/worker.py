@@ -154,10 +154,6 @@ class Worker:
         return self.parallel - len(self.admission.free)
 
     @property
-    def busy(self) -> bool:
-        return self.active > 0
-
-    @property
     def depth(self) -> int:
         """Requests waiting, not counting the one being generated nor those cancelled."""
         with self._changed:

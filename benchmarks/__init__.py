@@ -1,0 +1,19 @@
+"""The research harness: measurements beside `specsample bench`, run from a checkout
+(not installed with the library). It imports specsample, never the other way round
+(tests/test_imports.py holds both to it).
+
+bench.py      python -m benchmarks.bench: `specsample bench` with the research options on
+              top: --modes with the peers below, --cost-reps (the cost curve and the
+              analytic prediction), --parity-*, --budget-minutes, --neighbour, --rpc-delay-ms
+peers.py      transformers' generate (plain, assisted) and llama-cpp-python's Llama (plain,
+              prompt lookup) behind the bench's mode interface
+costs.py      the measured cost curve and the analytic speedup model of Chen et al. (2023)
+bandwidth.py  measured read bandwidth and effective bandwidth
+parity.py     HumanEval pass@1 of samples, run in a resource-limited subprocess (not a sandbox)
+budget.py     the run's time estimate and --budget-minutes trimming
+neighbour.py  --neighbour: busy processes beside the run
+relay.py      --rpc-delay-ms: a relay that delays every message to an RPC worker
+ttft.py       time to first token against llama-server (python -m benchmarks.ttft)
+soak.py       a mixed soak of a real `specsample serve` (python -m benchmarks.soak)
+studies/      one-question studies, each `python -m benchmarks.studies.<name>`
+"""

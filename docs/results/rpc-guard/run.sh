@@ -1,5 +1,0 @@
-#!/usr/bin/env bash
-# Issue 55: a target call over a worker --unguarded, guarded, and guarded with --rpc-key
-# (measure.py). Run alone, from the repository root; the table goes to stdout.
-set -euo pipefail
-.venv/bin/python docs/results/rpc-guard/measure.py "${1:-200}"
