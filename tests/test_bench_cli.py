@@ -223,6 +223,20 @@ def test_k_max_reaches_the_spec_auto_mode_and_a_bad_one_is_a_usage_error():
     assert fixed.policy.k_max == 2  # a fixed K drafts K, whatever -k auto's ceiling
 
 
+def test_the_verifier_reaches_our_drafting_modes_and_the_token_families_verify_token_by_token():
+    from specsample.bench.modes import AUTO_FAMILIES, build_modes
+
+    assert _args().verifier == "auto" and _args("--verifier", "block").verifier == "block"
+    families = ["ar", "spec", "spec-token", "spec-auto", "spec-auto-token", "ngram"]
+    modes, _ = build_modes(families, [2], [3], target=None, draft=object(), verifier="block")
+    assert [(m.name, m.family, m.verifier) for m in modes] == [
+        ("ar", "ar", "auto"), ("spec-k2", "spec", "block"), ("spec-k2-token", "spec-token", "rejection"),
+        ("spec-auto", "spec-auto", "block"), ("spec-auto-token", "spec-auto-token", "rejection"),
+        ("ngram-k3", "ngram", "block")]
+    assert [m.loop for m in modes] == ["ar", "spec", "spec", "spec-auto", "spec-auto", "ngram"]
+    assert "spec-token" not in AUTO_FAMILIES and "spec-auto-token" not in AUTO_FAMILIES  # only when named
+
+
 def test_threads_are_the_flag_or_torchs_own_count():
     import torch
 

@@ -51,10 +51,10 @@ DRAFTS = {
 }
 
 
-def fixed(drafter, sampling, k, target=None):
+def fixed(drafter, sampling, k, target=None, verifier="rejection"):
     """SAMPLES outputs of `target` (the toy target unless given) by modified rejection
-    sampling, `drafter` drafting K = k."""
-    config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, verifier="rejection")
+    sampling (or `verifier`), `drafter` drafting K = k."""
+    config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, verifier=verifier)
     return empirical(SAMPLES, target or TrigramBackend(TARGET), PROMPT, config, drafter, k)
 
 

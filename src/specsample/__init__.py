@@ -4,7 +4,7 @@ from .decoding.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from .decoding.generate import GenerationConfig, GenerationResult, GenerationStats, generate, stream
 from .decoding.plans import FixedK
 from .decoding.sampling import SamplingConfig, logits_to_probs
-from .decoding.verify import verify
+from .decoding.verify import verify, verify_block
 from .output.constraints import Constraint
 from .policy.calibrate import make_policy
 from .policy.control import Planner
@@ -12,5 +12,5 @@ from .policy.control import Planner
 __all__ = [
     "Constraint", "FixedK", "GenerationConfig", "GenerationResult", "GenerationStats", "HybridDrafter",
     "ModelDrafter", "NgramDrafter", "Planner", "SamplingConfig", "generate", "logits_to_probs", "make_policy",
-    "stream", "verify",
+    "stream", "verify", "verify_block",
 ]

@@ -66,9 +66,10 @@ def add_verifier_argument(p: argparse.ArgumentParser) -> None:
     from ..decoding.generate import VERIFIERS
 
     p.add_argument("--verifier", choices=VERIFIERS, default="auto",
-                   help="rejection: modified rejection sampling; coupled: Gumbel-max coupling keyed by seed and "
+                   help="block: block verification, which keeps on average at least as many drafts as rejection, "
+                        "token-by-token modified rejection sampling; coupled: Gumbel-max coupling keyed by seed and "
                         "position, so a seed gives the same text whatever drafts it; auto (default): coupled when "
-                        "seeded")
+                        "seeded, block otherwise (docs/verification.md)")
 
 
 def sampling_config(args) -> SamplingConfig:

@@ -55,7 +55,7 @@ class CheckConfig:
     cells: int = 8  # likeliest (x1, x2) cells reported; the rest is "other"
     simulations: int = 1000  # perfect-sampler runs for the TV quantiles
     seed: int = 0
-    verifier: str = "rejection"  # the sampler checked: GenerationConfig's "rejection" or "coupled"
+    verifier: str = "rejection"  # the sampler checked: GenerationConfig's "rejection", "block" or "coupled"
 
     def __post_init__(self) -> None:
         if self.samples < 1 or self.cells < 1 or self.simulations < 100:

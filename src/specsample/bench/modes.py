@@ -25,9 +25,13 @@ SETTINGS = {
 }
 # Our own loop's modes (OurMode, on the target assemble loaded), then llama-server's
 # (plain and with its draft model); research peers (transformers, llama-cpp-python)
-# are benchmarks/peers.py's.
-OUR_FAMILIES = ("ar", "spec-auto", "spec", "ngram")
+# are benchmarks/peers.py's. spec-token and spec-auto-token are spec and spec-auto
+# verified token by token (verifier "rejection"), rows to set beside those modes under
+# --verifier block; run when named, never by --modes auto.
+TOKEN_FAMILIES = {"spec-token": "spec", "spec-auto-token": "spec-auto"}
+OUR_FAMILIES = ("ar", "spec-auto", "spec", "ngram", *TOKEN_FAMILIES)
 FAMILIES = OUR_FAMILIES + ("llamacpp-server", "llamacpp-spec")
+AUTO_FAMILIES = tuple(f for f in FAMILIES if f not in TOKEN_FAMILIES)
 
 
 @dataclass
@@ -47,19 +51,22 @@ class OurMode:
     structured = True
 
     def __init__(self, name: str, family: str, target, k: int | str | None = None, draft=None, ngram_max: int = 3,
-                 k_max: int = 8):
+                 k_max: int = 8, verifier: str = "auto"):
         self.name, self.family, self.k = name, family, k
         self.target, self.draft, self.ngram_max = target, draft, ngram_max
-        self.policy = make_policy(k or 1, k_max, target, draft if family in ("spec", "spec-auto") else None,
+        # GenerationConfig.verifier: "auto" is coupled here, as every prompt is seeded.
+        self.verifier = "rejection" if family in TOKEN_FAMILIES else verifier
+        self.loop = TOKEN_FAMILIES.get(family, family)  # the loop it runs: spec-token runs spec's
+        self.policy = make_policy(k or 1, k_max, target, draft if self.loop in ("spec", "spec-auto") else None,
                                   drafts=family != "ar")
 
     def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=(), schema=None, tools=()) -> Outcome:
         # spec-auto: the hybrid drafter (lookup alone without a draft model); spec: the
         # draft model alone; ngram: lookup alone; ar: none.
-        draft = self.draft if self.family in ("spec", "spec-auto") else None
-        drafter = make_drafter(draft, sampling, lookup=self.family in ("spec-auto", "ngram"), ngram_max=self.ngram_max)
+        draft = self.draft if self.loop in ("spec", "spec-auto") else None
+        drafter = make_drafter(draft, sampling, lookup=self.loop in ("spec-auto", "ngram"), ngram_max=self.ngram_max)
         config = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                                  stop_strings=tuple(stop_strings),
+                                  stop_strings=tuple(stop_strings), verifier=self.verifier,
                                   constraint=self._constraint(schema, tools))
         result = generate(self.target, prompt_ids, config, drafter, self.policy)
         return Outcome(result.token_ids, result.text, result.stop_reason, result.stats.as_dict())
@@ -91,25 +98,29 @@ class LlamaServerMode:
 
 
 def build_modes(families, ks, peer_ks, target, draft=None, *, ngram_max=3, k_max: int = 8,
-                server: LlamaServer | None = None, no_server: str | None = None):
+                server: LlamaServer | None = None, no_server: str | None = None, verifier: str = "auto"):
     """The modes to run, and a note for every requested family that cannot run here.
 
     peer_ks: the draft lengths of ngram and llamacpp-spec (one mode per K).
     server: a running llama-server for the llamacpp-spec and llamacpp-server
-    families; without one, no_server is the one-line reason why."""
+    families; without one, no_server is the one-line reason why.
+    verifier: how our drafting modes verify (GenerationConfig.verifier), but the
+    TOKEN_FAMILIES, which verify token by token."""
     modes, skipped = [], []
     for family in families:
+        token = "-token" if family in TOKEN_FAMILIES else ""
+        ours = dict(target=target, verifier=verifier)
         if family == "ar":
             modes.append(OurMode("ar", "ar", target))
-        elif family == "spec-auto":
-            modes.append(OurMode("spec-auto", "spec-auto", target, "auto", draft, ngram_max=ngram_max, k_max=k_max))
-        elif family == "spec":
+        elif family in ("spec-auto", "spec-auto-token"):
+            modes.append(OurMode(family, family, k="auto", draft=draft, ngram_max=ngram_max, k_max=k_max, **ours))
+        elif family in ("spec", "spec-token"):
             if draft is None:
-                skipped.append("spec: no draft model")
+                skipped.append(f"{family}: no draft model")
                 continue
-            modes += [OurMode(f"spec-k{k}", "spec", target, k, draft) for k in ks]
+            modes += [OurMode(f"spec-k{k}{token}", family, k=k, draft=draft, **ours) for k in ks]
         elif family == "ngram":
-            modes += [OurMode(f"ngram-k{k}", "ngram", target, k, ngram_max=ngram_max) for k in peer_ks]
+            modes += [OurMode(f"ngram-k{k}", "ngram", k=k, ngram_max=ngram_max, **ours) for k in peer_ks]
         elif family in ("llamacpp-server", "llamacpp-spec"):
             if server is None:
                 skipped.append(f"{family}: {no_server or 'needs GGUF files for target and draft'}")

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..app.arguments import UsageError, add_model_arguments, model_options
+from ..decoding.generate import VERIFIERS
 from .modes import FAMILIES, OUR_FAMILIES, SETTINGS
 from .native import LlamaServer, llama_server_binary
 from .runner import BenchConfig
@@ -60,7 +61,8 @@ def add_bench_arguments(b) -> None:
                         "--tasks names): JSON lines of {\"prompt\": ...} or {\"messages\": [...]}, with an optional "
                         "\"kind\" that gets rows of its own; every line runs unless --prompts prompts=N")
     b.add_argument("--settings", help=f"comma list of {', '.join(SETTINGS)} (default both; sample = T 0.8, top-p 0.95)")
-    b.add_argument("--modes", help=f"'auto' or a comma list of {', '.join(FAMILIES)} (auto: all that fit the backends; "
+    b.add_argument("--modes", help=f"'auto' or a comma list of {', '.join(FAMILIES)} (auto: all that fit the backends "
+                                   "but spec-token and spec-auto-token, spec and spec-auto verified token by token; "
                                    "llamacpp-spec is llama.cpp's own speculative decoding, llama-server -md, built once)")
     b.add_argument("--target-quants",
                    help="run every mode on each of these target types in turn, each against its own ar, with a "
@@ -74,6 +76,10 @@ def add_bench_arguments(b) -> None:
     b.add_argument("--prompts", help="prompts per task: N, or task=N,... (default 8)")
     b.add_argument("--max-new-tokens", type=int, help="cap every task's answer length (default: each task's own; for smoke runs)")
     b.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i in every mode")
+    b.add_argument("--verifier", choices=VERIFIERS, default="auto",
+                   help="how our drafting modes verify, as generate's --verifier (auto, the default: coupled, as "
+                        "every prompt is seeded); spec-token and spec-auto-token verify token by token whatever it "
+                        "says, e.g. beside spec and spec-auto under --verifier block (docs/verification.md)")
     b.add_argument("--llama-server", type=Path, metavar="PATH",
                    help="the llama-server binary of the llamacpp-server and llamacpp-spec modes (default: the build "
                         "of llama.cpp our backend runs, made by python -m benchmarks.llama_server)")

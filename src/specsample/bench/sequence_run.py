@@ -23,7 +23,7 @@ from functools import partial
 
 from ..app.arguments import UsageError, model_options
 from ..app.assemble import assemble
-from .modes import FAMILIES, build_modes
+from .modes import AUTO_FAMILIES, FAMILIES, build_modes
 from .options import (bench_config, check_remote_modes, command_line, draft_lengths, is_llamacpp, machine_line,
                       names, start_server, target_label, target_types)
 from .records import Record
@@ -37,7 +37,7 @@ def run(args, research=None) -> int:
     """The per-sequence benchmark: every mode on every target type, then the report."""
     load_at_start = os.getloadavg()[0]
     config = bench_config(args)  # validates before the slow model loads
-    known = FAMILIES + (research.families if research else ())
+    known = (AUTO_FAMILIES if args.modes == "auto" else FAMILIES) + (research.families if research else ())
     families = list(known) if args.modes == "auto" else names(args.modes, known, "mode")
     check_remote_modes(args, families)
     ks, peer_ks = draft_lengths(args)
@@ -90,7 +90,7 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, keep, rese
     try:
         ours = [f for f in families if f in FAMILIES]
         modes, skipped = build_modes(ours, ks, peer_ks, target, draft, ngram_max=args.ngram_max, k_max=args.k_max,
-                                     server=server, no_server=no_server)
+                                     server=server, no_server=no_server, verifier=args.verifier)
         if research:
             more, not_run = research.modes([f for f in families if f not in FAMILIES], peer_ks, target, draft,
                                            target_gguf=gguf, ngram_max=args.ngram_max, n_ctx=n_ctx)

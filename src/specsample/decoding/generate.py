@@ -24,7 +24,7 @@ from .overlap import Overlap, overlaps
 from .rounds import Round, play_round
 from .sampling import InvalidSetting, Sampler, SamplingConfig
 
-VERIFIERS = ("auto", "coupled", "rejection")
+VERIFIERS = ("auto", "block", "rejection", "coupled")
 
 
 @dataclass
@@ -122,10 +122,11 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     text_stops: tuple[TextStop, ...] = ()  # rules that end the text (text_stops.py: an editor's n_indent, ...)
     eos_token_ids: frozenset[int] | None = None  # None: the target's own
-    # "rejection": modified rejection sampling (verify); "coupled": Gumbel-max coupling
-    # keyed by (seed, position) (verify_coupled), whose tokens depend only on the
-    # target, the seed and the position, never on the drafter, K or timing; "auto":
-    # coupled when a seed is given.
+    # "block": block verification (verify_block), which keeps on average at least as
+    # many drafts as "rejection", token-by-token modified rejection sampling (verify);
+    # "coupled": Gumbel-max coupling keyed by (seed, position) (verify_coupled), whose
+    # tokens depend only on the target, the seed and the position, never on the
+    # drafter, K or timing; "auto": coupled when a seed is given, block otherwise.
     verifier: str = "auto"
     logprobs: int | None = None  # None: none; N: each emitted token's and the N likeliest alternatives'
     logprobs_mode: str = "raw"  # "raw" (the model's) or "processed" (after the controls); see logprobs.py
@@ -160,6 +161,13 @@ class GenerationConfig:
         if self.sampling.greedy:
             return False
         return self.verifier == "coupled" or self.verifier == "auto" and self.seed is not None
+
+    @property
+    def block(self) -> bool:
+        """Whether drafts are verified as a block (verify_block). Greedy rows are
+        one-hot: block verification then keeps exactly the drafts that equal the argmax,
+        as token by token does, which needs no residual over the vocabulary."""
+        return not self.sampling.greedy and not self.coupled and self.verifier in ("auto", "block")
 
 
 @dataclass
@@ -279,7 +287,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
     coupled_seed = None
     if config.coupled:  # unseeded coupling still needs one seed for its noise
         coupled_seed = config.seed if config.seed is not None else int(torch.randint(1 << 62, ()))
-    sampler = Sampler(len(prompt_ids), generator, coupled_seed)
+    sampler = Sampler(len(prompt_ids), generator, coupled_seed, block=config.block)
     out = Emitter(target, prompt_ids, config, grammar, GenerationStats(calibration_seconds=calibration_seconds))
     # The total counts the calibration stream() made for this call (stats.other_seconds
     # leaves it out again).

@@ -13,7 +13,7 @@ from ..output.constraints import GrammarState, constrained_logits
 from .drafters import Draft, Drafter, draft_round
 from .plans import Policy, RoundReport
 from .sampling import Sampler, SamplingConfig
-from .verify import Verdict, verify, verify_coupled
+from .verify import Verdict, verify, verify_block, verify_coupled
 
 
 @dataclass
@@ -100,6 +100,8 @@ def judge(target: Backend, sampler: Sampler, sampling: SamplingConfig, grammar: 
                                  sampling)  # [m + 1, vocab]
     if sampler.coupled:
         verdict = verify_coupled(draft.tokens, target_probs, sampler.noise(len(context), m + 1, logits.shape[-1]))
-    else:
+    elif sampler.block and draft.probs is not None:
+        verdict = verify_block(draft.tokens, draft.probs, target_probs, sampler.generator)
+    else:  # one-hot drafts (lookups, forced tokens) leave block verification nothing to gain: verify_block says why
         verdict = verify(draft.tokens, draft.probs, target_probs, sampler.generator)
     return logits, target_probs, verdict

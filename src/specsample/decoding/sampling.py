@@ -335,14 +335,17 @@ class Sampler:
     (the prompt's length tells generated tokens from prompt tokens). Tokens are drawn
     from the generator, or, when coupled_seed is set, by coupled_choice with noise
     keyed by (coupled_seed, absolute position): a seeded answer is then a function of
-    the target's distributions and the seed alone (verify.verify_coupled).
+    the target's distributions and the seed alone (verify.verify_coupled). Drafts
+    drawn from the generator are verified as a block when `block` is set
+    (verify.verify_block), else token by token (verify.verify).
     """
 
     def __init__(self, prompt_length: int = 0, generator: torch.Generator | None = None,
-                 coupled_seed: int | None = None):
+                 coupled_seed: int | None = None, block: bool = False):
         self.prompt_length = prompt_length
         self.generator = generator
         self.coupled_seed = coupled_seed
+        self.block = block and coupled_seed is None
         self._noise: dict[int, torch.Tensor] = {}  # position -> [vocab]; the draft and the target share it
 
     @property

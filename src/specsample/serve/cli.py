@@ -20,7 +20,8 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--autoregressive", action="store_true", help="serve the target alone (the baseline)")
     p.add_argument("--verifier", choices=VERIFIERS, default="auto",
                    help="auto (default): coupled sampling for requests with a seed, so the seed fixes the text "
-                        "whatever drafts it; rejection sampling otherwise")
+                        "whatever drafts it; block verification otherwise (block, rejection: that rule always; "
+                        "docs/verification.md)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("SPECSAMPLE_API_KEY"),
