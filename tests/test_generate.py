@@ -402,35 +402,3 @@ def test_ngram_index_agrees_with_a_plain_scan():
             if rng.random() < 0.05:
                 context = context[: rng.randint(1, len(context))]
 
-
-@pytest.mark.parametrize("policy", [FixedK(4), "auto"])
-def test_the_first_token_comes_from_the_prefill_at_once_with_no_draft_or_call(policy):
-    """The prefill's last row is the first token's distribution: the first chunk is
-    streamed before the draft model drafts or the target is called again, whatever
-    the policy would draft (issue 51: a drafting first round kept the user waiting
-    for the draft's reading, its drafts and a call). The answer is still exact:
-    greedy output equals plain greedy."""
-    from specsample.policy.control import Planner
-
-    table = random_table(8, seed=3)
-    target, draft = CountingBackend(table), CountingBackend(table + 0.1 * random_table(8, seed=4))
-    plan = Planner(k_max=4).seat() if policy == "auto" else policy
-    config = GenerationConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=0))
-    s = stream(target, [1, 2, 3], config, ModelDrafter(draft, config.sampling), plan)
-    chunks = iter(s)
-    first = next(chunks)
-    assert len(first.token_ids) == 1
-    assert target.calls == 1 and draft.calls == 0  # the prefill alone
-    rest = [t for chunk in chunks for t in chunk.token_ids]
-    assert draft.calls > 0  # later rounds draft
-    assert first.token_ids + rest == generate(TrigramBackend(table), [1, 2, 3], config).token_ids
-
-
-class CountingBackend(TrigramBackend):
-    def __init__(self, table):
-        super().__init__(table)
-        self.calls = 0
-
-    def score(self, token_ids, num_logits):
-        self.calls += 1
-        return super().score(token_ids, num_logits)

@@ -367,3 +367,32 @@ def test_the_plain_option_is_first_in_every_menu():
     seat.begin([1], 10)
     assert seat.menu(Offer({MODEL: 4}, 1))[0] == PLAIN
     assert seat.menu(Offer({MODEL: 4}, 1), barred={"model"}) == [PLAIN]
+
+
+def test_the_first_round_is_a_plain_step_so_the_first_token_waits_for_no_draft_or_call():
+    """The prefill's last row is the first token's distribution: under -k auto the first
+    chunk streams before the draft model drafts or the target is called again, however
+    well drafting would pay (issue 51), and later rounds draft. Greedy output equals
+    plain greedy."""
+    table = random_table(8, seed=3)
+    target, draft = Counting(table), Counting(table + 0.1 * random_table(8, seed=4))
+    prices = Prices(target=Curve({1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0}), draft=Curve({1: 0.01, 8: 0.08}))
+    config = GenerationConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=0))
+    s = stream(target, [1, 2, 3], config, ModelDrafter(draft, config.sampling), Planner(4, prices).seat())
+    chunks = iter(s)
+    first = next(chunks)
+    assert len(first.token_ids) == 1
+    assert target.calls == 1 and draft.calls == 0  # the prefill alone
+    rest = [t for chunk in chunks for t in chunk.token_ids]
+    assert draft.calls > 0 and s.result.stats.drafted > 0  # later rounds draft
+    assert first.token_ids + rest == generate(TrigramBackend(table), [1, 2, 3], config).token_ids
+
+
+class Counting(TrigramBackend):
+    def __init__(self, table):
+        super().__init__(table)
+        self.calls = 0
+
+    def score(self, token_ids, num_logits):
+        self.calls += 1
+        return super().score(token_ids, num_logits)

@@ -3,6 +3,8 @@ planner decides their rounds together, and each still follows its own target
 distribution; a negative control whose drafter peeks at the current round's
 verdict fails the same check."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from specsample.decoding.drafters import HybridDrafter, ModelDrafter, NgramDraft
 from specsample.decoding.generate import generate_many
 from specsample.decoding.generate import GenerationConfig
 from specsample.decoding.sampling import SamplingConfig, logits_to_probs
-from specsample.policy.control import Planner
+from specsample.policy.control import Planner, Seat
 from specsample.policy.curve import Curve
 from specsample.policy.estimates import Goodput, Prices
 
@@ -119,6 +121,12 @@ def test_negative_control_a_drafter_that_peeks_at_the_verdict_fails_in_a_batch(m
     # would be barred from drafting, hiding the bias this control must show.
     monkeypatch.setattr(Goodput, "barred", lambda self, size, kind: False)
     monkeypatch.setattr(Goodput, "probe", lambda self, size: False)
+    # The first round may draft too: a sequence's first token is otherwise a plain step
+    # (Offer.free), and drafting at the prompt, where every sequence shares one context,
+    # is where N sequences show the bias plainest (from the second token on, spread over
+    # the contexts the first token leads to, it is out of this N's reach).
+    plan = Seat.plan
+    monkeypatch.setattr(Seat, "plan", lambda self, offer: plan(self, dataclasses.replace(offer, free=False)))
     counts, _ = adaptive_batches(N, wrap=keeps_only_drafts_it_predicts_rejected)
     exact = exact_distribution(TrigramBackend(MIXED_TARGET), MIXED_PROMPT, LENGTH, SAMPLED)
     assert_misfits(prefix(counts, 2), prefix(exact, 2), 2 * N)

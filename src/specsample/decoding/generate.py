@@ -294,10 +294,9 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
     start = clock() - calibration_seconds
 
     # Prefill the prompt. Its last row is the distribution of the first new token, so
-    # the first round draws that token at once, with no call and no drafts (a round
-    # that drafted would keep the user waiting for the draft's reading of the prompt,
-    # its drafts and a call); every later round feeds the last emitted token
-    # ("pending", never scored yet) plus the drafts. Either way a round gets one
+    # the first round feeds only its drafts (none, under -k auto: control.py) and
+    # every later round feeds the last emitted token ("pending", never scored yet)
+    # plus the drafts. Either way a round gets one
     # distribution per draft plus one.
     claim = claim_cache(target)
     reused, overlap, carried = _prefill(target, prompt_ids, config, drafter, grammar, sampler)
@@ -306,29 +305,22 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
     if drafter is not None:
         policy.begin(out.context, config.max_new_tokens)
     play = play_round if overlap is None else overlap.play
-    first = True
     try:
         while out.going:
             # The target must still hold this stream's text (all but the pending token):
             # another stream on the same backend may have run in between.
             check_cache(target, claim, len(out.context) - (carried is None))
-            if first:  # the first token: drawn from the prefill's last row at once, with no call
-                played = play_round(target, None, policy, sampler, config.sampling, grammar, out.context, carried,
-                                    out.room, clock)
-            else:
-                played = play(target, drafter, policy, sampler, config.sampling, grammar, out.context, carried,
-                              out.room, clock)
+            played = play(target, drafter, policy, sampler, config.sampling, grammar, out.context, carried, out.room,
+                          clock)
             carried = played.carry  # the row a kept block starts from (overlap.py); else None
             chunk = out.emit(played)
             if chunk.token_ids and out.stats.first_token_seconds is None:
                 out.stats.first_token_seconds = clock() - start  # what a user waits for
-            # Tell the drafter how its drafts fared, and the policy what the round cost
-            # (not of the first token: the policy did not plan it, and it cost no call).
-            if drafter is not None and not first:
+            # Tell the drafter how its drafts fared, and the policy what the round cost.
+            if drafter is not None:
                 tell(drafter, played.draft, played.verdict.num_accepted)
                 policy.observe(played.report(chunk.token_ids, clock() - played.started))
             out.stats.total_seconds = clock() - start
-            first = False
             yield chunk
         yield from out.flush()
     finally:  # also when the stream is abandoned (closed, or collected) before its end

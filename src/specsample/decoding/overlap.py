@@ -176,7 +176,7 @@ class Overlap:
         draft, draft_calls, predrafted = self.block, 0, self.block is not None
         self.block = None
         if draft is None:
-            draft, draft_calls = draft_step(drafter, policy, sampler, None, context, room)
+            draft, draft_calls = draft_step(drafter, policy, sampler, None, context, room, carried is not None)
         else:  # the policy still plans the round (its books, its probes), and may cut the block short
             plan = policy.plan(Offer({MODEL: len(draft)}))
             draft = cut(draft, plan.length if plan.source == MODEL else 0)

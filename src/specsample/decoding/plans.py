@@ -51,6 +51,7 @@ class Offer:
     available: dict[Source, int]  # source -> most tokens it can draft now
     lag: int = 0  # tokens the draft model must read before its first draft
     lookup: tuple[Source, tuple[int, ...]] | None = None  # the lookup found, proposed or not
+    free: bool = False  # a row the loop holds predicts the round's first token: a plain step needs no call
 
 
 # Called by the draft model once the draft distribution at position i is known and

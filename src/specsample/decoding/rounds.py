@@ -4,6 +4,7 @@ generate.py places them (stop strings, EOS, the grammar, the budget, statistics)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -51,7 +52,7 @@ def play_round(target: Backend, drafter: Drafter | None, policy: Policy, sampler
     #    never more than we could still emit. Tokens a grammar forces come first,
     #    free (drafters.draft_round).
     t0 = clock()
-    draft, draft_calls = draft_step(drafter, policy, sampler, grammar, context, room)
+    draft, draft_calls = draft_step(drafter, policy, sampler, grammar, context, room, carried is not None)
     t1 = clock()
 
     # 2. Score pending token + drafts in one target call: m+1 distributions.
@@ -69,13 +70,15 @@ def play_round(target: Backend, drafter: Drafter | None, policy: Policy, sampler
 
 
 def draft_step(drafter: Drafter | None, policy: Policy, sampler: Sampler, grammar: GrammarState | None,
-               context: list[int], room: int) -> tuple[Draft, int]:
-    """A round's drafts, as the policy plans them, and the draft model calls they took."""
+               context: list[int], room: int, free: bool = False) -> tuple[Draft, int]:
+    """A round's drafts, as the policy plans them, and the draft model calls they took;
+    `free`: a row the loop holds predicts the round's first token (Offer.free)."""
     budget = min(policy.k_max, room - 1)
     if drafter is None or budget <= 0:
         return Draft.empty(), 0
     calls_before = drafter.calls
-    draft = draft_round(drafter, context, budget, sampler, policy.plan, grammar)
+    plan = (lambda offer: policy.plan(dataclasses.replace(offer, free=True))) if free else policy.plan
+    draft = draft_round(drafter, context, budget, sampler, plan, grammar)
     return draft, drafter.calls - calls_before
 
 

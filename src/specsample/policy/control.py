@@ -30,6 +30,12 @@ Inside a round the length is revised at each drafted position from the draft's
 confidence there (`Extent`), with E - R* T, R* the rate the plan promised, the sunk
 cost of drafts already made left out.
 
+A round whose first token a row already held predicts (Offer.free: a sequence's first
+round, after the prefill's last row) is a plain step: it costs no call, and a round
+that drafted would keep the user waiting for its drafts, a verify call and any reading
+of the prompt by the draft (issue 51: 0.2-0.3 s before the first token of a short
+prompt).
+
 A draft model that has not read a long text (a prompt of thousands of tokens) does
 not hold the stream back: while reading its unread text would cost more than STALL
 plain steps it is not offered, plain steps stream, and where drafting is expected to
@@ -229,6 +235,8 @@ class Seat(Policy):
 
     def plan(self, offer: Offer) -> Plan:
         self.shadow.offered = offer.lookup
+        if offer.free:  # a plain step that costs no call: no drafting round's rate comes near it
+            return Plan(None, 0)
         return request_plan(self, offer)  # the scheduler's, in a batch; else this seat's alone
 
     def menu(self, offer: Offer, barred: set = frozenset()) -> list[Option]:
