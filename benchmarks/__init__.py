@@ -13,7 +13,11 @@ parity.py     HumanEval pass@1 of samples, run in a resource-limited subprocess 
 budget.py     the run's time estimate and --budget-minutes trimming
 neighbour.py  --neighbour: busy processes beside the run
 relay.py      --rpc-delay-ms: a relay that delays every message to an RPC worker
+rounds.py     the report's round-time and "What -k auto chose" tables
+llama_server.py  builds the llama-server the bench compares with, once
+              (python -m benchmarks.llama_server; `make demo` runs it)
 ttft.py       time to first token against llama-server (python -m benchmarks.ttft)
 soak.py       a mixed soak of a real `specsample serve` (python -m benchmarks.soak)
 studies/      one-question studies, each `python -m benchmarks.studies.<name>`
+scripts/      the shell and Python scripts behind some docs/results folders, one folder each
 """

@@ -1,6 +1,6 @@
 """Where a round of our loop spends its time, and what -k auto chose: two tables of the
-research bench's summary.md, from any run's records (studies/rounds.py prints the
-first for a records.jsonl)."""
+research bench's summary.md, from any run's records (python -m benchmarks.studies.rounds
+prints the first for a records.jsonl)."""
 
 from __future__ import annotations
 

@@ -139,7 +139,7 @@ def main() -> int:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(30)
-    write(args.out, "python benchmarks/ttft.py " + " ".join(sys.argv[1:]), rows)
+    write(args.out, "python -m benchmarks.ttft " + " ".join(sys.argv[1:]), rows)
     return 0
 
 

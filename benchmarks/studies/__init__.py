@@ -13,6 +13,8 @@ logprob_cost.py  what log-probabilities cost in decode speed
                  (python -m benchmarks.studies.logprob_cost --out DIR)
 seeded.py        a seed's text across real `specsample serve` processes, default and
                  batch-invariant kernels (python -m benchmarks.studies.seeded --out DIR)
+second_token.py  time to the second token on a long prompt, plain against -k auto
+                 (python -m benchmarks.studies.second_token --out DIR)
 prompt_cache.py  what cache_prompt saves a chat's later turns in time to first token
                  (python -m benchmarks.studies.prompt_cache --out DIR)
 contention.py    how two model processes at once slow each other, with and without

@@ -9,7 +9,7 @@
 #   shared: today's layout of benchmarks/scripts/rpc/run.sh, workers of 2 threads and a client
 #           of 2 threads all on both cores.
 # Cells are layout:delay-ms (CELLS="pinned:2 shared:none"; default all of the issue's).
-# The delay (bench/relay.py's DelayRelay: every message one way) runs in a process of its
+# The delay (benchmarks/relay.py's DelayRelay: every message one way) runs in a process of its
 # own, on the workers' core when pinned: in the client's process its Python thread would
 # wait on the drafting thread for the GIL at every message, a cost no network has.
 # Each cell runs `--modes ar,spec-auto` twice (overlap on, then off), greedy and
@@ -17,7 +17,7 @@
 # the target in the client on core 0 (1 thread), the draft on a worker of its own on
 # core 1, against the same run with the draft in the client beside the target. CHECK=1 ends with `specsample check` over the pinned
 # workers (overlap on: check runs the overlapped rounds). Run alone, from the
-# repository root; results go to $OUT (default /tmp/rpc-overlap) and the ones the docs cite are in docs/results/rpc-overlap.
+# repository root (the bench is python -m benchmarks.bench, the relay benchmarks.relay); results go to $OUT (default /tmp/rpc-overlap) and the ones the docs cite are in docs/results/rpc-overlap.
 set -euo pipefail
 OUT=${OUT:-/tmp/rpc-overlap}
 CELLS=${CELLS:-"pinned:none pinned:2 pinned:5 shared:none shared:2 shared:5"}
@@ -25,6 +25,7 @@ PROMPTS=${PROMPTS:-8}
 CHECK=${CHECK:-0}
 CHECK_N=${CHECK_N:-2000}
 SPEC=${SPEC:-.venv/bin/specsample}
+PYTHON=${PYTHON:-.venv/bin/python}
 mkdir -p "$OUT"
 W1= W2= LAYOUT=
 stop_workers() {
@@ -43,7 +44,7 @@ start_workers() {  # $1: layout
 ENDPOINTS=127.0.0.1:50071,127.0.0.1:50072
 RELAY='
 import sys, threading, contextlib
-from specsample.bench.relay import DelayRelay
+from benchmarks.relay import DelayRelay
 with contextlib.ExitStack() as stack:
     relays = [stack.enter_context(DelayRelay(e, float(sys.argv[2]) / 1000)) for e in sys.argv[1].split(",")]
     print(",".join(r.endpoint for r in relays), flush=True)
@@ -51,13 +52,13 @@ with contextlib.ExitStack() as stack:
 '
 R=
 start_relay() {  # $1: pin prefix, $2: delay ms; sets TARGET to the relays' endpoints
-  $1 ${PYTHON:-.venv/bin/python} -c "$RELAY" "$ENDPOINTS" "$2" > "$OUT/relay.endpoints" & R=$!
+  $1 $PYTHON -c "$RELAY" "$ENDPOINTS" "$2" > "$OUT/relay.endpoints" & R=$!
   for _ in $(seq 300); do [ -s "$OUT/relay.endpoints" ] && break; sleep 0.2; done
   TARGET=$(head -1 "$OUT/relay.endpoints")
 }
 stop_relay() { [ -n "$R" ] && kill "$R" 2>/dev/null && wait "$R" 2>/dev/null || true; R=; rm -f "$OUT/relay.endpoints"; }
 trap 'stop_relay; stop_workers' EXIT
-BENCH="bench --backend llamacpp --target-quant bf16 --tasks humaneval --prompts $PROMPTS --settings greedy,sample --no-parity --no-plots --modes ar,spec-auto ${EXTRA:-}"
+BENCH="$PYTHON -m benchmarks.bench --backend llamacpp --target-quant bf16 --tasks humaneval --prompts $PROMPTS --settings greedy,sample --no-parity --no-plots --modes ar,spec-auto ${EXTRA:-}"
 for cell in $CELLS; do
   layout=${cell%%:*} d=${cell#*:}
   if [ "$layout" = draft ]; then
@@ -68,7 +69,7 @@ for cell in $CELLS; do
       name="draft-delay-$d-$where"
       rpc=""; [ "$where" = draft-rpc ] && rpc="--draft-rpc 127.0.0.1:50073"
       [ "$d" = none ] || rpc="$rpc --rpc-delay-ms $d"
-      taskset -c 0 $SPEC $BENCH --threads 1 $rpc --out "$OUT/$name" > "$OUT/$name.log" 2>&1
+      taskset -c 0 $BENCH --threads 1 $rpc --out "$OUT/$name" > "$OUT/$name.log" 2>&1
       echo "done $name $(date -u +%H:%M:%S)" >> "$OUT/progress"
     done
     kill "$W3" 2>/dev/null && wait "$W3" 2>/dev/null || true
@@ -80,7 +81,7 @@ for cell in $CELLS; do
   [ "$d" = none ] || start_relay "$net" "$d"
   for overlap in overlap no-overlap; do
     name="$layout-delay-$d-$overlap"
-    $head $SPEC $BENCH --threads $threads --$overlap --target-rpc "$TARGET" --tensor-split 1,1 --out "$OUT/$name" \
+    $head $BENCH --threads $threads --$overlap --target-rpc "$TARGET" --tensor-split 1,1 --out "$OUT/$name" \
       > "$OUT/$name.log" 2>&1
     echo "done $name $(date -u +%H:%M:%S)" >> "$OUT/progress"
   done

@@ -10,6 +10,9 @@ overlap's chain of one-draft blocks was found (docs/results/rpc-overlap/trace-dr
     TRACE=trace.jsonl taskset -c 0 .venv/bin/python benchmarks/scripts/rpc-overlap/trace_planner.py bench \\
         --backend llamacpp --target-quant bf16 --tasks humaneval --prompts 2 --settings greedy --no-parity \\
         --no-plots --modes spec-auto --threads 1 --draft-rpc 127.0.0.1:50073 --out /tmp/trace-run
+
+Today the same runs without --no-parity: parity is the research bench's (python -m
+benchmarks.bench), and the installed `specsample bench` that this wraps has none.
 """
 import json
 import os

@@ -13,7 +13,7 @@ keeps all its threads, and two processes settle at one thread each on two cores,
 where no thread waits for a descheduled partner. The others' share comes from
 /proc: busy time of all cores less this process's own, over the last quarter
 second. Elsewhere than Linux, the configured threads are used as they are, and
-SPECSAMPLE_SHARE_CORES=0 turns this off (as studies/contention.py does to compare).
+SPECSAMPLE_SHARE_CORES=0 turns this off (as benchmarks/studies/contention.py does to compare).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ tasks.py      tasks: prompts, chat or raw, token limit and stop strings each; ch
               prompts_file.py: --prompts-file, the user's own prompts as a task
 modes.py      what is timed: our loops and llama-server, one interface
 peer_sampling.py  our sampling settings in each peer's request, one table
-native.py     llama-server as a peer (plain and -md), built once
+native.py     llama-server as a peer (plain and -md): the pinned build that
+              benchmarks/llama_server.py makes, or --llama-server PATH
 servers.py    servers run as child processes (llama-server, specsample serve)
 runner.py     interleaved runs -> one Record per prompt x mode x setting x task
 records.py    Record: one timed generation, a line of records.jsonl; ServedRecord: one
