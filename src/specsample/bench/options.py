@@ -12,7 +12,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..app.arguments import UsageError, add_model_arguments, model_options
+from ..app.arguments import UsageError, add_model_arguments, add_trace_argument, model_options
 from .modes import FAMILIES, OUR_FAMILIES, SETTINGS
 from .native import LlamaServer, ensure_server
 from .runner import BenchConfig
@@ -96,6 +96,8 @@ def add_bench_arguments(b) -> None:
     b.add_argument("--rpc-delay-ms", type=float, default=None, metavar="MS",
                    help="with --target-rpc or --draft-rpc: reach each worker through a local relay that delays every message by "
                         "MS one way (a network's latency on one machine; docs/distributed.md)")
+    add_trace_argument(b, " of the spec-auto mode, its warm-up first, then every prompt and setting (each line "
+                          "tagged with the target type; not with --serve: give the server --trace)")
 
 
 def resolve_options(args) -> argparse.Namespace:

@@ -14,6 +14,7 @@ from .bandwidth import measure_read_bandwidth, weight_bytes
 from .budget import TaskLoad, estimate_seconds, format_duration, trim_to_budget
 from .costs import measure_cost_curve
 from .modes import FAMILIES, OurMode, build_modes
+from ..policy.trace import Trace
 from .options import (bench_config, check_remote_modes, command_line, draft_lengths, is_llamacpp, machine_line,
                       names, start_server, target_label, target_types, threads)
 from .records import Record
@@ -29,6 +30,8 @@ def run(args) -> int:
     config = bench_config(args)  # validates before the slow model loads
     families = list(FAMILIES) if args.modes == "auto" else names(args.modes, FAMILIES, "mode")
     check_remote_modes(args, families)
+    if args.trace is not None and "spec-auto" not in families:
+        raise UsageError("--trace follows the spec-auto mode's decisions: run it (--modes)")
     ks, peer_ks = draft_lengths(args)
     types = target_types(args)
     options = model_options(args)
@@ -39,6 +42,7 @@ def run(args) -> int:
     runs, notes = [], []
     engine = "gguf" if is_llamacpp(target) else args.dtype
     start_partial(args.out)
+    trace = Trace(args.trace) if args.trace is not None else None
     for i, (label, quant) in enumerate(types):
         if target is None:
             target = assemble(replace(options, target_quant=quant), drafting=False).target
@@ -46,11 +50,16 @@ def run(args) -> int:
         if len(types) > 1:
             print(f"specsample: target {label}", file=sys.stderr, flush=True)
         kept = partial(keep_partial, args.out, label)
-        records, curve, run_notes = _bench_target(args, config, families, ks, peer_ks, target, draft, i == 0, kept)
+        if trace is not None:
+            trace.tag = label
+        records, curve, run_notes = _bench_target(args, config, families, ks, peer_ks, target, draft, i == 0, kept,
+                                                  trace)
         gguf = getattr(target, "path", None)
         runs.append(TargetRun(label, [replace(r, target=label) for r in records], curve, weight_bytes(target, gguf)))
         notes += [f"{label}: {n}" if len(types) > 1 else n for n in run_notes]
         target = None  # free it before the next type loads
+    if trace is not None:
+        trace.close()
     machine = machine_line(engine, args, load_at_start)
     table = write_report(args.out, runs, command=command_line(), machine=machine, notes=notes, plots=args.plots,
                          read_bandwidth=read_bandwidth)
@@ -60,7 +69,7 @@ def run(args) -> int:
 
 
 def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bool,
-                  keep) -> tuple[list[Record], object, list[str]]:
+                  keep, trace=None) -> tuple[list[Record], object, list[str]]:
     """Every mode on one target type: its cost curve, then the interleaved runs."""
     counts = {t: config.prompt_count(t) for t in config.tasks}
     prompts = prepare(target, config.tasks, counts)
@@ -82,6 +91,9 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, parity: bo
         modes, skipped = build_modes(families, ks, peer_ks, target, draft, target_gguf=gguf, ngram_max=args.ngram_max,
                                      n_ctx=n_ctx, k_max=args.k_max, server=server, no_server=no_server)
         notes = [f"not run: {n}" for n in skipped]
+        for mode in modes if trace is not None else ():
+            if mode.family == "spec-auto":  # the one mode whose planner decides (the others' K is fixed)
+                mode.policy.planner.trace = trace
         parity_modes = _parity_modes(target, draft, args.parity_k) if parity_prompts else []
         if parity_count and not parity_modes:
             notes.append("parity: skipped, no draft model")
