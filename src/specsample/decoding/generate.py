@@ -20,7 +20,7 @@ from ..output.detokenize import TextTracker
 from ..output.text_stops import TextStop
 from .drafters import Drafter, reuse_model_cache, tell
 from ..output.logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
-from .overlap import Overlap, overlaps
+from .overlap import Overlap, stream_overlaps
 from .rounds import Round, play_round
 from .sampling import InvalidSetting, Sampler, SamplingConfig
 
@@ -281,7 +281,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
         reuse_model_cache(drafter)
     # Where the target runs elsewhere, the draft reads the prompt during its prefill and
     # drafts each next block during a call (overlap.py).
-    overlap = Overlap() if overlaps(target, drafter, grammar) else None
+    overlap = Overlap() if stream_overlaps(target, drafter, grammar) else None
     if overlap is None:
         carried = target.score(prompt_ids[reused:], num_logits=1)  # [1, vocab]
     else:

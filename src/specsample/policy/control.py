@@ -27,7 +27,7 @@ bars drafting at a batch size where rounds with drafts realised fewer tokens per
 second than rounds without, and lets it be tried again once that evidence is stale.
 
 Inside a round the length is revised at each drafted position from the draft's
-confidence there (`Extent`), with E - R* T, R* the rate the plan promised, the sunk
+confidence there (`ConfidenceExtent`), with E - R* T, R* the rate the plan promised, the sunk
 cost of drafts already made left out.
 
 A draft model that has not read a long text (a prompt of thousands of tokens) does
@@ -288,7 +288,7 @@ class Seat(Policy):
         if option.source is None:
             return Plan(None, 0, catch_up=catch_up)
         limit = min(offer.available[option.source], self.k_max)
-        extent = Extent(self.acceptance[option.source], self.planner.prices, rate, limit, others, widths)
+        extent = ConfidenceExtent(self.acceptance[option.source], self.planner.prices, rate, limit, others, widths)
         return Plan(option.source, option.m, limit, extent if option.source == MODEL else None)
 
     def observe(self, report: RoundReport) -> None:
@@ -305,8 +305,9 @@ class Seat(Policy):
             self.planner.trace.reported(self, report)
 
 
-class Extent:
-    """A round's `extent`: the length re-made at each drafted position from the draft's
+class ConfidenceExtent:
+    """A round's `extent` (plans.Extent, the rule any policy may hand a round) as the
+    planner makes it: the length re-made at each drafted position from the draft's
     confidence there, maximising E - R* T with R* the rate the plan promised and the
     sunk cost of drafts already made left out; the other sequences' tokens and draft
     steps in the same calls as planned (`widths`: how many of them draft at each step)."""
