@@ -209,7 +209,7 @@ def test_cli_checks_auto_and_says_what_its_reference_is(capsys, toy_models):
     out, err = capsys.readouterr()
     assert_verdict_printed(code, out + err)
     assert "k=auto" in out and "reference above uses one-token calls" in out
-    assert "-k auto: the controller chose each round's length from this machine's timings" in out
+    assert "-k auto: the planner chose each round's length from this machine's timings" in out
 
 
 def test_cli_exits_1_on_a_wrong_sampler(capsys, toy_models, monkeypatch):

@@ -95,7 +95,23 @@ def test_generate_streams_text_and_prints_stats_to_stderr(capsys, tiny_dirs):
     assert out.strip() and "tokens/s" in err and "acceptance" in err
 
 
+def test_generate_traces_its_rounds_and_the_trace_command_sums_them(capsys, tiny_dirs, tmp_path):
+    path = tmp_path / "trace.jsonl"
+    base = ["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompt",
+            "the cat sat on the mat the cat", "--max-new-tokens", "12", "--json"]
+    code, out, _ = run(capsys, *base, "--trace", str(path))
+    assert code == 0
+    traced = json.loads(out)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == sum(traced["stats"]["draft_length_histogram"])  # a line per round
+    assert sum(s["emitted"] for line in lines for s in line["seqs"]) == traced["stats"]["new_tokens"]
+    assert json.loads(run(capsys, *base)[1])["token_ids"] == traced["token_ids"]  # greedy: the same text
+    code, out, _ = run(capsys, "trace", str(path))
+    assert code == 0 and out.startswith(f"{len(lines)} rounds") and "| round kind |" in out
+
+
 @pytest.mark.parametrize("args,message", [
+    (["-k", "3", "--trace", "unused.jsonl"], "--trace follows -k auto"),
     (["--target", "no-such-model"], "unknown model"),
     (["--target", "/nonexistent/model.gguf"], "not found"),
     (["-k", "0"], "k must be"),

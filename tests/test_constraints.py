@@ -386,7 +386,7 @@ def test_a_draft_with_no_mass_on_allowed_tokens_drafts_nothing_there():
     assert "model" not in result.stats.sources and result.stats.sources["forced"][2] == 3
 
 
-def test_the_adaptive_controller_counts_forced_tokens_as_a_source_of_their_own():
+def test_the_planner_counts_forced_tokens_as_a_source_of_their_own():
     policy = Planner(4).seat()
     drafter = HybridDrafter(model_drafter("close", GREEDY))
     generate(backend(TARGET), PROMPT, config(GREEDY, max_new_tokens=20), drafter, policy)

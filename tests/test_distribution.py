@@ -173,7 +173,7 @@ def test_negative_control_the_smallest_error_the_check_is_shown_to_detect():
 #
 # A target and draft that agree on easy contexts only (toy.mixed_tables), with costs
 # on a fake clock that make drafting pay when the draft is right and not when it is
-# wrong: the controller changes the draft length, down to plain steps, within
+# wrong: the planner changes the draft length, down to plain steps, within
 # sequences and across them. Its state carries over from one sequence to the next,
 # so later choices depend on earlier outcomes, as in real use.
 
@@ -215,7 +215,7 @@ def adaptive(kind, sampling, wrap=None):
 def test_adaptive_policy_preserves_target_distribution(kind, temperature, top_k, top_p):
     sampling = SamplingConfig(temperature, top_k, top_p)
     counts, lengths, switched, sources = adaptive(kind, sampling)
-    # The controller really did switch: plain steps, several draft lengths, and
+    # The planner really did switch: plain steps, several draft lengths, and
     # sequences that mix both.
     assert lengths.get(0, 0) > N // 20
     assert sum(1 for m, c in lengths.items() if m > 0 and c > N // 1000) >= 2

@@ -24,7 +24,7 @@ import torch
 
 from specsample.decoding.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.decoding.generate import GenerationConfig, generate
-from specsample.decoding.overlap import Overlap, next_block_size, overlaps
+from specsample.decoding.overlap import Overlap, next_block_size, stream_overlaps
 from specsample.decoding.plans import FORCED, MODEL, lookup_source
 from specsample.decoding.sampling import SamplingConfig, logits_to_probs
 from specsample.policy.calibrate import make_policy
@@ -182,12 +182,12 @@ def test_an_error_in_the_target_call_reaches_the_caller():
 def test_only_a_remote_target_with_a_draft_model_and_no_grammar_overlaps():
     sampling = SamplingConfig()
     model = ModelDrafter(TrigramBackend(DRAFTS["close"]), sampling)
-    assert overlaps(Remote(TARGET), model, None)
-    assert overlaps(Remote(TARGET), HybridDrafter(model), None)
-    assert not overlaps(TrigramBackend(TARGET), model, None)  # local: the draft would take the target's cores
-    assert not overlaps(Remote(TARGET), NgramDrafter(), None)  # lookups cost nothing to hide
-    assert not overlaps(Remote(TARGET), None, None)
-    assert not overlaps(Remote(TARGET), model, object())  # a grammar stands at the end of the accepted text
+    assert stream_overlaps(Remote(TARGET), model, None)
+    assert stream_overlaps(Remote(TARGET), HybridDrafter(model), None)
+    assert not stream_overlaps(TrigramBackend(TARGET), model, None)  # local: the draft would take the target's cores
+    assert not stream_overlaps(Remote(TARGET), NgramDrafter(), None)  # lookups cost nothing to hide
+    assert not stream_overlaps(Remote(TARGET), None, None)
+    assert not stream_overlaps(Remote(TARGET), model, object())  # a grammar stands at the end of the accepted text
 
 
 def test_the_next_block_has_the_drafts_the_policy_wants_within_k_and_the_budget():

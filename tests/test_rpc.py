@@ -3,14 +3,14 @@
 import pytest
 
 from specsample.app.assemble import ModelOptions, OptionError, check_options
-from specsample.backends.rpc import RpcUnsupported, Workers, parse_workers, require_rpc
+from specsample.backends.rpc import RpcUnsupported, RpcWorkers, parse_workers, require_rpc
 
 pytestmark = pytest.mark.pure
 
 
 def test_workers_parse_with_and_without_a_split_and_key_the_cost_cache_by_the_set():
     workers = parse_workers("127.0.0.1:50052, 10.0.0.2:50053")
-    assert workers == Workers(("127.0.0.1:50052", "10.0.0.2:50053"))
+    assert workers == RpcWorkers(("127.0.0.1:50052", "10.0.0.2:50053"))
     split = parse_workers("a:1,b:2", "3,1")
     assert split.split == (3.0, 1.0)
     assert len({workers.key, split.key, parse_workers("a:1,b:2").key, parse_workers("b:2,a:1").key}) == 4
@@ -73,7 +73,7 @@ def test_workers_share_our_cores_when_one_may_run_where_we_may():
 
 
 def test_target_and_draft_are_apart_only_where_neither_may_run_on_the_others_cores():
-    """Where the overlap pays (assemble.overlaps): one model on workers whose cores the
+    """Where the overlap pays (assemble.pair_overlaps): one model on workers whose cores the
     other cannot take turns on. A remote endpoint shares only with itself."""
     import os
 
@@ -107,22 +107,23 @@ def test_the_draft_worker_option_is_checked_before_any_load():
 
 
 def test_the_overlap_is_asked_for_and_needs_target_and_draft_apart():
-    from specsample.app.assemble import overlaps
+    from specsample.app.assemble import pair_overlaps
 
     remote = parse_workers("10.255.255.1:50052")
-    assert overlaps(ModelOptions(), "llamacpp", remote, None) and overlaps(ModelOptions(), "llamacpp", None, remote)
-    assert not overlaps(ModelOptions(overlap=False), "llamacpp", remote, None)
-    assert not overlaps(ModelOptions(), None, remote, None)  # no draft model: nothing to draft meanwhile
-    assert not overlaps(ModelOptions(), "llamacpp", None, None)
-    assert not overlaps(ModelOptions(), "llamacpp", remote, remote)
+    assert pair_overlaps(ModelOptions(), "llamacpp", remote, None)
+    assert pair_overlaps(ModelOptions(), "llamacpp", None, remote)
+    assert not pair_overlaps(ModelOptions(overlap=False), "llamacpp", remote, None)
+    assert not pair_overlaps(ModelOptions(), None, remote, None)  # no draft model: nothing to draft meanwhile
+    assert not pair_overlaps(ModelOptions(), "llamacpp", None, None)
+    assert not pair_overlaps(ModelOptions(), "llamacpp", remote, remote)
 
 
 def test_a_server_watches_the_target_and_draft_workers_alike():
     from specsample.backends.rpc import joined
 
     assert joined(None, None) is None
-    assert joined(parse_workers("a:1,b:2", "1,1"), parse_workers("b:2")) == Workers(("a:1", "b:2"))
-    assert joined(None, parse_workers("c:3")) == Workers(("c:3",))
+    assert joined(parse_workers("a:1,b:2", "1,1"), parse_workers("b:2")) == RpcWorkers(("a:1", "b:2"))
+    assert joined(None, parse_workers("c:3")) == RpcWorkers(("c:3",))
 
 
 def test_the_bench_delays_the_draft_workers_messages_too(monkeypatch):

@@ -147,7 +147,7 @@ def test_greedy_speculation_with_the_draft_on_a_worker_equals_plain_greedy(real_
     assert models.target.workers is None and models.draft.workers.endpoints == (endpoint,)
     assert endpoint in models.draft.cost_key
     # The worker is pinned nowhere: it shares this process's cores, where the overlap
-    # is off (assemble.overlaps); turned on here, its path is the one under test.
+    # is off (assemble.pair_overlaps); turned on here, its path is the one under test.
     assert not models.target.overlap
     models.target.overlap = True
     greedy = SamplingConfig(temperature=0)

@@ -151,9 +151,9 @@ def test_prompt_tokens_count_each_prompt_of_a_batch(url):
 
 
 def test_the_default_auto_mode_with_the_hybrid_drafter():
-    """The server as `specsample serve` starts it: -k auto, one adaptive controller for
+    """The server as `specsample serve` starts it: -k auto, one planner for
     every request, the draft model with lookup beside it. Greedy answers equal plain
-    greedy decoding; the controller drafts (target calls are made the costly part)
+    greedy decoding; the planner drafts (target calls are made the costly part)
     and keeps its measurements from one request to the next."""
     from specsample.app.assemble import Models
     from specsample.decoding.plans import MODEL
@@ -185,6 +185,6 @@ def test_the_default_auto_mode_with_the_hybrid_drafter():
             assert sum(usage["draft_length_histogram"][1:]) > 0  # it drafted
         sampled = client.completions.create(model="toy", prompt=PROMPT, max_tokens=30, temperature=0.8, seed=4)
         assert sampled.usage.completion_tokens == 30
-    # One controller across requests: calibrated once, the draft model's evidence kept;
+    # One planner across requests: calibrated once, the draft model's evidence kept;
     # every answer here was cut by max_tokens, which says nothing of how long answers run.
     assert policy.planner.prices.target(1) > 0 and MODEL in policy.acceptance.sources and policy.length.typical.value is None

@@ -1,6 +1,7 @@
 """`specsample serve` parses into the server's settings and serves a tiny HF model;
 tokenizers render multi-turn chats."""
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -90,6 +91,29 @@ def test_serve_parallel_holds_its_slots_behind_the_api_key(monkeypatch, tiny_tar
                                                          timeout=60), range(2)))
     assert [r.status_code for r in replies] == [200, 200]
     assert replies[0].json()["choices"][0]["text"] == replies[1].json()["choices"][0]["text"]
+
+
+def test_serve_traces_every_round_of_its_requests(monkeypatch, tiny_target, tmp_path):
+    """--trace on a server of two slots under -k auto: its two requests' rounds, a
+    batch's round in one line, add up to the tokens it answered."""
+    path, replies, written = tmp_path / "trace.jsonl", [], []
+
+    def serve(app, **options):  # uvicorn.run's place: the requests come while the command runs
+        body = {"model": app.state.server.settings.model_name, "prompt": "the cat sat on the mat the cat",
+                "max_tokens": 8, "temperature": 0}
+        with running(app) as url, ThreadPoolExecutor(2) as pool:
+            replies.extend(pool.map(lambda _: httpx.post(url + "/v1/completions", json=body, timeout=60), range(2)))
+        written.append(path.read_text())  # flushed line by line: all there while the server still runs
+
+    monkeypatch.setattr(uvicorn, "run", serve)
+    assert main(["serve", "--target", tiny_target, "--draft", "ngram", "--parallel", "2", "--trace", str(path)]) == 0
+    assert [r.status_code for r in replies] == [200, 200]
+    assert written == [path.read_text()]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sum(s["emitted"] for line in lines for s in line["seqs"]) == sum(
+        r.json()["usage"]["completion_tokens"] for r in replies)
+    assert {s["seat"] for line in lines for s in line["seqs"]} <= {0, 1}  # a seat per slot
+    assert main(["serve", "--target", tiny_target, "-k", "3", "--trace", str(path)]) == 2  # no planner to trace
 
 
 def test_hf_chat_messages_renders_every_turn(tiny_target):

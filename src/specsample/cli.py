@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 from .app.arguments import (UsageError, add_draft_length_arguments, add_model_arguments, add_sampling_controls,
-                            add_verifier_argument, model_options, sampling_config)
+                            add_trace_argument, add_verifier_argument, check_trace, model_options, sampling_config)
 from .app.assemble import assemble
 from .app.check_cli import add_check_parser
 from .backends.models import DEFAULT_MODELS, ModelError, fetch_default
@@ -21,6 +21,7 @@ from .decoding.generate import GenerationConfig, check_prompt, stream
 from .output.constraints import Constraint
 from .output.fim import fim_prompt
 from .policy.calibrate import check_draft_length
+from .policy.trace import format_summary, read_lines, summarise, traced
 from .serve.cli import add_serve_parser
 
 
@@ -60,12 +61,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --json: each token's log-probability and the N likeliest alternatives")
     g.add_argument("--logprobs-mode", choices=("raw", "processed"), default="raw",
                    help="raw: the model's own; processed: after the sampling controls")
+    add_trace_argument(g)
     g.set_defaults(func=cmd_generate)
 
     f = sub.add_parser("fetch", help="download and verify the default GGUF models")
     f.add_argument("names", nargs="*", help=f"default: all of {', '.join(DEFAULT_MODELS)}")
     f.set_defaults(func=cmd_fetch)
 
+    add_rpc_worker_parser(sub)
+    add_bench_parser(sub)
+    add_serve_parser(sub)
+    add_check_parser(sub)
+    add_trace_parser(sub)
+    return parser
+
+
+def add_rpc_worker_parser(sub) -> None:
     w = sub.add_parser("rpc-worker", help="serve this machine's CPU to a target split over llama.cpp RPC workers")
     w.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only; "
                                                        "without --rpc-key the protocol has no authentication)")
@@ -87,10 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "timeouts, restart or key (for measuring what the guard costs)")
     w.set_defaults(func=cmd_rpc_worker)
 
-    add_bench_parser(sub)
-    add_serve_parser(sub)
-    add_check_parser(sub)
-    return parser
+
+def add_trace_parser(sub) -> None:
+    t = sub.add_parser("trace", help="sum up a --trace file: time by round kind, why plain, price error, catch-up")
+    t.add_argument("file", type=Path, help="what --trace FILE wrote (generate, serve or bench)")
+    t.set_defaults(func=cmd_trace)
 
 
 def generation_config(args) -> GenerationConfig:
@@ -156,17 +168,20 @@ def prompt_ids(text: str, chat: bool, target, suffix: str = "") -> list[int]:
 def cmd_generate(args) -> int:
     # Every input is read and checked before the slow model load.
     check_draft_length(args.k, args.k_max)
+    check_trace(args)
     config = generation_config(args)
     suffix = suffix_text(args)
     text = prompt_text(args, suffix)
     models = assemble(model_options(args), drafting=not args.autoregressive)
     target, drafter = models.target, models.drafter(config.sampling)
     ids = prompt_ids(text, args.chat, target, suffix)
-    s = stream(target, ids, config, drafter, models.policy(args.k, args.k_max))
-    for chunk in s:
-        if not args.json:
-            sys.stdout.write(chunk.text)
-            sys.stdout.flush()
+    policy = models.policy(args.k, args.k_max)
+    with traced(policy, args.trace):
+        s = stream(target, ids, config, drafter, policy)
+        for chunk in s:
+            if not args.json:
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
     result = s.result
     if args.json:
         out = {"text": result.text, "token_ids": result.token_ids, "stop_reason": result.stop_reason,
@@ -198,6 +213,14 @@ def format_stats(stats, speculative: bool) -> str:
         line += f", cost calibration {stats.calibration_seconds:.2f} s"
     return line + f" (prefill {stats.prefill_seconds:.2f} s, draft {stats.draft_seconds:.2f} s, " \
                   f"target {stats.target_seconds:.2f} s, other {stats.other_seconds:.2f} s)"
+
+
+def cmd_trace(args) -> int:
+    lines, unreadable = read_lines(args.file)  # a missing file: main's one-line error
+    print(format_summary(summarise(lines)))
+    if unreadable:  # the last line of a process killed while writing it
+        print(f"specsample trace: {unreadable} line(s) could not be read and were left out", file=sys.stderr)
+    return 0
 
 
 def cmd_fetch(args) -> int:

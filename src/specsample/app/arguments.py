@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import fields
+from pathlib import Path
 
 from ..decoding.sampling import SamplingConfig
 from .assemble import ModelOptions, option_flag
@@ -45,6 +46,19 @@ def add_draft_length_arguments(p: argparse.ArgumentParser, default: int | str = 
                    help=f"draft tokens per round, or 'auto': chosen each round from measured costs and acceptance, "
                         f"0 (a plain step) when drafting does not pay (default {default})")
     p.add_argument("--k-max", type=int, default=8, help="the most drafts -k auto proposes in a round (default 8)")
+
+
+def add_trace_argument(p: argparse.ArgumentParser, what: str = "") -> None:
+    p.add_argument("--trace", type=Path, metavar="FILE",
+                   help=f"write -k auto's decisions to FILE, one JSON line per round{what}: the offers, prices and "
+                        f"options priced, the choice, the realised time and tokens (`specsample trace FILE` sums "
+                        f"them up)")
+
+
+def check_trace(args) -> None:
+    """--trace needs a planner: -k auto, and something to draft."""
+    if getattr(args, "trace", None) is not None and (args.k != "auto" or getattr(args, "autoregressive", False)):
+        raise UsageError("--trace follows -k auto's decisions: give -k auto and a draft model or lookup")
 
 
 def add_sampling_controls(p: argparse.ArgumentParser, temperature: float = 0.0) -> None:

@@ -134,8 +134,8 @@ class Models:
 
     def policy(self, k: int | str, k_max: int = 8, parallel: int = 1) -> Policy:
         """The draft-length policy to keep across generations (calibrate.make_policy):
-        for -k auto, an adaptive controller that starts from costs measured here, now,
-        and cached per machine and model pair, so later runs start warm; with
+        for -k auto, a seat of a planner whose prices start from costs measured here,
+        now, and cached per machine and model pair, so later runs start warm; with
         `parallel` sequences at once, the calls of a whole batch are timed too."""
         cache = cost_cache_path(cache_dir(), self.target, self.draft) if k == "auto" and self.drafts else None
         return make_policy(k, k_max, self.target, self.draft, drafts=self.drafts, cost_cache=cache, parallel=parallel)
@@ -174,7 +174,8 @@ def assemble(options: ModelOptions, drafting: bool = True, sequences: int = 1) -
     kw["sequences"] = sequences if target_engine == "llamacpp" else 1
     target = hold_sequences(load_backend(options.target, target_engine, quant=target_quant,
                                          batch_invariant=options.batch_invariant, workers=on_workers,
-                                         overlap=overlaps(options, draft_engine, on_workers, draft_on), **kw), sequences)
+                                         overlap=pair_overlaps(options, draft_engine, on_workers, draft_on), **kw),
+                             sequences)
     if not drafting:
         return Models(target)
     if draft_engine is None:
@@ -238,7 +239,7 @@ def check_options(options: ModelOptions, drafting: bool = True) -> tuple[str, st
 
 
 def target_workers(options: ModelOptions, target_engine: str):
-    """The RPC workers --target-rpc names (rpc.Workers), checked; None: the target is local."""
+    """The RPC workers --target-rpc names (rpc.RpcWorkers), checked; None: the target is local."""
     if options.target_rpc is None:
         if options.tensor_split is not None:
             raise OptionError("--tensor-split splits a target over --target-rpc workers; none is named")
@@ -254,7 +255,7 @@ def target_workers(options: ModelOptions, target_engine: str):
 
 
 def draft_workers(options: ModelOptions, draft_engine: str | None):
-    """The RPC worker --draft-rpc names (rpc.Workers), checked; None: the draft is local."""
+    """The RPC worker --draft-rpc names (rpc.RpcWorkers), checked; None: the draft is local."""
     if options.draft_rpc is None or draft_engine is None:
         return None
     if draft_engine != "llamacpp":
@@ -272,7 +273,7 @@ def draft_workers(options: ModelOptions, draft_engine: str | None):
     return workers
 
 
-def overlaps(options: ModelOptions, draft_engine: str | None, target_on, draft_on) -> bool:
+def pair_overlaps(options: ModelOptions, draft_engine: str | None, target_on, draft_on) -> bool:
     """Whether drafting runs during the target's calls (decoding/overlap.py): asked for,
     with a draft model to draft, and target and draft compute on cores of their own
     (rpc.apart, which reads /proc only then), which needs one of them on workers."""

@@ -23,7 +23,7 @@ at least 9 times in 10 once d exceeds the 99th percentile plus the 90th: that su
 is the smallest TV it detects (it shrinks as 1 / sqrt(N)). A smaller error, such as
 an engine floor below it, can pass unseen.
 
-With -k auto the draft lengths are the adaptive controller's, chosen from this
+With -k auto the draft lengths are the planner's, chosen from this
 machine's timings, so the second token is scored in calls whose size no reference
 can know in advance. The reference then uses one-token calls (plain decoding's
 numbers): exact where the engine floor is 0 (transformers, --batch-invariant),
@@ -181,7 +181,7 @@ def sample_pairs(target, drafter, prompt, n, config: CheckConfig, policy: Policy
     counts: dict[tuple[int, int], int] = {}
     drafted = accepted = 0
     # K + 1 new tokens: x2 is then always scored in a K-token call (exact_cells); with
-    # -k auto, room for the longest round the controller may choose (k_max either way).
+    # -k auto, room for the longest round the planner may choose (k_max either way).
     # No EOS: the reference never stops either.
     length = policy.k_max + 1
     for i in range(n):

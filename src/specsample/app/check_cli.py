@@ -82,7 +82,7 @@ def format_check(result: CheckResult, prompt_texts, decode, auto: bool = False) 
                      f"detect: this run cannot tell this engine's one-token numbers from its batched ones (plain "
                      f"from speculative decoding); roughly -n {_round_up(needed)} could")
     if auto:
-        lines.append("-k auto: the controller chose each round's length from this machine's timings, so the second "
+        lines.append("-k auto: the planner chose each round's length from this machine's timings, so the second "
                      "token was scored in calls of varying size; the reference is exact for them only where the "
                      f"engine floor is 0 (transformers, --batch-invariant), and off by up to about the floor "
                      f"({result.engine_floor:.4f}) elsewhere")

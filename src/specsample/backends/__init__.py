@@ -75,7 +75,7 @@ def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype
     `batch_invariant` (llama.cpp only): logits that do not depend on the call's size.
     `sequences` (llama.cpp): how many it holds at once, in one context (batching.py);
     an hf model gets its sequences from assemble.hold_sequences.
-    `workers` (llama.cpp only, rpc.Workers): the layers live on these RPC workers;
+    `workers` (llama.cpp only, rpc.RpcWorkers): the layers live on these RPC workers;
     `overlap`: whether drafting runs during its calls (decoding/overlap.py), decided
     by a caller that knows where the draft runs; None: where a draft in this process
     has cores of its own (rpc.apart).

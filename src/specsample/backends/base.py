@@ -52,7 +52,7 @@ class Backend(Protocol):
     # False for recurrent state, which cannot be rolled back: the loop then refuses to
     # draft with the model before any output.
     supports_rollback: bool = True
-    # Identifies engine, model file and thread count in the adaptive controller's cost
+    # Identifies engine, model file and thread count in the planner's cost
     # cache (calibrate.py); None: no stable identity, nothing is cached.
     cost_key: str | None = None
     # The model's fill-in-the-middle tokens, read from its vocabulary; None: it has none.

@@ -23,7 +23,7 @@ import threading
 import time
 
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-STALE = 4  # a window longer than this many intervals is too old to go by...
+OLD_WINDOW = 4  # a window longer than this many intervals is too old to go by...
 IDLE = 0.5  # ...if this process used less than this many cores' worth in it
 # How long the first call after an idle spell watches the others' running threads, at
 # most: an OpenMP team that has just finished spins on for libgomp's 300,000 turns
@@ -173,7 +173,7 @@ class CpuShare:
             # scheduling group (another session, another cgroup) leaves our threads
             # sharing one core, each spinning while it waits for the other. Taken for
             # idle, it would hand back every thread and keep the calls that slow.
-            idle = wall > STALE * self.interval and own < IDLE
+            idle = wall > OLD_WINDOW * self.interval and own < IDLE
             self.others = 0.0 if idle else max(0.0, others)
             self.own = own
         self._last = (now, *sample)

@@ -302,7 +302,7 @@ def load_hf(
         _save_dequantised(model, tokenizer, converted_dir)
     model.to(device)
     backend = HFBackend(model, HFTokenizer(tokenizer), name=name or Path(gguf_file or path_or_id).name, n_ctx=n_ctx)
-    # Identifies this model, dtype, device and thread count in the controller's cost cache.
+    # Identifies this model, dtype, device and thread count in the planner's cost cache.
     where = hashlib.sha256(str(Path(path_or_id).resolve() if Path(path_or_id).exists() else path_or_id).encode())
     backend.cost_key = f"hf-{backend.name}-{where.hexdigest()[:12]}-{dtype}-{device}-t{torch.get_num_threads()}"
     return backend

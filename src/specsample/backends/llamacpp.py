@@ -285,7 +285,7 @@ class LlamaCppBackend(Backend):
         self.eos_token_ids = frozenset(t for t in range(self._n_vocab) if lib.llama_vocab_is_eog(self._vocab, t))
         self._lengths = [0] * sequences
         self._tokens: list[list[int]] = [[] for _ in range(sequences)]  # what each sequence's cells hold, in order
-        # Identifies this engine, file and thread count in the controller's cost cache.
+        # Identifies this engine, file and thread count in the planner's cost cache.
         self.cost_key = (f"llamacpp-{Path(path).name}-{Path(path).stat().st_size}-t{threads}" + ("-bi" if batch_invariant else "")
                          + (f"-s{sequences}" if sequences > 1 else "") + (f"-{workers.key}" if workers else ""))
 

@@ -55,7 +55,7 @@ class RpcUnsupported(WorkerError):
 
 
 @dataclass(frozen=True)
-class Workers:
+class RpcWorkers:
     """The worker set a target lives on, and the share of its layers each takes
     (None: llama.cpp splits by each worker's free memory)."""
 
@@ -76,10 +76,10 @@ class Workers:
         return "rpc-" + "+".join(self.endpoints) + split
 
 
-def joined(*sets: Workers | None) -> Workers | None:
+def joined(*sets: RpcWorkers | None) -> RpcWorkers | None:
     """Every worker of these sets (a target's and a draft's), once each; None for none."""
     endpoints = tuple(dict.fromkeys(e for w in sets if w is not None for e in w.endpoints))
-    return Workers(endpoints) if endpoints else None
+    return RpcWorkers(endpoints) if endpoints else None
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:
@@ -89,8 +89,8 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def parse_workers(endpoints: str, split: str | None = None, secret: str | None = None) -> Workers:
-    """--target-rpc host:port[,host:port...] and --tensor-split a,b,... as a Workers,
+def parse_workers(endpoints: str, split: str | None = None, secret: str | None = None) -> RpcWorkers:
+    """--target-rpc host:port[,host:port...] and --tensor-split a,b,... as a RpcWorkers,
     keyed with `secret` (--rpc-key), else with $SPECSAMPLE_RPC_KEY where it is set."""
     names = tuple(e.strip() for e in endpoints.split(",") if e.strip())
     for name in names:
@@ -103,7 +103,7 @@ def parse_workers(endpoints: str, split: str | None = None, secret: str | None =
             raise ValueError(f"--tensor-split is numbers separated by commas, got {split!r}") from None
         if any(s < 0 for s in shares) or not sum(shares) > 0:
             raise ValueError(f"--tensor-split needs shares >= 0 that sum above 0, got {split!r}")
-    return Workers(names, shares, secret or os.environ.get(ENV) or None)
+    return RpcWorkers(names, shares, secret or os.environ.get(ENV) or None)
 
 
 def probe(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
@@ -150,7 +150,7 @@ def require_rpc(lib) -> None:
         raise RpcUnsupported(f"this llama-cpp-python was built without RPC support; {REBUILD_HINT}")
 
 
-def devices(lib, workers: Workers):
+def devices(lib, workers: RpcWorkers):
     """The NULL-terminated device list of a model load that puts its layers on these
     workers, each probed first (a WorkerError, never llama.cpp's abort)."""
     require_rpc(lib)
@@ -223,7 +223,7 @@ def on_lost_worker(handler) -> None:
     _on_lost = handler
 
 
-def release(workers: Workers) -> int:
+def release(workers: RpcWorkers) -> int:
     """Shut down this process's connections to the workers, leaving their descriptors to
     whoever holds them. A worker serves one connection at a time: one that outlived
     its partner still serves ours, held by a call that will never return, and answers
@@ -241,7 +241,7 @@ def release(workers: Workers) -> int:
     return shut
 
 
-def still_connected(workers: Workers) -> bool:
+def still_connected(workers: RpcWorkers) -> bool:
     """Whether this process holds an open connection to every one of the workers that
     the peer has not closed: a worker that died or was stopped has closed it (read
     without waiting, it reads as its end, or as reset), and one this process never
@@ -285,7 +285,7 @@ def connections_to(endpoint: str) -> list[int]:
     return found
 
 
-def place_on(params, lib, workers: Workers, keep: list) -> None:
+def place_on(params, lib, workers: RpcWorkers, keep: list) -> None:
     """Model-load params that put every layer (and the output layer) on the workers,
     split as `workers.split` says. `keep` holds the ctypes arrays the params point
     into for as long as the load runs."""
@@ -305,7 +305,7 @@ def place_on(params, lib, workers: Workers, keep: list) -> None:
         keep.append(shares)
 
 
-def local_worker_pids(workers: Workers) -> set[int]:
+def local_worker_pids(workers: RpcWorkers) -> set[int]:
     """The processes of this machine that listen on a worker's port, for the workers
     whose address is this machine's (empty off Linux, or for processes we may not see)."""
     ports = {port for host, port in map(parse_endpoint, workers.endpoints) if is_this_machine(host)}
@@ -325,14 +325,14 @@ def _children(pid: int) -> set[int]:
     return found
 
 
-def apart(target: Workers | None, draft: Workers | None) -> bool:
+def apart(target: RpcWorkers | None, draft: RpcWorkers | None) -> bool:
     """Whether a target and a draft placed so (None: in this process) compute on cores
     of their own, so that drafting during the target's calls costs the calls nothing:
     one of them on workers elsewhere, or on local workers pinned away from the other."""
     return not cores(target) & cores(draft)
 
 
-def cores(workers: Workers | None, pids=None) -> set:
+def cores(workers: RpcWorkers | None, pids=None) -> set:
     """Where a model computes, as a set that meets another's when the two may take
     turns on the same cores: the CPUs this process may run on for a model here; for
     workers, the CPUs of their processes on this machine and the endpoint of each one

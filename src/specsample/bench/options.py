@@ -12,7 +12,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..app.arguments import UsageError, add_model_arguments, model_options
+from ..app.arguments import UsageError, add_model_arguments, add_trace_argument, model_options
 from ..decoding.generate import VERIFIERS
 from .modes import FAMILIES, OUR_FAMILIES, SETTINGS
 from .native import LlamaServer, llama_server_binary
@@ -94,6 +94,8 @@ def add_bench_arguments(b) -> None:
                    help="--serve: requests each server decodes at once, N or a comma list: specsample serve "
                         "--parallel N, llama-server -np N (default 1,4)")
     add_serve_arguments(b)
+    add_trace_argument(b, " of the spec-auto mode, its warm-up first, then every prompt and setting (each line "
+                          "tagged with the target type; not with --serve: give the server --trace)")
 
 
 def add_serve_arguments(b) -> None:

@@ -24,6 +24,7 @@ from functools import partial
 from ..app.arguments import UsageError, model_options
 from ..app.assemble import assemble
 from .modes import AUTO_FAMILIES, FAMILIES, build_modes
+from ..policy.trace import Trace
 from .options import (bench_config, check_remote_modes, command_line, draft_lengths, is_llamacpp, machine_line,
                       names, start_server, target_label, target_types)
 from .records import Record
@@ -40,6 +41,8 @@ def run(args, research=None) -> int:
     known = (AUTO_FAMILIES if args.modes == "auto" else FAMILIES) + (research.families if research else ())
     families = list(known) if args.modes == "auto" else names(args.modes, known, "mode")
     check_remote_modes(args, families)
+    if args.trace is not None and "spec-auto" not in families:
+        raise UsageError("--trace follows the spec-auto mode's decisions: run it (--modes)")
     ks, peer_ks = draft_lengths(args)
     types = target_types(args)
     options = model_options(args)
@@ -49,6 +52,7 @@ def run(args, research=None) -> int:
     runs, notes = [], []
     engine = "gguf" if is_llamacpp(target) else args.dtype
     start_partial(args.out)
+    trace = Trace(args.trace) if args.trace is not None else None
     for label, quant in types:
         if target is None:
             target = assemble(replace(options, target_quant=quant), drafting=False).target
@@ -56,13 +60,17 @@ def run(args, research=None) -> int:
         if len(types) > 1:
             print(f"specsample: target {label}", file=sys.stderr, flush=True)
         kept = partial(keep_partial, args.out, label)
-        records, run_notes = _bench_target(args, config, families, ks, peer_ks, target, draft, kept, research)
+        if trace is not None:
+            trace.tag = label
+        records, run_notes = _bench_target(args, config, families, ks, peer_ks, target, draft, kept, research, trace)
         sections = []
         if research:
             records, sections = research.after(label, target, draft, records)
         runs.append(TargetRun(label, [replace(r, target=label) for r in records], sections))
         notes += [f"{label}: {n}" if len(types) > 1 else n for n in run_notes]
         target = None  # free it before the next type loads
+    if trace is not None:
+        trace.close()
     machine = machine_line(engine, args, load_at_start)
     table = write_report(args.out, runs, command=command_line(), machine=machine,
                          notes=notes + (research.notes if research else []), plots=args.plots,
@@ -72,7 +80,8 @@ def run(args, research=None) -> int:
     return 0
 
 
-def _bench_target(args, config, families, ks, peer_ks, target, draft, keep, research) -> tuple[list[Record], list[str]]:
+def _bench_target(args, config, families, ks, peer_ks, target, draft, keep, research,
+                  trace=None) -> tuple[list[Record], list[str]]:
     """Every mode on one target type, its runs interleaved."""
     counts = {t: config.prompt_count(t) for t in config.tasks}
     prompts = prepare(target, config.tasks, counts)
@@ -96,6 +105,9 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, keep, rese
                                            target_gguf=gguf, ngram_max=args.ngram_max, n_ctx=n_ctx)
             modes, skipped = modes + more, skipped + not_run
         notes = [f"not run: {n}" for n in skipped]
+        for mode in modes if trace is not None else ():
+            if mode.family == "spec-auto":  # the one mode whose planner decides (the others' K is fixed)
+                mode.policy.planner.trace = trace
         if research:
             prompts = research.before(target, draft, prompts, modes, config, notes)
         records = _run(modes, prompts, config, keep)

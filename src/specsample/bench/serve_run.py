@@ -29,6 +29,9 @@ def run(args) -> int:
         return run_urls(args)
     load_at_start = os.getloadavg()[0]
     config = bench_config(args)
+    if args.trace is not None:
+        raise UsageError("bench --serve starts its servers in processes of their own: trace one with specsample serve "
+                         "--trace FILE")
     if any(TASKS[t].held for t in config.tasks):
         raise UsageError("--serve sends plain requests: run tasks held to a grammar (structured, tools) without --serve")
     families = DEFAULT_SERVE_FAMILIES if args.modes == "auto" else names(args.modes, SERVE_FAMILIES, "--serve mode")

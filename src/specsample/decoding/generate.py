@@ -20,7 +20,7 @@ from ..output.detokenize import TextTracker
 from ..output.text_stops import TextStop
 from .drafters import Drafter, reuse_model_cache, tell
 from ..output.logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
-from .overlap import Overlap, overlaps
+from .overlap import Overlap, stream_overlaps
 from .rounds import Round, play_round
 from .sampling import InvalidSetting, Sampler, SamplingConfig
 
@@ -276,7 +276,7 @@ def _prefill(target, prompt_ids, config, drafter, grammar, sampler) -> tuple[int
     target.rollback(reused)
     if config.cache_prompt:
         reuse_model_cache(drafter)
-    overlap = Overlap() if overlaps(target, drafter, grammar) else None
+    overlap = Overlap() if stream_overlaps(target, drafter, grammar) else None
     if overlap is None:
         return reused, None, target.score(prompt_ids[reused:], num_logits=1)
     return reused, overlap, overlap.prefill(target, drafter, prompt_ids, reused, sampler)

@@ -63,7 +63,7 @@ from .sampling import Sampler, SamplingConfig
 from .verify import Verdict
 
 
-def overlaps(target: Backend, drafter: Drafter | None, grammar) -> bool:
+def stream_overlaps(target: Backend, drafter: Drafter | None, grammar) -> bool:
     """Whether a stream drafts during its target's calls: the target runs elsewhere
     (Backend.overlap), a draft model drafts, no grammar masks the drafts (the next
     block would need the grammar moved past a block not yet accepted) and the stream
@@ -169,7 +169,7 @@ class Overlap:
 
     def play(self, target: Backend, drafter: Drafter, policy: Policy, sampler: Sampler, sampling: SamplingConfig,
              grammar: None, context: list[int], carried: torch.Tensor | None, room: int, clock) -> Round:
-        """rounds.play_round, overlapped (never with a grammar: overlaps). `carried`
+        """rounds.play_round, overlapped (never with a grammar: stream_overlaps). `carried`
         ([1, vocab]) is the prefill's last row, or the row a kept block starts from
         (Round.carry)."""
         t0 = clock()

@@ -131,7 +131,7 @@ def cached_or_measured(cache: Path | None, target, draft, context: list[int], ma
             cached["target_wide"] = dict(known, **measure_wide(target, context, missing, clock))
             write_cached_json(cache, cached)
             return cached
-        if problem != STALE:
+        if problem != NOT_COVERED:
             log.warning("specsample: the cost cache %s %s; measuring the costs again", cache, problem)
     measured = measure(target, draft, context, max_tokens, clock=clock, wide=wide)
     write_cached_json(cache, measured)
@@ -144,7 +144,7 @@ def wide_costs(measured: dict) -> dict[int, float]:
 
 
 DRAFT_COSTS = {"draft_step", "draft_first", "draft_token", "draft_long"}
-STALE = "does not cover this use"  # a valid file that calls for a new measurement without a word
+NOT_COVERED = "does not cover this use"  # a valid file that calls for a new measurement without a word
 
 
 def cache_problem(cached, max_tokens: int, with_draft: bool) -> str | None:
@@ -165,9 +165,9 @@ def cache_problem(cached, max_tokens: int, with_draft: bool) -> str | None:
     # Files written before the cold first draft call or the long read were measured lack
     # "draft_first" or "draft_long"; those of one timed call per size, "reps".
     if len(cached["target"]) < max_tokens or with_draft and not DRAFT_COSTS <= cached.keys():
-        return STALE
+        return NOT_COVERED
     if not isinstance(cached.get("reps"), int) or cached["reps"] < REPS:
-        return STALE
+        return NOT_COVERED
     return None
 
 

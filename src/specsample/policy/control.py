@@ -27,7 +27,7 @@ bars drafting at a batch size where rounds with drafts realised fewer tokens per
 second than rounds without, and lets it be tried again once that evidence is stale.
 
 Inside a round the length is revised at each drafted position from the draft's
-confidence there (`Extent`), with E - R* T, R* the rate the plan promised, the sunk
+confidence there (`ConfidenceExtent`), with E - R* T, R* the rate the plan promised, the sunk
 cost of drafts already made left out.
 
 A round whose first token a row already held predicts (Offer.free: a sequence's first
@@ -42,6 +42,9 @@ plain steps it is not offered, plain steps stream, and where drafting is expecte
 pay back the reading before the answer is likely to end, each plain round feeds it
 a chunk that costs about one plain round (never before the second token, nor while
 the goodput guard bars the model).
+
+Every plan, call and report can be followed round by round: a trace.Trace on the
+planner (`--trace FILE`) writes each round as a line of JSON.
 
 Why the output is exactly the target's
 --------------------------------------
@@ -93,11 +96,12 @@ class Planner:
     made together (module docstring), from the prices and goodput it keeps for the
     machine. `seat()` makes the policy of one sequence."""
 
-    def __init__(self, k_max: int = 8, prices: Prices | None = None, clock=time.perf_counter):
+    def __init__(self, k_max: int = 8, prices: Prices | None = None, clock=time.perf_counter, trace=None):
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max, self.clock, self._closed, self._tokens = k_max, clock, None, 0
         self.prices, self.goodput = prices or Prices(), Goodput()
+        self.trace = trace  # a trace.Trace that hears every plan, call and report; None: no work at all
         self._window = [None, 0.0, None, False, False]  # no round window before the first call or start
 
     def seat(self) -> Seat:
@@ -109,16 +113,20 @@ class Planner:
         seats, guard = list(offers), self.goodput
         size, drafting = len(seats) + (load > 0), guard.KINDS[1:]
         barred = set(drafting) if guard.probe(size) else {kind for kind in drafting if guard.barred(size, kind)}
-        chosen = self._search([seat.menu(offers[seat], barred) for seat in seats], load)
+        menus = [seat.menu(offers[seat], barred) for seat in seats]
+        chosen = self._search(menus, load)
         # What the coming round drafts from, for the goodput guard: the model's if any sequence drafts from it.
         self._window[2] = max((kind_of(o.source) for o in chosen if o.m), key=lambda k: k == "model", default=None)
         rate, tokens = self._rate(chosen, load), load + sum(o.m + 1 for o in chosen)
         widths = [sum(o.steps > j for o in chosen) for j in range(self.k_max)]  # sequences drafting at step j
         reads = "model" not in barred  # no reading for a model that may not draft: its rounds would keep it barred
-        return {seat: seat.to_plan(option, offers[seat], rate, tokens - option.m - 1,
-                                   [width - (option.steps > j) for j, width in enumerate(widths)],  # the others'
-                                   self._catch_up(chosen, i, seat, offers[seat]) if reads else 0)
-                for i, (seat, option) in enumerate(zip(seats, chosen))}
+        plans = {seat: seat.to_plan(option, offers[seat], rate, tokens - option.m - 1,
+                                    [width - (option.steps > j) for j, width in enumerate(widths)],  # the others'
+                                    self._catch_up(chosen, i, seat, offers[seat]) if reads else 0)
+                 for i, (seat, option) in enumerate(zip(seats, chosen))}
+        if self.trace is not None:
+            self.trace.planned(self, offers, load, barred, menus, chosen, plans)
+        return plans
 
     def _catch_up(self, chosen: list[Option], i: int, seat: Seat, offer: Offer) -> int:
         """Tokens of unread text the draft reads for plain seat i this round: where that
@@ -141,6 +149,10 @@ class Planner:
 
     def _rate(self, chosen: list[Option], load: int) -> float:
         """Expected tokens per second of a round in which the sequences play `chosen`."""
+        return sum(o.expected for o in chosen) / max(self.seconds(chosen, load), 1e-9)
+
+    def seconds(self, chosen: list[Option], load: int) -> float:
+        """Expected seconds of that round (module docstring: T)."""
         prices = self.prices
         call = prices.target(load + sum(o.m + 1 for o in chosen))
         # The draft steps: with runs sorted longest first, k sequences step together for as many
@@ -148,7 +160,7 @@ class Planner:
         runs = sorted((o.steps for o in chosen if o.steps), reverse=True) + [0]
         drafting = sum((runs[k - 1] - runs[k]) * prices.draft(k) for k in range(1, len(runs)))
         own = sum(o.extra + prices.own(o.m > 0) for o in chosen)
-        return sum(o.expected for o in chosen) / max(round_seconds(call, drafting, prices.draft.hidden) + own, 1e-9)
+        return round_seconds(call, drafting, prices.draft.hidden) + own
 
     def _search(self, menus: list[list[Option]], load: int) -> list[Option]:
         if len(menus) == 1:  # one sequence: its best option
@@ -183,8 +195,12 @@ class Planner:
         window[1] += 0.0 if call.hidden else call.seconds  # a hidden call took none of the window's time
         window[3 if call.target else 4] |= call.prompt
         if not call.target:
+            if self.trace is not None:
+                self.trace.called(call)
             return
         ended = self.clock() if ended is None else ended
+        if self.trace is not None:  # the round's seconds: from the last target call's end (or its start) to this one's
+            self.trace.called(call, None if window[0] is None else ended - window[0])
         closed = None
         if window[0] is not None and not window[3]:
             seconds = ended - window[0]
@@ -230,6 +246,8 @@ class Seat(Policy):
     def begin(self, context, max_new_tokens) -> None:
         self.length.begin(max_new_tokens)
         self.shadow.reset()
+        if self.planner.trace is not None:
+            self.planner.trace.begun(self)
         if not in_batch():  # alone, its first round's window opens now, after its prompt
             self.planner.restart()
 
@@ -278,7 +296,7 @@ class Seat(Policy):
         if option.source is None:
             return Plan(None, 0, catch_up=catch_up)
         limit = min(offer.available[option.source], self.k_max)
-        extent = Extent(self.acceptance[option.source], self.planner.prices, rate, limit, others, widths)
+        extent = ConfidenceExtent(self.acceptance[option.source], self.planner.prices, rate, limit, others, widths)
         return Plan(option.source, option.m, limit, extent if option.source == MODEL else None)
 
     def observe(self, report: RoundReport) -> None:
@@ -291,10 +309,13 @@ class Seat(Policy):
             if report.target_tokens:
                 self.planner.record(ModelCall(True, report.target_tokens, 1, report.target_seconds))
         self.planner.emitted(len(report.emitted_tokens))
+        if self.planner.trace is not None:
+            self.planner.trace.reported(self, report)
 
 
-class Extent:
-    """A round's `extent`: the length re-made at each drafted position from the draft's
+class ConfidenceExtent:
+    """A round's `extent` (plans.Extent, the rule any policy may hand a round) as the
+    planner makes it: the length re-made at each drafted position from the draft's
     confidence there, maximising E - R* T with R* the rate the plan promised and the
     sunk cost of drafts already made left out; the other sequences' tokens and draft
     steps in the same calls as planned (`widths`: how many of them draft at each step)."""

@@ -111,15 +111,16 @@ class Goodput:
     calls lost). A drafting kind is barred for a size where it holds EVIDENCE rounds,
     plain steps at least one recent one, and it realised less than plain steps
     (lookups that lose do not bar the model, nor the reverse); while barred its
-    evidence decays, so after about thirty-five rounds it is tried again. (A few
-    rounds are too few to bar on: a drafting round emits anything from one token to
-    all its drafts and one more.) Where drafting is all a size plays, a plain round
+    evidence decays, and once below UNBAR rounds (about thirty-five rounds on) it is
+    tried again. (A few rounds are too few to bar on: a drafting round emits anything
+    from one token to all its drafts and one more.) Where drafting is all a size plays, a plain round
     is asked for once plain evidence has decayed below PROBE (about one round in
     sixty), so that there is always a plain rate to hold drafting to. Rounds whose
-    calls also read a prompt or caught a draft up are left out: that work is the same
-    whatever the round drafts."""
+    target call also read a prompt are left out: that work is the same whatever the
+    round drafts. A round in which the draft caught up on unread text counts as the
+    model's (control.Planner.record): the reading is an outlay for drafting."""
 
-    EVIDENCE, STALE, RECENT_PLAIN, PROBE, DECAY = 6.0, 3.0, 0.5, 0.3, 0.98
+    EVIDENCE, UNBAR, RECENT_PLAIN, PROBE, DECAY = 6.0, 3.0, 0.5, 0.3, 0.98
     IDLE_DECAY = 0.998  # a few hundred rounds: Acceptance.idle_decay's horizon
     KINDS = (None, "model", "lookup")  # what a round drafted from; None: a plain step
 
@@ -141,7 +142,7 @@ class Goodput:
             mine = sums[drafting]  # [tokens, seconds, rounds]: fewer tokens a second than plain steps bar it
             if mine[2] >= self.EVIDENCE and plain[2] >= self.RECENT_PLAIN and mine[0] * plain[1] < plain[0] * mine[1]:
                 self._barred.add((size, drafting))
-            elif mine[2] < self.STALE:
+            elif mine[2] < self.UNBAR:
                 self._barred.discard((size, drafting))
 
     def barred(self, size: int, kind: str) -> bool:

@@ -7,10 +7,12 @@ import argparse
 import math
 import os
 
-from ..app.arguments import UsageError, add_draft_length_arguments, add_model_arguments, model_options
+from ..app.arguments import (UsageError, add_draft_length_arguments, add_model_arguments, add_trace_argument,
+                             check_trace, model_options)
 from ..app.assemble import assemble
 from ..decoding.generate import VERIFIERS
 from ..policy.calibrate import check_draft_length, slots_that_pay
+from ..policy.trace import traced
 
 
 def add_serve_parser(sub) -> None:
@@ -47,6 +49,7 @@ def add_serve_parser(sub) -> None:
                         "holds it long (default 8 x --max-tokens: eight full-length choices)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="cap on a request body (default 1 MiB)")
     add_door_arguments(p)
+    add_trace_argument(p, " of every request (a batch's round: one line), flushed as it is written")
     p.set_defaults(func=cmd_serve)
 
 
@@ -118,6 +121,7 @@ def cmd_serve(args) -> int:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
     check_draft_length(args.k, args.k_max)  # a bad -k fails now, not on every request
+    check_trace(args)
     doors = door_settings(args)
     import uvicorn
 
@@ -149,8 +153,9 @@ def cmd_serve(args) -> int:
                    timeout_graceful_shutdown=SHUTDOWN_SECONDS + 1)
     workers = joined(parse_workers(args.target_rpc) if args.target_rpc else None,
                      parse_workers(args.draft_rpc) if getattr(args, "draft_rpc", None) else None)
-    if workers is not None:  # on a socket that a reload after a lost worker keeps
-        recovery.run(app, workers, **options)
-    else:
-        uvicorn.run(app, **options)
+    with traced(policy, args.trace):
+        if workers is not None:  # on a socket that a reload after a lost worker keeps
+            recovery.run(app, workers, **options)
+        else:
+            uvicorn.run(app, **options)
     return 0

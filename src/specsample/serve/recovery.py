@@ -25,7 +25,7 @@ LISTENER_FD = "SPECSAMPLE_LISTEN_FD"  # the socket a reload inherits, by descrip
 log = logging.getLogger("specsample.serve")
 
 
-def run(app, workers: rpc.Workers, **options) -> None:
+def run(app, workers: rpc.RpcWorkers, **options) -> None:
     """uvicorn.run(app, **options), on a listening socket inherited from the process this
     one replaced, if any, and reloading in place when a worker is lost."""
     import uvicorn
@@ -46,7 +46,7 @@ def inherited_listener() -> socket.socket | None:
     return listener
 
 
-def reload_when_lost(worker: Worker, workers: rpc.Workers, listener: socket.socket,
+def reload_when_lost(worker: Worker, workers: rpc.RpcWorkers, listener: socket.socket,
                      argv: list[str] | None = None, poll: float = 1.0) -> None:
     """From now on a worker lost mid-call fails the server's requests with a 503 and,
     once every worker answers again, reloads the server in place with `argv`
@@ -64,7 +64,7 @@ def reload_when_lost(worker: Worker, workers: rpc.Workers, listener: socket.sock
     rpc.on_lost_worker(lost)
 
 
-def _reload(workers: rpc.Workers, listener: socket.socket, argv: list[str], poll: float) -> None:
+def _reload(workers: rpc.RpcWorkers, listener: socket.socket, argv: list[str], poll: float) -> None:
     rpc.release(workers)  # a worker that outlived its partner still serves our dead call
     time.sleep(poll)  # the 503s just sent reach their clients before the process is replaced
     said = None
