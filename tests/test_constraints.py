@@ -288,8 +288,8 @@ def forced_tokens_from_the_unmasked_draft(monkeypatch, trusted=True):
     original = drafters_module.draft_round
     last_sources = []
 
-    def draft_round(drafter, context, k, generator, plan, grammar=None):
-        d = original(drafter, context, k, generator, plan, grammar)
+    def draft_round(drafter, context, k, generator, plan, grammar=None, free=False):
+        d = original(drafter, context, k, generator, plan, grammar, free)
         tokens, ctx = d.tokens.clone(), list(context)
         for i, source in enumerate(d.sources):
             if source == FORCED:

@@ -8,6 +8,8 @@ target accepted (plans.py); it never sees the policy.
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,19 +79,22 @@ class Drafter(Protocol):
 
 
 def draft_round(drafter: Drafter, context: list[int], k: int, sampler: Sampler, plan: Callable[[Offer], Plan],
-                grammar: GrammarState | None = None) -> Draft:
+                grammar: GrammarState | None = None, free: bool = False) -> Draft:
     """A round's drafts, up to k of the drafter's own, as `plan` (the policy's) makes
     of its offer. With a grammar, the tokens it forces here come first, as drafts of
     their own source that the target accepts with probability 1 (their rows are
-    one-hot); the drafter drafts after them."""
+    one-hot); the drafter drafts after them. `free`: a row the loop holds predicts the
+    round's first token, so a plain step needs no call (Offer.free), unless forced
+    tokens come first (their round makes a call anyway)."""
     if grammar is None:
-        return drafter.draft(context, plan(drafter.offer(context, k)), sampler)
+        return drafter.draft(context, plan(dataclasses.replace(drafter.offer(context, k), free=free)), sampler)
     forced = grammar.advance_forced()
     rest = Draft.empty()
     k = min(k, grammar.room)
     if k > 0 and not grammar.done:
         context = context + forced
-        rest = drafter.draft(context, plan(drafter.offer(context, k, grammar)), sampler, grammar)
+        offer = dataclasses.replace(drafter.offer(context, k, grammar), free=free and not forced)
+        rest = drafter.draft(context, plan(offer), sampler, grammar)
     grammar.rollback(len(forced))
     return lookup_draft(forced, FORCED).join(rest)
 

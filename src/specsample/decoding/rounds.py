@@ -4,7 +4,6 @@ generate.py places them (stop strings, EOS, the grammar, the budget, statistics)
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -77,8 +76,7 @@ def draft_step(drafter: Drafter | None, policy: Policy, sampler: Sampler, gramma
     if drafter is None or budget <= 0:
         return Draft.empty(), 0
     calls_before = drafter.calls
-    plan = (lambda offer: policy.plan(dataclasses.replace(offer, free=True))) if free else policy.plan
-    draft = draft_round(drafter, context, budget, sampler, plan, grammar)
+    draft = draft_round(drafter, context, budget, sampler, policy.plan, grammar, free)
     return draft, drafter.calls - calls_before
 
 
