@@ -9,7 +9,6 @@ target accepted (plans.py); it never sees the policy.
 from __future__ import annotations
 
 import dataclasses
-
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,16 +86,21 @@ def draft_round(drafter: Drafter, context: list[int], k: int, sampler: Sampler, 
     round's first token, so a plain step needs no call (Offer.free), unless forced
     tokens come first (their round makes a call anyway)."""
     if grammar is None:
-        return drafter.draft(context, plan(dataclasses.replace(drafter.offer(context, k), free=free)), sampler)
+        return drafter.draft(context, plan(_freed(drafter.offer(context, k), free)), sampler)
     forced = grammar.advance_forced()
     rest = Draft.empty()
     k = min(k, grammar.room)
     if k > 0 and not grammar.done:
         context = context + forced
-        offer = dataclasses.replace(drafter.offer(context, k, grammar), free=free and not forced)
-        rest = drafter.draft(context, plan(offer), sampler, grammar)
+        rest = drafter.draft(context, plan(_freed(drafter.offer(context, k, grammar), free and not forced)), sampler,
+                             grammar)
     grammar.rollback(len(forced))
     return lookup_draft(forced, FORCED).join(rest)
+
+
+def _freed(offer: Offer, free: bool) -> Offer:
+    """The offer, marked free where it is (a copy only then: this runs every round)."""
+    return dataclasses.replace(offer, free=True) if free else offer
 
 
 def tell(drafter: Drafter, draft: Draft, num_accepted: int) -> None:

@@ -296,8 +296,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
     # Prefill the prompt. Its last row is the distribution of the first new token, so
     # the first round feeds only its drafts (none, under -k auto: control.py) and
     # every later round feeds the last emitted token ("pending", never scored yet)
-    # plus the drafts. Either way a round gets one
-    # distribution per draft plus one.
+    # plus the drafts. Either way a round gets one distribution per draft plus one.
     claim = claim_cache(target)
     reused, overlap, carried = _prefill(target, prompt_ids, config, drafter, grammar, sampler)
     out.stats.cached_prompt_tokens = reused
