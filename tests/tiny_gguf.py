@@ -24,10 +24,11 @@ def byte_tokens() -> list[str]:
 
 
 def write_tiny_gguf(path: Path, specials=("<|endoftext|>", *QWEN_FIM), metadata: dict[str, int] | None = None,
-                    seed: int = 0, context_length: int = 256) -> Path:
+                    seed: int = 0, context_length: int = 256, matrices: str = "f32") -> Path:
     """Token ids: bytes 0-255, the merge 256, then `specials` from 257 (the first is EOS);
     `metadata`: extra integer keys (tokenizer.ggml.fim_pre_token_id ...); its trained
-    context, `context_length`."""
+    context, `context_length`; its weight matrices stored as `matrices` ("f32" or "bf16",
+    llama.cpp's matrix path for a re-encoded target; the norms stay f32)."""
     import gguf
 
     tokens = byte_tokens() + ["Ġt"] + list(specials)
@@ -54,13 +55,24 @@ def write_tiny_gguf(path: Path, specials=("<|endoftext|>", *QWEN_FIM), metadata:
     for key, value in (metadata or {}).items():
         writer.add_uint32(key, value)
     kv = EMBED // HEADS * KV_HEADS
-    writer.add_tensor("token_embd.weight", weight(len(tokens), EMBED))
+
+    def matrix(name, data):
+        if matrices == "bf16":
+            writer.add_tensor(name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.BF16),
+                              raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            writer.add_tensor(name, data)
+
+    matrix("token_embd.weight", weight(len(tokens), EMBED))
     writer.add_tensor("output_norm.weight", np.ones(EMBED, dtype=np.float32))
-    writer.add_tensor("output.weight", weight(len(tokens), EMBED))
+    matrix("output.weight", weight(len(tokens), EMBED))
     for name, shape in (("attn_norm", (EMBED,)), ("attn_q", (EMBED, EMBED)), ("attn_k", (kv, EMBED)),
                         ("attn_v", (kv, EMBED)), ("attn_output", (EMBED, EMBED)), ("ffn_norm", (EMBED,)),
                         ("ffn_gate", (FF, EMBED)), ("ffn_up", (FF, EMBED)), ("ffn_down", (EMBED, FF))):
-        writer.add_tensor(f"blk.0.{name}.weight", np.ones(shape, dtype=np.float32) if "norm" in name else weight(*shape))
+        if "norm" in name:
+            writer.add_tensor(f"blk.0.{name}.weight", np.ones(shape, dtype=np.float32))
+        else:
+            matrix(f"blk.0.{name}.weight", weight(*shape))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
