@@ -27,7 +27,7 @@ from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.overlap import Overlap, next_block_size, stream_overlaps
 from specsample.decoding.plans import FORCED, MODEL, lookup_source
 from specsample.decoding.sampling import SamplingConfig, logits_to_probs
-from specsample.policy.calibrate import make_policy
+from specsample.policy.make import make_policy
 from specsample.policy.curve import Curve, round_seconds
 
 from toy import (CostedBackend, FakeClock, TrigramBackend, assert_does_not_follow, assert_follows, empirical,

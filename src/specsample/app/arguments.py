@@ -33,7 +33,7 @@ def model_options(args) -> ModelOptions:
 
 
 def draft_length(value: str) -> int | str:
-    """-k: "auto" or an integer; calibrate.check_draft_length says what is wrong with anything else,
+    """-k: "auto" or an integer; policy/make.check_draft_length says what is wrong with anything else,
     so that a bad value gets the same one-line error as every other bad input."""
     try:
         return int(value)

@@ -15,7 +15,7 @@ from ..decoding.generate import GenerationConfig, generate
 from ..decoding.sampling import SamplingConfig
 from ..output.constraints import Constraint
 from ..output.tools import special_markers, tool_constraint
-from ..policy.calibrate import make_policy
+from ..policy.make import make_policy
 from .native import LlamaServer, completion_request, parse_completion
 from .tool_task import call_grammar, library_tools, target_format
 

@@ -14,8 +14,9 @@ runs 1 token and more on different kernels, and the first call of each pays one-
 costs). These are the planner's priors only: every call of a run moves its prices
 (curve.Curve).
 
-What is built from a measurement lives here too: make_policy (a fixed K, or a planner
-whose prices start from it), and the server's default slot count (slots_that_pay).
+What is built from a measurement lives here too: the planner's priors
+(measured_prices) and the server's default slot count (slots_that_pay). The policy
+itself is made in make.py.
 """
 
 from __future__ import annotations
@@ -26,12 +27,10 @@ import statistics
 import time
 from pathlib import Path
 
-from .control import Planner
 from .curve import Curve
 from .estimates import Prices
 from ..files import read_cached_json, write_cached_json
 from ..machine import fingerprint
-from ..decoding.plans import FixedK, Policy
 
 log = logging.getLogger(__name__)
 
@@ -189,57 +188,6 @@ def cost_cache_path(cache_root: Path, target, draft) -> Path | None:
         return None
     name = "__".join([fingerprint()] + keys).replace("/", "_").replace(" ", "_")
     return cache_root / "costs" / f"{name}.json"
-
-
-K_MAX = 8  # the most drafts "auto" proposes in a round, unless told otherwise
-PolicyLike = Policy | int | str  # a policy, or what make_policy makes one from: K, or "auto"
-
-
-def check_draft_length(k, k_max: int = K_MAX) -> None:
-    """The one rule for -k and --k-max, which the commands apply before any model loads."""
-    if k != "auto" and not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
-        raise ValueError(f"k must be 'auto' or an integer >= 1, got {k!r}")
-    if k_max < 1:
-        raise ValueError(f"k-max must be >= 1, got {k_max}")
-
-
-def make_policy(k: int | str, k_max: int = K_MAX, target=None, draft=None, *, drafts: bool = True,
-                context: list[int] | None = None, cost_cache: Path | None = None,
-                clock=time.perf_counter, parallel: int = 1) -> Policy:
-    """The one place that decides a generation's draft-length policy: `k` an int
-    (fixed K) or "auto". For "auto" with something that drafts (`drafts`), a seat of a
-    new planner whose prices start from the costs of `target` and the `draft` model's
-    backend (None: lookup alone), measured now on top of `context` or read from
-    `cost_cache` (below); without a target to time, it learns them from the rounds.
-    `parallel`: the most sequences decoded together (fork() makes each one's seat),
-    whose calls of up to parallel * (k_max + 1) tokens are timed too."""
-    check_draft_length(k, k_max)
-    if parallel < 1:
-        raise ValueError(f"parallel must be >= 1, got {parallel}")
-    if k != "auto" or not drafts:
-        return FixedK(k_max if k == "auto" else k)
-    prices = Prices()
-    if target is not None:
-        measured = cached_or_measured(cost_cache, target, draft, context or probe_context(target), k_max + 1, clock,
-                                      wide_sizes(k_max + 1, parallel))
-        prices = measured_prices(measured)
-    return Planner(k_max, prices, clock).seat()
-
-
-def as_policy(policy: PolicyLike | None, target=None, draft=None, **options) -> Policy:
-    """`policy` itself, or the one make_policy makes from a shorthand: K, "auto", or
-    None for "auto" (with K_MAX); `options` are make_policy's."""
-    if policy is None or isinstance(policy, (int, str)):
-        return make_policy("auto" if policy is None else policy, K_MAX, target, draft, **options)
-    return policy
-
-
-def most_drafts(policy: PolicyLike | None) -> int:
-    """The most drafts a round under `policy` may add (what a context must leave room
-    for), known without making it."""
-    if policy is None or policy == "auto":
-        return K_MAX
-    return policy if isinstance(policy, int) else policy.k_max
 
 
 def measured_prices(measured: dict) -> Prices:

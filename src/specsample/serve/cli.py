@@ -11,7 +11,8 @@ from ..app.arguments import (UsageError, add_draft_length_arguments, add_model_a
                              check_trace, model_options)
 from ..app.assemble import assemble
 from ..decoding.generate import VERIFIERS
-from ..policy.calibrate import check_draft_length, slots_that_pay
+from ..policy.calibrate import slots_that_pay
+from ..policy.make import check_draft_length
 from ..policy.trace import traced
 
 
