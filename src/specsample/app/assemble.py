@@ -24,7 +24,7 @@ from ..decoding.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDraft
 from ..decoding.plans import Policy
 from ..decoding.sampling import SamplingConfig
 from ..policy.calibrate import cached_or_measured, cost_cache_path, probe_context
-from ..policy.make import make_policy
+from ..policy.make import K_MAX, make_policy
 from ..policy.curve import Curve
 
 
@@ -133,7 +133,7 @@ class Models:
         drafter = self.drafter(SamplingConfig())
         return drafter.name if drafter is not None else None
 
-    def policy(self, k: int | str, k_max: int = 8, parallel: int = 1) -> Policy:
+    def policy(self, k: int | str, k_max: int = K_MAX, parallel: int = 1) -> Policy:
         """The draft-length policy to keep across generations (make.make_policy):
         for -k auto, a seat of a planner whose prices start from costs measured here,
         now, and cached per machine and model pair, so later runs start warm; with

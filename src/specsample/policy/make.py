@@ -18,10 +18,11 @@ from pathlib import Path
 
 from ..decoding.plans import FixedK, Policy, check_fixed_k
 from .calibrate import cached_or_measured, measured_prices, probe_context, wide_sizes
+from .config import PLANNER, PlannerConfig
 from .control import Planner
 from .estimates import Prices
 
-K_MAX = 8  # the most drafts "auto" proposes in a round, unless told otherwise
+K_MAX = PLANNER.k_max  # the most drafts "auto" proposes in a round, unless told otherwise (--k-max)
 PolicyLike = Policy | int | str  # a policy, or what make_policy makes one from: K, or "auto"
 
 
@@ -35,7 +36,7 @@ def check_draft_length(k, k_max: int = K_MAX) -> None:
 
 def make_policy(k: int | str, k_max: int = K_MAX, target=None, draft=None, *, drafts: bool = True,
                 context: list[int] | None = None, cost_cache: Path | None = None,
-                clock=time.perf_counter, parallel: int = 1) -> Policy:
+                clock=time.perf_counter, parallel: int = 1, config: PlannerConfig = PLANNER) -> Policy:
     """The one place that decides a generation's draft-length policy: `k` an int
     (fixed K) or "auto". For "auto" with something that drafts (`drafts`), a seat of a
     new planner whose prices start from the costs of `target` and the `draft` model's
@@ -43,18 +44,19 @@ def make_policy(k: int | str, k_max: int = K_MAX, target=None, draft=None, *, dr
     `cost_cache` (calibrate.cached_or_measured); without a target to time, it learns
     them from the rounds. `parallel`: the most sequences decoded together (fork()
     makes each one's seat), whose calls of up to parallel * (k_max + 1) tokens are
-    timed too."""
+    timed too. `config`: the planner's numbers (a study varies them here; k_max above
+    is --k-max)."""
     check_draft_length(k, k_max)
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
     if k != "auto" or not drafts:
         return FixedK(k_max if k == "auto" else k)
-    prices = Prices()
+    prices = Prices.empty(config)
     if target is not None:
         measured = cached_or_measured(cost_cache, target, draft, context or probe_context(target), k_max + 1, clock,
                                       wide_sizes(k_max + 1, parallel))
-        prices = measured_prices(measured)
-    return Planner(k_max, prices, clock).seat()
+        prices = measured_prices(measured, config)
+    return Planner(k_max, prices, clock, config=config).seat()
 
 
 def as_policy(policy: PolicyLike | None, target=None, draft=None, **options) -> Policy:
