@@ -7,7 +7,7 @@ import pytest
 from specsample.app.check import CheckConfig, check
 from specsample.decoding import rounds as rounds_module
 from specsample.decoding.drafters import ModelDrafter
-from specsample.policy.calibrate import make_policy
+from specsample.policy.make import make_policy
 
 from test_check import DRAFT, PROMPTS, SAMPLING, TARGET
 from test_distribution import accept_everything

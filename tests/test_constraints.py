@@ -29,7 +29,7 @@ from specsample.decoding.plans import FORCED, MODEL
 from specsample.decoding.sampling import SamplingConfig, logits_to_probs
 from specsample.decoding.verify import Verdict
 from specsample.output.constraints import Constraint, ConstraintError, constrained_logits, start
-from specsample.policy.calibrate import make_policy
+from specsample.policy.make import make_policy
 from specsample.policy.control import Planner
 
 from toy import (CostedBackend, DrafterWrapper, FakeClock, PieceTokenizer, TrigramBackend, byte_backend,

@@ -7,7 +7,7 @@ import pytest
 
 from specsample.decoding.context_fit import new_token_room
 from specsample.decoding.generate import GenerationConfig, stream
-from specsample.policy.calibrate import most_drafts
+from specsample.policy.make import most_drafts
 from specsample.policy.control import Planner
 from specsample.serve.errors import APIError
 from specsample.serve.request_config import RequestPlan, fit_context

@@ -9,7 +9,7 @@ import pytest
 
 from specsample.cli import main
 from specsample.policy.calibrate import wide_sizes
-from specsample.policy.calibrate import make_policy
+from specsample.policy.make import make_policy
 
 from test_cli import tiny_dirs  # noqa: F401 (a fixture)
 from toy import CostedBackend, FakeClock, TrigramBackend, random_table

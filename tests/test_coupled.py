@@ -17,7 +17,7 @@ from specsample.decoding.drafters import HybridDrafter, ModelDrafter, NgramDraft
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig, race_noise
 from specsample.decoding.verify import verify_coupled
-from specsample.policy.calibrate import make_policy
+from specsample.policy.make import make_policy
 
 from toy import (CostedBackend, FakeClock, TrigramBackend, assert_fits, assert_misfits, empirical, exact_distribution,
                  mixed_tables, random_table)

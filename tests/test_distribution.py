@@ -32,7 +32,7 @@ from specsample.decoding.drafters import Draft, HybridDrafter, ModelDrafter, Ngr
 from specsample.decoding.generate import GenerationConfig
 from specsample.decoding.sampling import SamplingConfig, logits_to_probs, sample
 from specsample.decoding.verify import Verdict, verify
-from specsample.policy.calibrate import make_policy
+from specsample.policy.make import make_policy
 from specsample.policy.estimates import Goodput
 
 from toy import (CostedBackend, DrafterWrapper, FakeClock, TrigramBackend, assert_does_not_follow, assert_follows,

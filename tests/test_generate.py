@@ -351,6 +351,21 @@ def test_empty_prompt_and_bad_k_are_refused():
             generate(tiny_backend(0), PROMPT, greedy(), drafter, bad)
 
 
+def test_the_loop_takes_a_ready_policy_and_makes_no_planner():
+    """stream() never times the models: -k auto is a planner made where the models are
+    known (policy/make.py), so "auto" or no policy beside a drafter is refused before
+    any call, and without a drafter no policy is needed."""
+    target = tiny_backend(0)
+    calls = []
+    target.score = lambda *a, **kw: calls.append(a)
+    for missing in ("auto", None):
+        with pytest.raises(ValueError, match="make_policy"):
+            stream(target, PROMPT, greedy(), NgramDrafter(), missing)
+    assert calls == []
+    plain = generate(tiny_backend(0), PROMPT, greedy())
+    assert plain.token_ids == generate(tiny_backend(0), PROMPT, greedy(), NgramDrafter(), FixedK(2)).token_ids
+
+
 def test_the_draft_length_lives_in_the_policy_alone():
     """A k in the config would be a second source of truth, silently overridden by
     the policy: it is refused outright."""

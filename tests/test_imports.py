@@ -92,13 +92,14 @@ def test_the_cycle_finder_finds_a_lazy_cycle(tmp_path):
 
 
 # The layers, lowest first: a module imports from its own folder or from a layer below
-# (docs/architecture.md). decoding and policy are one layer in two folders: the loop
-# asks the policy for a plan, and the policy's seats ask the loop's scheduler for the
-# batch's, so they import each other; the no-cycle test above keeps that to module
-# arrows that never loop.
-LAYERS = (("files", "processes", "machine"), ("backends",), ("output",), ("decoding", "policy"), ("app",),
+# (docs/architecture.md). The loop (decoding) takes a ready policy through the Policy
+# protocol it defines (decoding/plans.py); the planner (policy) implements it and is made
+# and timed above both (policy/make.py, called by app, serve and bench), so policy sits
+# above decoding and decoding never imports it.
+LAYERS = (("files", "processes", "machine"), ("backends",), ("output",), ("decoding",), ("policy",), ("app",),
           ("serve", "bench"), ("cli", "__main__", ""))
-PEERS = ({"decoding", "policy"}, {"cli", "__main__", ""})  # folders of one layer that import each other
+PEERS = ({"cli", "__main__", ""},)  # folders of one layer that import each other
+LOOP = {"decoding", "policy"}  # the loop and the planner, which never know the editor's rules
 # The editor's rules (a FIM prompt, llama.cpp's infill sampler) plug into the sampler
 # from above; the loop and the policy never know them.
 EDITOR_RULES = {"specsample.output.fim", "specsample.output.infill_sampler"}
@@ -121,7 +122,7 @@ def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
         for target in targets:
             a, b = folder(source), folder(target)
             sideways = layer(source) == layer(target) and a != b and not any({a, b} <= p for p in PEERS)
-            editor = a in PEERS[0] and target in EDITOR_RULES
+            editor = a in LOOP and target in EDITOR_RULES
             if layer(target) > layer(source) or sideways or editor:
                 wrong.append((source, target))
     return sorted(wrong)
@@ -134,20 +135,26 @@ def test_imports_point_down_the_layers():
 
 
 def test_the_layering_check_finds_an_upward_import(tmp_path):
-    """Negative control: the loop importing the server, a backend importing the editor's
-    FIM prompt, and the sampler importing the infill sampler are each reported."""
-    for folder_name in ("decoding", "serve", "backends", "output"):
+    """Negative control: the loop importing the server or the planner's factory (the
+    pair issue 52 removed: stream() calibrating a policy), a backend importing the
+    editor's FIM prompt, and the sampler importing the infill sampler are each reported;
+    the planner importing the loop's plans is not."""
+    for folder_name in ("decoding", "serve", "backends", "output", "policy"):
         (tmp_path / folder_name).mkdir()
         (tmp_path / folder_name / "__init__.py").write_text("")
     (tmp_path / "__init__.py").write_text("")
     (tmp_path / "output" / "fim.py").write_text("")
     (tmp_path / "output" / "infill_sampler.py").write_text("")
     (tmp_path / "serve" / "worker.py").write_text("from ..decoding import generate\n")
-    (tmp_path / "decoding" / "generate.py").write_text("def f():\n    from ..serve import worker\n")
+    (tmp_path / "decoding" / "generate.py").write_text("def f():\n    from ..serve import worker\n"
+                                                       "from ..policy.make import as_policy\n")
+    (tmp_path / "decoding" / "plans.py").write_text("")
+    (tmp_path / "policy" / "make.py").write_text("from ..decoding.plans import FixedK\n")
     (tmp_path / "decoding" / "sampling.py").write_text("from ..output.infill_sampler import x\n")
     (tmp_path / "backends" / "base.py").write_text("from ..output.fim import FimFormat\n")
     assert upward_imports(import_graph(tmp_path)) == [
         ("specsample.backends.base", "specsample.output.fim"),
+        ("specsample.decoding.generate", "specsample.policy.make"),
         ("specsample.decoding.generate", "specsample.serve.worker"),
         ("specsample.decoding.sampling", "specsample.output.infill_sampler"),
     ]

@@ -14,6 +14,7 @@ from specsample.decoding.sampling import SamplingConfig
 from specsample.policy.control import Planner
 from specsample.policy.curve import Curve
 from specsample.policy.estimates import Prices
+from specsample.policy.make import K_MAX, make_policy
 
 
 pytestmark = pytest.mark.real
@@ -132,8 +133,9 @@ def test_greedy_ngram_equals_autoregressive(pair, greedy_reference):
 def test_default_auto_on_this_machine_equals_autoregressive(pair, greedy_reference):
     target, draft = pair
     ids, reference = greedy_reference
-    config = GenerationConfig(max_new_tokens=32, sampling=GREEDY)  # no policy given: "auto", calibrated here
-    result = generate(target, ids, config, HybridDrafter(ModelDrafter(draft, GREEDY), NgramDrafter()))
+    config = GenerationConfig(max_new_tokens=32, sampling=GREEDY)
+    policy = make_policy("auto", K_MAX, target, draft, context=ids)  # -k auto, calibrated here on this prompt
+    result = generate(target, ids, config, HybridDrafter(ModelDrafter(draft, GREEDY), NgramDrafter()), policy)
     assert_same_or_flipped_at_a_near_tie(target, ids, result.token_ids, reference)
 
 

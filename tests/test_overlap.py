@@ -27,7 +27,7 @@ from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.overlap import Overlap, next_block_size, stream_overlaps
 from specsample.decoding.plans import FORCED, MODEL, lookup_source
 from specsample.decoding.sampling import SamplingConfig, logits_to_probs
-from specsample.policy.calibrate import make_policy
+from specsample.policy.make import K_MAX, make_policy
 from specsample.policy.curve import Curve, round_seconds
 
 from toy import (CostedBackend, FakeClock, TrigramBackend, assert_does_not_follow, assert_follows, empirical,
@@ -63,9 +63,11 @@ GREEDY = SamplingConfig(temperature=0)
 
 
 def greedy(target, draft, k, tokens=10, prompt=PROMPT):
-    """Greedy speculation with `draft` (a backend) drafting for `target`."""
+    """Greedy speculation with `draft` (a backend) drafting for `target`; k "auto": a
+    planner timed on the pair and this prompt first, as the loop never times models."""
+    policy = make_policy("auto", K_MAX, target, draft, context=prompt) if k == "auto" else k
     return generate(target, prompt, GenerationConfig(max_new_tokens=tokens, sampling=GREEDY),
-                    ModelDrafter(draft, GREEDY), k)
+                    ModelDrafter(draft, GREEDY), policy)
 
 
 @pytest.mark.parametrize("kind,k,temperature,top_k,top_p,verifier", [

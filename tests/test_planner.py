@@ -134,7 +134,7 @@ def test_a_drafting_rounds_own_work_is_priced_as_a_plain_ones_until_timed():
     assert planner.prices.own(True) == pytest.approx(0.01)
 
 
-EVIDENCE = 7  # rounds of each kind: enough for the guard to judge (Goodput.EVIDENCE)
+EVIDENCE = 7  # rounds of each kind: enough for the guard to judge (PlannerConfig.evidence)
 
 
 def test_the_goodput_guard_bars_drafting_where_it_realised_less_then_tries_again():

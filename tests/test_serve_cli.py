@@ -13,7 +13,7 @@ from specsample.app.arguments import draft_length
 from specsample.backends.hf import HFTokenizer
 from specsample.cli import main
 from specsample.decoding.plans import FixedK
-from specsample.policy.calibrate import check_draft_length
+from specsample.policy.make import check_draft_length
 
 from serve_helpers import running
 from test_cli import WORDS, save_tiny

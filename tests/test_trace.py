@@ -12,7 +12,7 @@ from specsample.decoding.drafters import HybridDrafter, ModelDrafter, NgramDraft
 from specsample.decoding.generate import GenerationConfig, generate, generate_many
 from specsample.decoding.sampling import SamplingConfig
 from specsample.policy import trace as trace_module
-from specsample.policy.calibrate import make_policy
+from specsample.policy.make import make_policy
 from specsample.policy.control import Planner
 from specsample.policy.curve import Curve
 from specsample.policy.estimates import Prices
@@ -125,7 +125,7 @@ def test_the_summary_adds_up_to_the_runs_statistics():
     assert drafted_nothing == sum(s.plain_rounds for s in stats)
     # On a fake clock the rounds' time is the models' calls and nothing else: the
     # realised seconds are the stream's.
-    assert summary.seconds == pytest.approx(sum(s.total_seconds - s.prefill_seconds - s.calibration_seconds
+    assert summary.seconds == pytest.approx(sum(s.total_seconds - s.prefill_seconds
                                                 for s in stats))
     table = format_summary(summary)
     for kind in summary.by_kind:

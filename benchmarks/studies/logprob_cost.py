@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                     config = GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=sampling,
                                               seed=repeat * 100 + i, logprobs=logprobs)
                     stats = generate(target, ids, config, drafter_for, policy).stats
-                    decode = stats.total_seconds - stats.prefill_seconds - stats.calibration_seconds
+                    decode = stats.total_seconds - stats.prefill_seconds
                     cell = totals.setdefault(f"{mode}, logprobs {logprobs}", [0, 0.0])
                     cell[0] += stats.new_tokens
                     cell[1] += decode

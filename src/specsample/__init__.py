@@ -6,7 +6,7 @@ from .decoding.plans import FixedK
 from .decoding.sampling import SamplingConfig, logits_to_probs
 from .decoding.verify import verify, verify_block
 from .output.constraints import Constraint
-from .policy.calibrate import make_policy
+from .policy.make import make_policy
 from .policy.control import Planner
 
 __all__ = [

@@ -20,7 +20,7 @@ from .bench.cli import add_bench_parser
 from .decoding.generate import GenerationConfig, check_prompt, stream
 from .output.constraints import Constraint
 from .output.fim import fim_prompt
-from .policy.calibrate import check_draft_length
+from .policy.make import check_draft_length
 from .policy.trace import format_summary, read_lines, summarise, traced
 from .serve.cli import add_serve_parser
 
@@ -209,8 +209,6 @@ def format_stats(stats, speculative: bool) -> str:
             line += ", by source " + ", ".join(f"{k}: {r} rounds {a}/{d} accepted" for k, (r, d, a) in stats.sources.items())
     if stats.forced_tokens:
         line += f", {stats.forced_tokens} tokens forced by the grammar"
-    if stats.calibration_seconds:
-        line += f", cost calibration {stats.calibration_seconds:.2f} s"
     return line + f" (prefill {stats.prefill_seconds:.2f} s, draft {stats.draft_seconds:.2f} s, " \
                   f"target {stats.target_seconds:.2f} s, other {stats.other_seconds:.2f} s)"
 

@@ -9,6 +9,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from ..decoding.sampling import SamplingConfig
+from ..policy.make import K_MAX
 from .assemble import ModelOptions, option_flag
 
 
@@ -33,7 +34,7 @@ def model_options(args) -> ModelOptions:
 
 
 def draft_length(value: str) -> int | str:
-    """-k: "auto" or an integer; calibrate.check_draft_length says what is wrong with anything else,
+    """-k: "auto" or an integer; policy/make.check_draft_length says what is wrong with anything else,
     so that a bad value gets the same one-line error as every other bad input."""
     try:
         return int(value)
@@ -45,7 +46,8 @@ def add_draft_length_arguments(p: argparse.ArgumentParser, default: int | str = 
     p.add_argument("-k", type=draft_length, default=default,
                    help=f"draft tokens per round, or 'auto': chosen each round from measured costs and acceptance, "
                         f"0 (a plain step) when drafting does not pay (default {default})")
-    p.add_argument("--k-max", type=int, default=8, help="the most drafts -k auto proposes in a round (default 8)")
+    p.add_argument("--k-max", type=int, default=K_MAX,
+                   help=f"the most drafts -k auto proposes in a round (default {K_MAX})")
 
 
 def add_trace_argument(p: argparse.ArgumentParser, what: str = "") -> None:

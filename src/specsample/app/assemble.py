@@ -23,7 +23,8 @@ from ..backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
 from ..decoding.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from ..decoding.plans import Policy
 from ..decoding.sampling import SamplingConfig
-from ..policy.calibrate import cached_or_measured, cost_cache_path, make_policy, probe_context
+from ..policy.calibrate import cached_or_measured, cost_cache_path, probe_context
+from ..policy.make import K_MAX, make_policy
 from ..policy.curve import Curve
 
 
@@ -132,8 +133,8 @@ class Models:
         drafter = self.drafter(SamplingConfig())
         return drafter.name if drafter is not None else None
 
-    def policy(self, k: int | str, k_max: int = 8, parallel: int = 1) -> Policy:
-        """The draft-length policy to keep across generations (calibrate.make_policy):
+    def policy(self, k: int | str, k_max: int = K_MAX, parallel: int = 1) -> Policy:
+        """The draft-length policy to keep across generations (make.make_policy):
         for -k auto, a seat of a planner whose prices start from costs measured here,
         now, and cached per machine and model pair, so later runs start warm; with
         `parallel` sequences at once, the calls of a whole batch are timed too."""

@@ -43,7 +43,7 @@ from ..decoding.drafters import Drafter
 from ..decoding.generate import GenerationConfig, generate
 from ..decoding.plans import FixedK, Policy
 from ..decoding.sampling import MIN_TEMPERATURE, SamplingConfig, logits_to_probs
-from ..policy.calibrate import PolicyLike, as_policy
+from ..policy.make import PolicyLike, as_policy
 
 FLOOR_CALL_SIZES = (2, 4, 8)  # multi-token calls compared with the one-token call
 

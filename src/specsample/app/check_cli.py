@@ -8,7 +8,7 @@ import sys
 import time
 
 from ..decoding.sampling import SamplingConfig
-from ..policy.calibrate import check_draft_length
+from ..policy.make import check_draft_length
 from .arguments import (UsageError, add_draft_length_arguments, add_model_arguments, add_sampling_controls,
                         model_options, sampling_config)
 from .assemble import assemble

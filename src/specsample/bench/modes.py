@@ -15,7 +15,7 @@ from ..decoding.generate import GenerationConfig, generate
 from ..decoding.sampling import SamplingConfig
 from ..output.constraints import Constraint
 from ..output.tools import special_markers, tool_constraint
-from ..policy.calibrate import make_policy
+from ..policy.make import K_MAX, make_policy
 from .native import LlamaServer, completion_request, parse_completion
 from .tool_task import call_grammar, library_tools, target_format
 
@@ -51,7 +51,7 @@ class OurMode:
     structured = True
 
     def __init__(self, name: str, family: str, target, k: int | str | None = None, draft=None, ngram_max: int = 3,
-                 k_max: int = 8, verifier: str = "auto"):
+                 k_max: int = K_MAX, verifier: str = "auto"):
         self.name, self.family, self.k = name, family, k
         self.target, self.draft, self.ngram_max = target, draft, ngram_max
         # GenerationConfig.verifier: "auto" is coupled here, as every prompt is seeded.
@@ -97,7 +97,7 @@ class LlamaServerMode:
         return Outcome(parsed["token_ids"], parsed["text"], parsed["stop_reason"], parsed["stats"])
 
 
-def build_modes(families, ks, peer_ks, target, draft=None, *, ngram_max=3, k_max: int = 8,
+def build_modes(families, ks, peer_ks, target, draft=None, *, ngram_max=3, k_max: int = K_MAX,
                 server: LlamaServer | None = None, no_server: str | None = None, verifier: str = "auto"):
     """The modes to run, and a note for every requested family that cannot run here.
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..app.arguments import UsageError, add_model_arguments, add_trace_argument, model_options
 from ..decoding.generate import VERIFIERS
+from ..policy.make import K_MAX
 from .modes import FAMILIES, OUR_FAMILIES, SETTINGS
 from .native import LlamaServer, llama_server_binary
 from .runner import BenchConfig
@@ -69,9 +70,9 @@ def add_bench_arguments(b) -> None:
                         "table by type: the GGUF file's own type (e.g. q4_k_m) and any of bf16, f16, q8_0 "
                         "(re-encoded once, cached); e.g. q4_k_m,bf16")
     b.add_argument("--ks", help="draft lengths K of the spec sweep (default 2,3,4)")
-    b.add_argument("--k-max", type=int, default=8,
-                   help="the most drafts spec-auto (-k auto) proposes in a round (default 8, as generate's and "
-                        "serve's --k-max)")
+    b.add_argument("--k-max", type=int, default=K_MAX,
+                   help=f"the most drafts spec-auto (-k auto) proposes in a round (default {K_MAX}, as generate's "
+                        f"and serve's --k-max)")
     b.add_argument("--peer-k", help="K of ngram and llamacpp-spec, or a comma list for a mode per K (default 3)")
     b.add_argument("--prompts", help="prompts per task: N, or task=N,... (default 8)")
     b.add_argument("--max-new-tokens", type=int, help="cap every task's answer length (default: each task's own; for smoke runs)")

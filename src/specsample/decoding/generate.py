@@ -15,12 +15,12 @@ from ..output.constraints import Constraint
 from ..output.constraints import start as start_grammar
 from .batching import PREFILL_CHUNK, BatchStats, Scheduler, slots
 from .context_fit import new_token_room
-from ..policy.calibrate import PolicyLike, as_policy
 from ..output.detokenize import TextTracker
 from ..output.text_stops import TextStop
 from .drafters import Drafter, reuse_model_cache, tell
 from ..output.logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
 from .overlap import Overlap, stream_overlaps
+from .plans import Policy, ready_policy
 from .rounds import Round, play_round
 from .sampling import InvalidSetting, Sampler, SamplingConfig
 
@@ -42,7 +42,6 @@ class GenerationStats:
     cached_prompt_tokens: int = 0  # of the prompt, held in the target's cache already (cache_prompt): not scored
     prefill_seconds: float = 0.0
     first_token_seconds: float | None = None  # from the call to the first emitted token (None: none emitted)
-    calibration_seconds: float = 0.0  # the adaptive policy's one-off cost measurement, when stream() made it
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     constraint_seconds: float = 0.0  # in the grammar engine (masks, forced tokens); part of draft and other time
@@ -63,8 +62,7 @@ class GenerationStats:
 
     @property
     def other_seconds(self) -> float:
-        return (self.total_seconds - self.prefill_seconds - self.calibration_seconds - self.draft_seconds
-                - self.target_seconds)
+        return self.total_seconds - self.prefill_seconds - self.draft_seconds - self.target_seconds
 
     @property
     def plain_rounds(self) -> int:
@@ -105,7 +103,6 @@ class GenerationStats:
             "tokens_per_second": self.tokens_per_second,
             "prefill_seconds": self.prefill_seconds,
             "first_token_seconds": self.first_token_seconds,
-            "calibration_seconds": self.calibration_seconds,
             "draft_seconds": self.draft_seconds,
             "target_seconds": self.target_seconds,
             "constraint_seconds": self.constraint_seconds,
@@ -212,14 +209,14 @@ def stream(
     prompt_ids: list[int],
     config: GenerationConfig,
     drafter: Drafter | None = None,
-    policy: PolicyLike | None = None,
+    policy: Policy | int | None = None,
     clock=time.perf_counter,
 ) -> Stream:
     """Generation as an iterator of chunks. `policy` alone decides each round's drafts:
-    a Policy, or K for a fixed K, or "auto" (the default) for a new planner that times
-    the models on this prompt first (calibrate.make_policy); pass one planner's seat to
-    keep its measurements across calls. Without a drafter it is not needed. `clock`
-    times the rounds."""
+    a ready Policy, or K for a fixed K (plans.ready_policy); a planner (-k auto) is made
+    and timed by whoever knows the models (policy/make.py), never here, and one
+    planner's seat keeps its measurements across calls. Without a drafter it is not
+    needed. `clock` times the rounds."""
     check_prompt(prompt_ids)
     config.sampling.check_vocabulary(target.vocab_size)
     draft_backend = None if drafter is None else drafter.model_backend
@@ -235,22 +232,21 @@ def stream(
         if backend is not None and not backend.supports_rollback:
             raise ValueError(f"{backend.name} keeps recurrent state that cannot be rolled back, so it cannot take part "
                              "in speculative decoding; run it autoregressively")
-    started = clock()
-    policy = as_policy(policy, target, draft_backend, drafts=drafter is not None, context=prompt_ids, clock=clock)
-    calibration_seconds = clock() - started
+    policy = ready_policy(policy, drafts=drafter is not None)
+    k_max = 0 if policy is None else policy.k_max  # without a drafter a round adds no drafts
     for role, backend in (("target", target), ("draft", draft_backend)):
         if backend is None:
             continue
         # Every model in the round holds the text so far plus drafts; a draft loaded
         # with a shorter context than its target's fails first.
-        if config.max_new_tokens > new_token_room(backend.context_length, len(prompt_ids), policy.k_max):
+        if config.max_new_tokens > new_token_room(backend.context_length, len(prompt_ids), k_max):
             raise ValueError(
                 f"prompt of {len(prompt_ids)} tokens plus {config.max_new_tokens} new tokens and "
-                f"{policy.k_max + 1} for drafts does not fit the context of the {role} model "
+                f"{k_max + 1} for drafts does not fit the context of the {role} model "
                 f"{backend.name}: {backend.context_length} tokens"
             )
     grammar = None if config.constraint is None else start_grammar(config.constraint, target, config.max_new_tokens)
-    return Stream(_rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibration_seconds))
+    return Stream(_rounds(target, prompt_ids, config, drafter, policy, clock, grammar))
 
 
 def reusable_prefix(cached: list[int] | None, prompt_ids: list[int]) -> int:
@@ -282,16 +278,14 @@ def _prefill(target, prompt_ids, config, drafter, grammar, sampler) -> tuple[int
     return reused, overlap, overlap.prefill(target, drafter, prompt_ids, reused, sampler)
 
 
-def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibration_seconds) -> Iterator[Chunk]:
+def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar) -> Iterator[Chunk]:
     generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
     coupled_seed = None
     if config.coupled:  # unseeded coupling still needs one seed for its noise
         coupled_seed = config.seed if config.seed is not None else int(torch.randint(1 << 62, ()))
     sampler = Sampler(len(prompt_ids), generator, coupled_seed, block=config.block)
-    out = Emitter(target, prompt_ids, config, grammar, GenerationStats(calibration_seconds=calibration_seconds))
-    # The total counts the calibration stream() made for this call (stats.other_seconds
-    # leaves it out again).
-    start = clock() - calibration_seconds
+    out = Emitter(target, prompt_ids, config, grammar, GenerationStats())
+    start = clock()
 
     # Prefill the prompt. Its last row is the distribution of the first new token, so
     # the first round feeds only its drafts (none, under -k auto: control.py) and
@@ -300,7 +294,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, calibra
     claim = claim_cache(target)
     reused, overlap, carried = _prefill(target, prompt_ids, config, drafter, grammar, sampler)
     out.stats.cached_prompt_tokens = reused
-    out.stats.prefill_seconds = clock() - start - calibration_seconds
+    out.stats.prefill_seconds = clock() - start
     if drafter is not None:
         policy.begin(out.context, config.max_new_tokens)
     play = play_round if overlap is None else overlap.play
@@ -411,9 +405,9 @@ def generate_many(target, prompts: list[list[int]], configs, draft=None,
     loaded with `sequences=N`, or SeparateSequences); `configs` is one
     GenerationConfig or one per prompt; `make_drafter(draft_slot)` builds a sequence's
     drafter on its slot of the draft model (the draft is None for lookup alone);
-    `policy` is forked for each sequence (control.py: the seats of one planner), or
-    made by calibrate.make_policy for this many sequences from K or "auto" (the
-    default), as stream's; `clock` times the calls. Returns the GenerationResults
+    `policy` (a ready one, or K: as stream's) is forked for each sequence (control.py:
+    the seats of one planner; make it for `target.sequences` sequences, policy/make.py);
+    `clock` times the calls. Returns the GenerationResults
     in the prompts' order, and the batch's statistics. A prompt that fails raises
     after the others are done.
     """
@@ -422,8 +416,7 @@ def generate_many(target, prompts: list[list[int]], configs, draft=None,
         raise ValueError(f"{len(prompts)} prompts but {len(configs)} configurations")
     if draft is not None and draft.sequences < target.sequences:
         raise ValueError(f"the draft model holds {draft.sequences} sequences, the target {target.sequences}")
-    # One, timed now and alone, rather than one per sequence timed inside the batch.
-    policy = as_policy(policy, target, draft, drafts=make_drafter is not None, parallel=target.sequences)
+    policy = ready_policy(policy, drafts=make_drafter is not None)
     target_slots = slots(target)
     draft_slots = slots(draft) if draft is not None else [None] * len(target_slots)
     scheduler = Scheduler(target, prefill_chunk, clock)
@@ -432,7 +425,7 @@ def generate_many(target, prompts: list[list[int]], configs, draft=None,
 
     def one(i: int, seq: int) -> GenerationResult:
         drafter = None if make_drafter is None else make_drafter(draft_slots[seq])
-        return generate(target_slots[seq], prompts[i], configs[i], drafter, policy.fork())
+        return generate(target_slots[seq], prompts[i], configs[i], drafter, policy and policy.fork())
 
     def admit(admission: Admission) -> bool:
         # The prompts in order, each on the slot free longest, until every one has run.

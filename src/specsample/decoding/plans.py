@@ -164,3 +164,28 @@ class FixedK(Policy):
 
     def fork(self) -> FixedK:
         return FixedK(self.k_max)
+
+
+def check_fixed_k(k) -> None:
+    """The one rule for a fixed K: -k on the command line (policy/make.py) and the
+    integer stream() takes for FixedK(K)."""
+    if not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
+        raise ValueError(f"k must be 'auto' or an integer >= 1, got {k!r}")
+
+
+def ready_policy(policy: Policy | int | None, drafts: bool) -> Policy | None:
+    """The policy a loop plays: `policy` itself, or FixedK(K) for an integer K; None
+    only where nothing drafts. The loop never makes a planner: one whose prices come
+    from timing the models is made by whoever knows them (policy/make.py's
+    make_policy, which assembly, the server and the bench call)."""
+    if policy is None:
+        if drafts:
+            raise ValueError("a drafter needs a policy: K, or one that policy.make.make_policy made")
+        return None
+    if policy == "auto":
+        raise ValueError("'auto' is a planner that times the models first: make it with policy.make.make_policy "
+                         "(or assembly's Models.policy) and pass it")
+    if isinstance(policy, (int, str)):
+        check_fixed_k(policy)
+        return FixedK(policy)
+    return policy

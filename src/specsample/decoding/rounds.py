@@ -72,8 +72,10 @@ def draft_step(drafter: Drafter | None, policy: Policy, sampler: Sampler, gramma
                context: list[int], room: int, free: bool = False) -> tuple[Draft, int]:
     """A round's drafts, as the policy plans them, and the draft model calls they took;
     `free`: a row the loop holds predicts the round's first token (Offer.free)."""
+    if drafter is None:  # nothing drafts: no policy is needed (stream() takes none)
+        return Draft.empty(), 0
     budget = min(policy.k_max, room - 1)
-    if drafter is None or budget <= 0:
+    if budget <= 0:
         return Draft.empty(), 0
     calls_before = drafter.calls
     draft = draft_round(drafter, context, budget, sampler, policy.plan, grammar, free)

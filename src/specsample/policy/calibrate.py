@@ -5,17 +5,18 @@ Target: one call scoring n tokens for n = 1 .. max_tokens, on top of the real co
 (rolled back after each), and, where several sequences are decoded together, a few
 of the larger calls their batches make (wide_sizes; the cost of a call is taken to
 follow the tokens it scores, whoever they belong to). A cache measured for fewer
-sequences is extended with the sizes it lacks. Draft: a few 1-token steps in a row,
-a few right after a target call (as a round's first draft call runs, with its weights
-pushed out of the CPU caches), and its reading of unseen text in calls of 16 and 128
-tokens on a short context (a catch-up chunk, a prompt). Each target size is the median of
-REPS timed calls, after a warm-up of both a 1-token and a many-token call (llama.cpp
-runs 1 token and more on different kernels, and the first call of each pays one-off
-costs). These are the planner's priors only: every call of a run moves its prices
-(curve.Curve).
+sequences is extended with the sizes it lacks. Draft: a few 1-token steps in a row, a
+few right after a target call (as a round's first draft call runs, with its weights
+pushed out of the CPU caches), and its reading of unseen text in calls of read_chunk and
+read_long tokens on a short context (a catch-up chunk, a prompt). Each target size is
+the median of `reps` timed calls (the numbers are config.PLANNER's), after a warm-up of
+both a 1-token and a many-token call (llama.cpp runs 1 token and more on different
+kernels, and the first call of each pays one-off costs). These are the planner's priors
+only: every call of a run moves its prices (curve.Curve).
 
-What is built from a measurement lives here too: make_policy (a fixed K, or a planner
-whose prices start from it), and the server's default slot count (slots_that_pay).
+What is built from a measurement lives here too: the planner's priors
+(measured_prices) and the server's default slot count (slots_that_pay). The policy
+itself is made in make.py.
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ import statistics
 import time
 from pathlib import Path
 
-from .control import Planner
+from .config import PLANNER, PlannerConfig
 from .curve import Curve
-from .estimates import Prices
+from .estimates import Prices, own_work
 from ..files import read_cached_json, write_cached_json
 from ..machine import fingerprint
-from ..decoding.plans import FixedK, Policy
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +40,19 @@ def wide_sizes(max_tokens: int, parallel: int) -> list[int]:
     """The call sizes past max_tokens to time for `parallel` sequences in one call, each
     scoring up to max_tokens: a ladder of steps of 1.33-1.5x (8, 12, 16, 24, 32, 48, ...)
     up to parallel * max_tokens, that size itself only where the ladder's last step
-    falls short of it by more than a quarter (the rest is interpolated)."""
+    falls short of it by more than PLANNER.wide_slack (the rest is interpolated)."""
     top = parallel * max_tokens
     ladder = [size for power in range(3, 16) for size in (1 << power, 3 << (power - 1))]
     sizes = [n for n in ladder if max_tokens < n <= top]
-    if top > max_tokens and (not sizes or top > 1.25 * sizes[-1]):
+    if top > max_tokens and (not sizes or top > PLANNER.wide_slack * sizes[-1]):
         sizes.append(top)
     return sizes
 
 
-REPS = 3  # timed calls per target size; the median is kept
+REPS = PLANNER.reps  # timed calls per size; the median is kept
 # The draft's reading of unread text, timed at a chunk and at a prompt's length: its
 # per-token cost falls as the calls grow, so a 16-token call alone overprices a prompt.
-READ_CHUNK, READ_LONG = 16, 128
+READ_CHUNK, READ_LONG = PLANNER.read_chunk, PLANNER.read_long
 
 
 def measure(target, draft, context: list[int], max_tokens: int, clock=time.perf_counter,
@@ -67,10 +67,10 @@ def measure(target, draft, context: list[int], max_tokens: int, clock=time.perf_
         draft.rollback(0)
         draft.score(sample[:1], num_logits=1)
         draft_base = draft.length
-        steps = [timed_call(draft, [t], draft_base, clock) for t in sample[:4]][1:]
+        steps = [timed_call(draft, [t], draft_base, clock) for t in sample[:REPS + 1]][1:]  # the first is cold
         out["draft_step"] = statistics.median(steps)
         firsts = []
-        for t in sample[:3]:
+        for t in sample[:REPS]:
             timed_call(target, sample[:1], base, clock)
             firsts.append(timed_call(draft, [t], draft_base, clock))
         out["draft_first"] = statistics.median(firsts)
@@ -191,71 +191,20 @@ def cost_cache_path(cache_root: Path, target, draft) -> Path | None:
     return cache_root / "costs" / f"{name}.json"
 
 
-K_MAX = 8  # the most drafts "auto" proposes in a round, unless told otherwise
-PolicyLike = Policy | int | str  # a policy, or what make_policy makes one from: K, or "auto"
-
-
-def check_draft_length(k, k_max: int = K_MAX) -> None:
-    """The one rule for -k and --k-max, which the commands apply before any model loads."""
-    if k != "auto" and not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
-        raise ValueError(f"k must be 'auto' or an integer >= 1, got {k!r}")
-    if k_max < 1:
-        raise ValueError(f"k-max must be >= 1, got {k_max}")
-
-
-def make_policy(k: int | str, k_max: int = K_MAX, target=None, draft=None, *, drafts: bool = True,
-                context: list[int] | None = None, cost_cache: Path | None = None,
-                clock=time.perf_counter, parallel: int = 1) -> Policy:
-    """The one place that decides a generation's draft-length policy: `k` an int
-    (fixed K) or "auto". For "auto" with something that drafts (`drafts`), a seat of a
-    new planner whose prices start from the costs of `target` and the `draft` model's
-    backend (None: lookup alone), measured now on top of `context` or read from
-    `cost_cache` (below); without a target to time, it learns them from the rounds.
-    `parallel`: the most sequences decoded together (fork() makes each one's seat),
-    whose calls of up to parallel * (k_max + 1) tokens are timed too."""
-    check_draft_length(k, k_max)
-    if parallel < 1:
-        raise ValueError(f"parallel must be >= 1, got {parallel}")
-    if k != "auto" or not drafts:
-        return FixedK(k_max if k == "auto" else k)
-    prices = Prices()
-    if target is not None:
-        measured = cached_or_measured(cost_cache, target, draft, context or probe_context(target), k_max + 1, clock,
-                                      wide_sizes(k_max + 1, parallel))
-        prices = measured_prices(measured)
-    return Planner(k_max, prices, clock).seat()
-
-
-def as_policy(policy: PolicyLike | None, target=None, draft=None, **options) -> Policy:
-    """`policy` itself, or the one make_policy makes from a shorthand: K, "auto", or
-    None for "auto" (with K_MAX); `options` are make_policy's."""
-    if policy is None or isinstance(policy, (int, str)):
-        return make_policy("auto" if policy is None else policy, K_MAX, target, draft, **options)
-    return policy
-
-
-def most_drafts(policy: PolicyLike | None) -> int:
-    """The most drafts a round under `policy` may add (what a context must leave room
-    for), known without making it."""
-    if policy is None or policy == "auto":
-        return K_MAX
-    return policy if isinstance(policy, int) else policy.k_max
-
-
-def measured_prices(measured: dict) -> Prices:
+def measured_prices(measured: dict, config: PlannerConfig = PLANNER) -> Prices:
     """Prices whose priors are a calibration's timings (calibrate.measure)."""
     target = dict(enumerate(measured["target"], start=1)) | wide_costs(measured)
     draft = {}
     if "draft_step" in measured:
         step, token = measured["draft_step"], measured["draft_token"]
         draft = {1: step, READ_CHUNK: step + (READ_CHUNK - 1) * token, READ_LONG: measured["draft_long"]}
-    return Prices(Curve(target), Curve(draft))
+    return Prices(Curve(target, config), Curve(draft, config), own_work(config))
 
 
-SLOT_GAIN = 1.05
+SLOT_GAIN = PLANNER.slot_gain
 
 
-def slots_that_pay(target: Curve, most: int = 8) -> int:
+def slots_that_pay(target: Curve, most: int = PLANNER.most_slots) -> int:
     """How many sequences to decode together by default on this machine: the fewest
     that serve, with one token each per call, within 5% of the best throughput
     n / T(n) over n <= most, and 1 unless that best beats one sequence by 5%. The
@@ -275,4 +224,4 @@ def slots_that_pay(target: Curve, most: int = 8) -> int:
 def probe_context(target) -> list[int]:
     """Tokens to time calls on before any prompt is known: the ids themselves do not
     change what a call costs."""
-    return [i % target.vocab_size for i in range(1, 33)]
+    return [i % target.vocab_size for i in range(1, PLANNER.probe_tokens + 1)]

@@ -37,14 +37,15 @@ of the prompt by the draft (issue 51: 0.2-0.3 s before the first token of a shor
 prompt).
 
 A draft model that has not read a long text (a prompt of thousands of tokens) does
-not hold the stream back: while reading its unread text would cost more than STALL
+not hold the stream back: while reading its unread text would cost more than `stall`
 plain steps it is not offered, plain steps stream, and where drafting is expected to
 pay back the reading before the answer is likely to end, each plain round feeds it
 a chunk that costs about one plain round (never before the second token, nor while
 the goodput guard bars the model).
 
 Every plan, call and report can be followed round by round: a trace.Trace on the
-planner (`--trace FILE`) writes each round as a line of JSON.
+planner (`--trace FILE`) writes each round as a line of JSON. Every number it decides
+with is a field of config.PlannerConfig, which says why it is what it is.
 
 Why the output is exactly the target's
 --------------------------------------
@@ -70,6 +71,7 @@ import time
 from typing import NamedTuple
 
 from ..decoding.batching import in_batch, request_plan
+from .config import PLANNER, PlannerConfig
 from .curve import round_seconds
 from .estimates import Acceptance, AnswerLength, Goodput, Prices, ShadowLookup, SourceModel, kind_of
 from ..decoding.plans import MODEL, ModelCall, Offer, Plan, Policy, RoundReport, Source
@@ -86,21 +88,22 @@ class Option(NamedTuple):
 
 
 PLAIN = Option(None, 0, 1.0, 0, 0.0)
-JOINT_LENGTHS = (1, 2, 4)  # "every sequence drafts L": the joint moves the search also starts from
-CHUNKS = (16, 32, 64, 128, 256, 512)  # catch-up chunk sizes, the largest that costs about a plain round
-STALL = 4.0  # a draft reads its unread text in a drafting round when that costs at most this many plain steps
 
 
 class Planner:
     """The draft-length decisions of every sequence that shares the target's calls,
     made together (module docstring), from the prices and goodput it keeps for the
-    machine. `seat()` makes the policy of one sequence."""
+    machine. `seat()` makes the policy of one sequence. `config`: its numbers; `k_max`
+    overrides the config's (--k-max)."""
 
-    def __init__(self, k_max: int = 8, prices: Prices | None = None, clock=time.perf_counter, trace=None):
+    def __init__(self, k_max: int | None = None, prices: Prices | None = None, clock=time.perf_counter, trace=None,
+                 config: PlannerConfig = PLANNER):
+        k_max = config.k_max if k_max is None else k_max
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max, self.clock, self._closed, self._tokens = k_max, clock, None, 0
-        self.prices, self.goodput = prices or Prices(), Goodput()
+        self.config, self.chunks = config, config.catch_up_chunks
+        self.prices, self.goodput = prices or Prices.empty(config), Goodput(config)
         self.trace = trace  # a trace.Trace that hears every plan, call and report; None: no work at all
         self._window = [None, 0.0, None, False, False]  # no round window before the first call or start
 
@@ -137,10 +140,11 @@ class Planner:
         reading's.) Priced at the batch's rounds to come, without a prompt the target
         reads this round: beside a prompt, extra tokens in the call look nearly free and
         the batch's rate looks low, which made reading look cheap where it did not pay."""
-        if chosen[i].m or MODEL not in offer.available or seat.length.generated < 2 or not seat.stalls(offer):
+        if chosen[i].m or MODEL not in offer.available or seat.length.generated < self.config.catch_up_after \
+                or not seat.stalls(offer):
             return 0
         call, now = self.prices.target(sum(o.m + 1 for o in chosen)), self._rate(chosen, 0)
-        chunk = max([CHUNKS[0]] + [c for c in CHUNKS if self.prices.draft(c) <= call])
+        chunk = max([self.chunks[0]] + [c for c in self.chunks if self.prices.draft(c) <= call])
         best, then = max(((o, self._rate(chosen[:i] + [o] + chosen[i + 1:], 0))
                           for o in seat.menu(Offer({MODEL: offer.available[MODEL]}))), key=lambda found: found[1])
         rounds = (seat.length.expected_remaining() - offer.lag / chunk) / best.expected
@@ -167,13 +171,13 @@ class Planner:
             return [max(menus[0], key=lambda o: self._rate([o], load))]
         starts = [[menu[0] for menu in menus]] + [
             [max((o for o in menu if o.steps <= length), key=lambda o: o.steps) for menu in menus]
-            for length in JOINT_LENGTHS]
+            for length in self.config.joint_lengths]
         return max((self._ascend(menus, start, load) for start in starts), key=lambda found: found[1])[0]
 
     def _ascend(self, menus: list[list[Option]], choice: list[Option], load: int) -> tuple[list[Option], float]:
         """Coordinate ascent from `choice`: each sequence's best option, the others held."""
         rate = self._rate(choice, load)
-        for _ in range(3):
+        for _ in range(self.config.ascent_passes):
             before = rate
             for i, menu in enumerate(menus):
                 for option in menu:
@@ -232,7 +236,8 @@ class Seat(Policy):
 
     def __init__(self, planner: Planner):
         self.planner, self.k_max = planner, planner.k_max
-        self.acceptance, self.length, self.shadow = Acceptance(), AnswerLength(), ShadowLookup()
+        self.acceptance, self.length = Acceptance(planner.config), AnswerLength(planner.config)
+        self.shadow = ShadowLookup()
 
     def fork(self) -> Seat:
         """Another sequence's seat at the same planner, starting from what this one has
@@ -261,7 +266,7 @@ class Seat(Policy):
         """Its options this round: a plain step, then each source and length it offers
         whose goodput kind is not `barred`."""
         options, horizon = [PLAIN], self.length.expected_remaining()
-        lag = self.reading(offer) if offer.lag > 2 else 0.0
+        lag = self.reading(offer) if offer.lag > self.planner.config.fed_per_round else 0.0
         for source, available in offer.available.items():
             model = source == MODEL
             if kind_of(source) in barred or model and self.stalls(offer):
@@ -279,8 +284,8 @@ class Seat(Policy):
         return self.planner.prices.draft(offer.lag + 1) - self.planner.prices.draft(1)
 
     def stalls(self, offer: Offer) -> bool:
-        """Whether that reading would hold a drafting round back by more than STALL plain steps."""
-        return self.reading(offer) > STALL * self.planner.prices.target(1)
+        """Whether that reading would hold a drafting round back by more than `stall` plain steps."""
+        return self.reading(offer) > self.planner.config.stall * self.planner.prices.target(1)
 
     def ahead(self, drafted: int, call_tokens: int) -> int:
         """As many drafts as the call's time holds (drafted meanwhile, they cost nothing
@@ -304,8 +309,9 @@ class Seat(Policy):
         self.shadow.observe(report, self.acceptance)
         self.length.generated += len(report.emitted_tokens)
         if not in_batch():  # alone, the round's own clock times its calls
-            for d in report.draft_calls:  # one of more than two tokens reads text (prompt=True)
-                self.planner.record(ModelCall(False, d.tokens_fed, 1, d.seconds, d.tokens_fed > 2, d.hidden))
+            reads = self.planner.config.fed_per_round  # a call feeding more reads text (prompt=True)
+            for d in report.draft_calls:
+                self.planner.record(ModelCall(False, d.tokens_fed, 1, d.seconds, d.tokens_fed > reads, d.hidden))
             if report.target_tokens:
                 self.planner.record(ModelCall(True, report.target_tokens, 1, report.target_seconds))
         self.planner.emitted(len(report.emitted_tokens))

@@ -11,6 +11,8 @@ import bisect
 import statistics
 from collections import deque
 
+from .config import PLANNER, PlannerConfig
+
 
 def interpolated(points: list[tuple[int, float]], x: int) -> float:
     """The value at size x from (size, value) points sorted by size: linear between
@@ -27,20 +29,21 @@ class Curve:
     """Seconds of a model call by its size (tokens scored or fed): a prior, the
     calibration's timings interpolated between the sizes it measured, times how far
     the calls of this run have moved from it. Each call adds its ratio to the prior. A
-    size is priced by the last RECENT ratios of its band (1, 2-4, 5-8, 9-16, 17+
-    tokens) where three of them are among the last FRESH calls, else by the last
-    RECENT calls of any size (a machine slows every size alike; a size not called
-    lately would keep an old price). The price is their mean with each ratio held to
-    SPIKE times their median: a call descheduled once moves it by a fraction, a
+    size is priced by the last `recent` ratios of its band (_band) where `band_quorum`
+    of them are among the last `fresh` calls, else by the last `recent` calls of any
+    size (a machine slows every size alike; a size not called lately would keep an old
+    price); the numbers are config.PlannerConfig's. The price is their mean with each
+    ratio held to `spike` times their median: a call descheduled once moves it by a fraction, a
     neighbour that keeps taking the cores moves it fully within a few calls; and never
     below a smaller size's price. Without a calibration, the first call of each size
     becomes its prior."""
 
-    def __init__(self, prior: dict[int, float] | None = None):
+    def __init__(self, prior: dict[int, float] | None = None, config: PlannerConfig = PLANNER):
+        self.config = config
         self.prior = sorted((prior or {}).items())
         self.learning = not self.prior  # no calibration: each size's first call becomes its prior
         self._ratios: dict[int, deque] = {}  # band -> (call number, ratio)
-        self._all: deque = deque(maxlen=RECENT)
+        self._all: deque = deque(maxlen=config.recent)
         self._prices: dict[int, float] = {}
         self._raws: dict[int, float] = {}  # before the running maximum
         self._calls = 0
@@ -65,8 +68,9 @@ class Curve:
     def _raw(self, n: int) -> float:
         raw = self._raws.get(n)
         if raw is None:
-            band = [r for i, r in self._ratios.get(_band(n), ()) if i > self._calls - FRESH]
-            raw = self._raws[n] = self.base(n) * _scale(band if len(band) >= 3 else self._all)
+            band = [r for i, r in self._ratios.get(_band(n), ()) if i > self._calls - self.config.fresh]
+            raw = self._raws[n] = self.base(n) * _scale(band if len(band) >= self.config.band_quorum else self._all,
+                                                        self.config.spike)
         return raw
 
     @property
@@ -78,19 +82,16 @@ class Curve:
     def observe(self, n: int, seconds: float, hidden: bool = False) -> None:
         if n <= 0:
             return
-        self._hidden = [self._hidden[0] * HIDDEN_DECAY + hidden, self._hidden[1] * HIDDEN_DECAY + 1]
+        decay = self.config.hidden_decay
+        self._hidden = [self._hidden[0] * decay + hidden, self._hidden[1] * decay + 1]
         self._prices.clear()
         self._raws.clear()
         self._calls += 1
         if self.learning and n not in dict(self.prior) or self.base(n) <= 0:
             self.prior = sorted((dict(self.prior) | {n: seconds}).items())
         ratio = seconds / self.base(n)
-        self._ratios.setdefault(_band(n), deque(maxlen=RECENT)).append((self._calls, ratio))
+        self._ratios.setdefault(_band(n), deque(maxlen=self.config.recent)).append((self._calls, ratio))
         self._all.append(ratio)
-
-
-RECENT, FRESH, SPIKE = 8, 16, 4.0
-HIDDEN_DECAY = 0.95  # per call: the hidden share follows the last few dozen draft calls
 
 
 def round_seconds(target: float, drafting: float, hidden: float) -> float:
@@ -101,14 +102,16 @@ def round_seconds(target: float, drafting: float, hidden: float) -> float:
     return target + drafting - min(hidden * drafting, target)
 
 
-def _scale(ratios) -> float:
+def _scale(ratios, spike: float) -> float:
     if not ratios:
         return 1.0
-    cap = SPIKE * statistics.median(ratios)
+    cap = spike * statistics.median(ratios)
     return sum(min(r, cap) for r in ratios) / len(ratios)
 
 
 def _band(n: int) -> int:
+    # Bands of 1, 2, 3-4, 5-8, 9-16 and 17+ tokens. EDGES (and docs/architecture.md)
+    # were written for 2-4; kept as they are: a plan moves if either does.
     return (n - 1).bit_length() if n <= 16 else 5
 
 

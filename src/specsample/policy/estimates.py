@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .config import PLANNER, PlannerConfig
 from .curve import Curve
-from ..decoding.plans import FORCED, MODEL, RoundReport, Source, lookup_source
+from ..decoding.plans import FORCED, MODEL, RoundReport, Source
 
 
 @dataclass
@@ -19,7 +20,7 @@ class Rate:
     """A probability estimated from decayed counts, shrunk towards a prior."""
 
     prior: float
-    strength: float = 2.0  # pseudo-observations behind the prior
+    strength: float = PLANNER.prior_strength  # pseudo-observations behind the prior
     hits: float = 0.0
     trials: float = 0.0
 
@@ -41,14 +42,11 @@ class Rate:
 class Ema:
     """An exponential moving average; None until the first observation."""
 
-    def __init__(self, value: float | None = None, weight: float = 0.2):
+    def __init__(self, value: float | None = None, weight: float = PLANNER.work_weight):
         self.value, self.weight = value, weight
 
     def update(self, x: float) -> None:
         self.value = x if self.value is None else self.value + self.weight * (x - self.value)
-
-
-CONFIDENCE_BINS = 10
 
 
 @dataclass
@@ -61,20 +59,22 @@ class SourceModel:
     # they share one rate. Per position, the rates past its usual first miss would hardly
     # ever be observed and would keep their prior, promising long runs that never come.
     pooled: bool = False
+    strength: float = PLANNER.prior_strength  # of each rate's prior
+    bins: int = PLANNER.confidence_bins  # of the draft's confidence
     positions: list[Rate] = field(default_factory=list)
     by_confidence: list[Rate] = field(default_factory=list)
 
     def at(self, i: int) -> Rate:
         i = min(i, 1) if self.pooled else i
         while len(self.positions) <= i:
-            self.positions.append(Rate(self.prior[min(1, len(self.positions))]))
+            self.positions.append(Rate(self.prior[min(1, len(self.positions))], self.strength))
         return self.positions[i]
 
     def given_confidence(self, confidence: float) -> Rate:
         if not self.by_confidence:
             # Prior: a draft that is sure of its token is usually right.
-            self.by_confidence = [Rate((b + 0.5) / CONFIDENCE_BINS) for b in range(CONFIDENCE_BINS)]
-        b = min(CONFIDENCE_BINS - 1, max(0, int(confidence * CONFIDENCE_BINS)))
+            self.by_confidence = [Rate((b + 0.5) / self.bins, self.strength) for b in range(self.bins)]
+        b = min(self.bins - 1, max(0, int(confidence * self.bins)))
         return self.by_confidence[b]
 
 
@@ -88,7 +88,12 @@ class Prices:
 
     target: Curve = field(default_factory=Curve)
     draft: Curve = field(default_factory=Curve)
-    work: dict[bool, Ema] = field(default_factory=lambda: {False: Ema(), True: Ema()})
+    work: dict[bool, Ema] = field(default_factory=lambda: own_work(PLANNER))
+
+    @classmethod
+    def empty(cls, config: PlannerConfig = PLANNER) -> Prices:
+        """Prices with no calibration behind them: every call of the run sets them."""
+        return cls(Curve(config=config), Curve(config=config), own_work(config))
 
     def own(self, drafting: bool) -> float:
         """A sequence's own seconds between calls in a plain or a drafting round. Until
@@ -99,32 +104,37 @@ class Prices:
         return value if value is not None else self.work[False].value or 0.0
 
 
-class Goodput:
-    """Tokens per second that rounds realised, by the number of sequences sharing
-    their target call and by what the round drafted from: nothing (plain), the draft
-    model, or lookups alone; the guard against prices whose sums fall short
-    (Nightjar's and AdaSpec's switch). Each kind's tokens, seconds and rounds are sums
-    decayed by DECAY a round; a drafting kind that is not barred decays by DECAY a
-    round of its own and IDLE_DECAY a round of another kind, so that a source playing
-    one round in twenty still gathers enough evidence to be judged (decayed with every
-    round, lookups on chat never did, and on a compute-bound target each of their wide
-    calls lost). A drafting kind is barred for a size where it holds EVIDENCE rounds,
-    plain steps at least one recent one, and it realised less than plain steps
-    (lookups that lose do not bar the model, nor the reverse); while barred its
-    evidence decays, and once below UNBAR rounds (about thirty-five rounds on) it is
-    tried again. (A few rounds are too few to bar on: a drafting round emits anything
-    from one token to all its drafts and one more.) Where drafting is all a size plays, a plain round
-    is asked for once plain evidence has decayed below PROBE (about one round in
-    sixty), so that there is always a plain rate to hold drafting to. Rounds whose
-    target call also read a prompt are left out: that work is the same whatever the
-    round drafts. A round in which the draft caught up on unread text counts as the
-    model's (control.Planner.record): the reading is an outlay for drafting."""
+def own_work(config: PlannerConfig) -> dict[bool, Ema]:
+    """The averages of a sequence's own work in plain (False) and drafting rounds."""
+    return {False: Ema(weight=config.work_weight), True: Ema(weight=config.work_weight)}
 
-    EVIDENCE, UNBAR, RECENT_PLAIN, PROBE, DECAY = 6.0, 3.0, 0.5, 0.3, 0.98
-    IDLE_DECAY = 0.998  # a few hundred rounds: Acceptance.idle_decay's horizon
+
+class Goodput:
+    """Tokens per second that rounds realised, by the number of sequences sharing their
+    target call and by what the round drafted from: nothing (plain), the draft model, or
+    lookups alone; the guard against prices whose sums fall short (Nightjar's and
+    AdaSpec's switch); its numbers are config.PlannerConfig's. Each kind's tokens,
+    seconds and rounds are sums decayed by `goodput_decay` a round; a drafting kind that
+    is not barred decays by `goodput_decay` a round of its own and `idle_decay` a round
+    of another kind, so that a source playing one round in twenty still gathers enough
+    evidence to be judged (decayed with every round, lookups on chat never did, and on a
+    compute-bound target each of their wide calls lost). A drafting kind is barred for a
+    size where it holds `evidence` rounds, plain steps at least one recent one, and it
+    realised less than plain steps (lookups that lose do not bar the model, nor the
+    reverse); while barred its evidence decays, and once below `unbar` rounds (about
+    thirty-five rounds on) it is tried again. (A few rounds are too few to bar on: a
+    drafting round emits anything from one token to all its drafts and one more.) Where
+    drafting is all a size plays, a plain round is asked for once plain evidence has
+    decayed below `probe` (about one round in sixty), so that there is always a plain
+    rate to hold drafting to. Rounds whose target call also read a prompt are left out:
+    that work is the same whatever the round drafts. A round in which the draft caught
+    up on unread text counts as the model's (control.Planner.record): the reading is an
+    outlay for drafting."""
+
     KINDS = (None, "model", "lookup")  # what a round drafted from; None: a plain step
 
-    def __init__(self):
+    def __init__(self, config: PlannerConfig = PLANNER):
+        self.config = config
         self._sums: dict[int, dict[str | None, list[float]]] = {}  # size -> kind -> [tokens, seconds, rounds]
         self._barred: set[tuple[int, str]] = set()
 
@@ -132,17 +142,19 @@ class Goodput:
         sums = self._sums.setdefault(size, {k: [0.0, 0.0, 0.0] for k in self.KINDS})
         for k, mode in sums.items():
             # Plain steps, and a barred kind, age with every round; a drafting kind's
-            # evidence ages with its own rounds (and IDLE_DECAY with the others), so the
+            # evidence ages with its own rounds (and `idle_decay` with the others), so the
             # few rounds a source plays now and then still add up to a verdict.
-            decay = self.DECAY if k in (None, kind) or (size, k) in self._barred else self.IDLE_DECAY
+            decay = self.config.goodput_decay if k in (None, kind) or (size, k) in self._barred \
+                else self.config.idle_decay
             mode[:] = [x * decay for x in mode]
         sums[kind][:] = [x + y for x, y in zip(sums[kind], (tokens, seconds, 1))]
-        plain = sums[None]
+        plain, config = sums[None], self.config
         for drafting in self.KINDS[1:]:
             mine = sums[drafting]  # [tokens, seconds, rounds]: fewer tokens a second than plain steps bar it
-            if mine[2] >= self.EVIDENCE and plain[2] >= self.RECENT_PLAIN and mine[0] * plain[1] < plain[0] * mine[1]:
+            losing = mine[0] * plain[1] < plain[0] * mine[1]
+            if mine[2] >= config.evidence and plain[2] >= config.recent_plain and losing:
                 self._barred.add((size, drafting))
-            elif mine[2] < self.UNBAR:
+            elif mine[2] < config.unbar:
                 self._barred.discard((size, drafting))
 
     def barred(self, size: int, kind: str) -> bool:
@@ -151,8 +163,8 @@ class Goodput:
     def probe(self, size: int) -> bool:
         """Whether the coming round should be plain, to measure plain steps again."""
         sums = self._sums.get(size)
-        return sums is not None and sums[None][2] < self.PROBE and any(
-            sums[kind][2] >= self.EVIDENCE for kind in self.KINDS[1:])
+        return sums is not None and sums[None][2] < self.config.probe and any(
+            sums[kind][2] >= self.config.evidence for kind in self.KINDS[1:])
 
 
 def kind_of(source) -> str | None:
@@ -160,14 +172,20 @@ def kind_of(source) -> str | None:
     return None if source is None else "model" if source == MODEL else "lookup"
 
 
-# (first position, later positions): a later draft is only reached when the earlier
-# ones were accepted, and acceptances come in runs (a lookup that is right tends to
-# stay right), so the later rates start higher. A lookup's priors are modest: it is
-# scored for free in every round that does not propose it (ShadowLookup), so on text
-# that repeats the evidence lifts it within a few tokens, while an optimistic prior made
-# a compute-bound target pay for wide calls on lookups that then failed.
-DEFAULT_PRIORS = {MODEL: (0.7, 0.8), lookup_source(1): (0.2, 0.6), lookup_source(2): (0.4, 0.7),
-                  lookup_source(3): (0.6, 0.8), FORCED: (1.0, 1.0)}
+def prior(source: Source, config: PlannerConfig) -> tuple[float, float]:
+    """A source's prior acceptance (first position, later positions): a later draft is
+    only reached when the earlier ones were accepted, and acceptances come in runs (a
+    lookup that is right tends to stay right), so the later rates start higher. A
+    lookup's priors are modest: it is scored for free in every round that does not
+    propose it (ShadowLookup), so on text that repeats the evidence lifts it within a
+    few tokens, while an optimistic prior made a compute-bound target pay for wide calls
+    on lookups that then failed. A lookup of a longer match than the priors list takes
+    the last one's."""
+    if source == FORCED:
+        return config.forced_prior
+    if source.is_lookup:
+        return config.lookup_priors[min(source.match, len(config.lookup_priors)) - 1]
+    return config.model_prior
 
 
 class Acceptance:
@@ -175,15 +193,15 @@ class Acceptance:
     source that fails is tried again once its evidence has decayed (idle_decay per round
     it sits out: several hundred rounds from one failure to a probe)."""
 
-    decay, idle_decay = 0.9, 0.998
-
-    def __init__(self):
+    def __init__(self, config: PlannerConfig = PLANNER):
+        self.config, self.decay, self.idle_decay = config, config.acceptance_decay, config.idle_decay
         self.sources: dict[Source, SourceModel] = {}
 
     def __getitem__(self, source: Source) -> SourceModel:
         if source not in self.sources:
-            prior = DEFAULT_PRIORS.get(source, DEFAULT_PRIORS[lookup_source(3)] if source.is_lookup else (0.5, 0.5))
-            self.sources[source] = SourceModel(prior, pooled=source.is_lookup)
+            config = self.config
+            self.sources[source] = SourceModel(prior(source, config), pooled=source.is_lookup,
+                                               strength=config.prior_strength, bins=config.confidence_bins)
         return self.sources[source]
 
     def sat_out(self, chosen: Source | None) -> None:
@@ -246,9 +264,10 @@ class AnswerLength:
     """How many tokens the current sequence is still expected to emit, from how long
     earlier answers ran."""
 
-    def __init__(self):
+    def __init__(self, config: PlannerConfig = PLANNER):
         # Tokens per finished sequence; this sequence's max_new_tokens and tokens so far.
-        self.typical, self.budget, self.generated = Ema(weight=0.3), 0, 0
+        self.typical, self.budget, self.generated = Ema(weight=config.answer_weight), 0, 0
+        self.floor = config.answer_floor
 
     def begin(self, max_new_tokens: int) -> None:
         # The last sequence's length says how long answers run, unless its token
@@ -263,5 +282,5 @@ class AnswerLength:
         past the budget."""
         remaining = self.budget - self.generated
         if self.typical.value is not None:
-            remaining = min(remaining, max(8.0, self.typical.value - self.generated, float(self.generated)))
+            remaining = min(remaining, max(self.floor, self.typical.value - self.generated, float(self.generated)))
         return max(1.0, remaining)

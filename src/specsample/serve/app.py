@@ -15,6 +15,7 @@ from starlette.routing import Route
 from ..backends.base import Backend
 from ..decoding.drafters import Drafter
 from ..decoding.sampling import SamplingConfig
+from ..policy.make import as_policy
 from . import routes
 from .connections import SHUT_DOWN
 from .doors import CheckHost, RequireKey
@@ -44,7 +45,9 @@ def create_app(target: Backend, make_drafter: Callable[[SamplingConfig, Backend 
     if target.tokenizer is None:
         raise ValueError(f"{target.name} has no tokenizer; the server needs one")
     metrics = Metrics()
-    worker = Worker(target, settings.max_queue, settings.policy, draft, settings.parallel, on_call=metrics.call)
+    # A shorthand ("auto", K) becomes the policy now, where the models are known: the loop takes it ready.
+    policy = as_policy(settings.policy, target, draft, drafts=drafter_name is not None, parallel=settings.parallel)
+    worker = Worker(target, settings.max_queue, policy, draft, settings.parallel, on_call=metrics.call)
     metrics.watch(worker)
     server = Server(target, make_drafter, drafter_name, settings, worker, metrics)
 

@@ -11,7 +11,9 @@ from ..app.arguments import (UsageError, add_draft_length_arguments, add_model_a
                              check_trace, model_options)
 from ..app.assemble import assemble
 from ..decoding.generate import VERIFIERS
-from ..policy.calibrate import check_draft_length, slots_that_pay
+from ..policy.calibrate import slots_that_pay
+from ..policy.config import PLANNER
+from ..policy.make import check_draft_length
 from ..policy.trace import traced
 
 
@@ -95,7 +97,7 @@ def door_settings(args) -> dict:
     return dict(allowed_hosts=allowed, body_timeout=args.body_timeout)
 
 
-MOST_SLOTS = 8  # what --parallel auto loads the models for, and chooses among
+MOST_SLOTS = PLANNER.most_slots  # what --parallel auto loads the models for, and chooses among
 
 
 def parse_parallel(value: str) -> int | None:

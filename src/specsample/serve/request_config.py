@@ -20,7 +20,7 @@ from ..decoding.generate import GenerationConfig, check_prompt
 from ..decoding.sampling import InvalidSetting, SamplingConfig, bias_entry, check_range
 from ..output.constraints import Constraint, ConstraintError
 from ..output.fim import ExtraFile, fim_prompt
-from ..policy.calibrate import K_MAX, most_drafts
+from ..policy.make import K_MAX, most_drafts
 from .doors import header_value
 from .errors import APIError, ClientGone
 from .schemas import ChatRequest, CompletionRequest, GenerationRequest, InfillRequest, ResponseFormat, TokenizeRequest

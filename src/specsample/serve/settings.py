@@ -11,7 +11,7 @@ import anyio
 from ..backends.base import Backend
 from ..decoding.drafters import Drafter
 from ..decoding.sampling import SamplingConfig
-from ..policy.calibrate import PolicyLike, check_draft_length
+from ..policy.make import PolicyLike, check_draft_length
 from .metrics import Metrics
 from .worker import Worker
 
@@ -24,7 +24,7 @@ SHUTDOWN_SECONDS = 2
 class Settings:
     model_name: str  # the id clients pass as "model"
     # The draft-length policy, forked for each slot (the forks share the measured costs);
-    # or K, or "auto": calibrate.make_policy makes one per request.
+    # or K, or "auto": create_app makes it (policy/make.as_policy), timed on the models at start.
     policy: PolicyLike = "auto"
     parallel: int = 1  # requests generated at once, in one target call per round (slots)
     api_key: str | None = None  # None: no key; an empty one is refused (it would be no key, silently)

@@ -118,7 +118,7 @@ class Worker:
         """`target` and `draft` (None: no draft model) hold at least `parallel`
         sequences (backends loaded with sequences=N); `policy` is forked for each slot
         (control.py), so each keeps its own state across the requests it serves and
-        all share the machine's costs (K or "auto": each request makes its own);
+        all share the machine's costs (K: a FixedK per request; create_app makes "auto");
         `on_call(target, sequences, tokens, seconds, prompt)` hears of every model call (metrics; batching.Scheduler)."""
         if not 1 <= parallel <= target.sequences:
             raise ValueError(f"--parallel {parallel}: the target holds {target.sequences} sequences")
@@ -128,7 +128,7 @@ class Worker:
         self.parallel = parallel
         self.slots = slots(target)[:parallel]
         self.draft_slots = slots(draft)[:parallel] if draft is not None else [None] * parallel
-        if policy is None or isinstance(policy, (int, str)) or parallel == 1:
+        if policy is None or isinstance(policy, int) or parallel == 1:
             self.policies = [policy] * parallel
         else:
             self.policies = [policy.fork() for _ in range(parallel)]
