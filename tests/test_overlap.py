@@ -106,7 +106,10 @@ def test_the_adaptive_policy_on_the_overlapped_rounds_preserves_the_target_distr
     policy = make_policy("auto", 4, target, draft, context=prompt, clock=clock)
     config, stats = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, verifier="rejection"), []
     counts = empirical(SAMPLES, target, prompt, config, drafter, policy, clock=clock, stats=stats)
-    assert sum(s.predrafted_rounds for s in stats) > SAMPLES // 20
+    # The path under test was taken: kept blocks. How many depends on the threads' order
+    # (both move the one clock, so a call's timed seconds, the prices and the blocks'
+    # lengths follow the scheduling): 200 and more alone, 67-98 on a loaded machine.
+    assert sum(s.predrafted_rounds for s in stats) > SAMPLES // 100
     assert policy.planner.prices.draft.hidden > 0  # kept blocks' calls were priced as hidden
     assert_follows(counts, TrigramBackend(target_table), prompt, sampling)
 
