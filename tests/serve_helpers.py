@@ -121,7 +121,7 @@ def served_pair(make_backend):
     from specsample.decoding.drafters import ModelDrafter
 
     draft = make_backend(1, "draft")
-    app = create_app(make_backend(0), lambda sampling, slot: ModelDrafter(slot or draft, sampling), draft.name,
+    app = create_app(make_backend(0), lambda sampling, slot, salt: ModelDrafter(slot or draft, sampling), draft.name,
                      Settings(model_name="toy", policy=3))
     with running(app) as base:
         yield base, OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
