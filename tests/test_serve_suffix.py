@@ -29,6 +29,7 @@ def test_a_second_request_drafts_from_the_first_ones_answer_under_its_own_salt_a
         # Seeded, the verifier is coupled: the same text whatever was drafted.
         assert first["choices"][0]["text"] == second["choices"][0]["text"] == other["choices"][0]["text"]
         # The second drafts the first's answer from its first round on (its first token is
-        # a free plain step); another salt finds nothing served and drafts as the first did.
-        assert suffix_accepted(second) >= 20 > suffix_accepted(first)
+        # a free plain step; then 3 drafts and a bonus token a round: 18 of 24 are drafts);
+        # another salt finds nothing served and drafts as the first did.
+        assert suffix_accepted(second) >= 15 and suffix_accepted(second) > suffix_accepted(first)
         assert suffix_accepted(other) == suffix_accepted(first)
