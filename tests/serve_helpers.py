@@ -11,6 +11,7 @@ import time
 import uvicorn
 
 from specsample.app.assemble import Models
+from specsample.decoding.suffix import SuffixIndex
 from specsample.serve.app import create_app
 from specsample.serve.settings import Settings
 
@@ -107,7 +108,8 @@ def toy_app(drafter: str = "model", eos: bool = True, context_length: int = 256,
     (app, target)."""
     target, draft = toy_pair(eos, context_length, settings.get("parallel", 1))
     models = {"model": Models(target, draft), "hybrid": Models(target, draft, lookup=True),
-              "ngram": Models(target, lookup=True), "none": Models(target)}[drafter]
+              "ngram": Models(target, lookup=True), "suffix": Models(target, suffix=SuffixIndex(4096)),
+              "none": Models(target)}[drafter]
     settings = Settings(model_name="toy", **{"policy": 3, **settings})
     return create_app(target, models.drafter, models.drafter_name, settings, models.draft), target
 
@@ -121,7 +123,7 @@ def served_pair(make_backend):
     from specsample.decoding.drafters import ModelDrafter
 
     draft = make_backend(1, "draft")
-    app = create_app(make_backend(0), lambda sampling, slot: ModelDrafter(slot or draft, sampling), draft.name,
+    app = create_app(make_backend(0), lambda sampling, slot, salt: ModelDrafter(slot or draft, sampling), draft.name,
                      Settings(model_name="toy", policy=3))
     with running(app) as base:
         yield base, OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)

@@ -244,7 +244,7 @@ def test_a_request_the_engine_refuses_before_generating_is_still_a_400():
     context, which the route does not know): a ValueError there is the request's."""
     app, _ = toy_app()
     short = ToyBackend(1, context_length=16, name="short-draft")
-    app.state.server.make_drafter = lambda sampling, slot: ModelDrafter(short, sampling)
+    app.state.server.make_drafter = lambda sampling, slot, salt: ModelDrafter(short, sampling)
     with running(app) as url:
         r = httpx.post(url + "/v1/completions", json={**GOOD, "max_tokens": 40}, timeout=10)
         assert r.status_code == 400 and "does not fit the context of the draft model" in r.json()["error"]["message"]

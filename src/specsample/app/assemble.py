@@ -23,6 +23,7 @@ from ..backends.reencode import DRAFT_QUANTS, TARGET_QUANTS
 from ..decoding.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from ..decoding.plans import Policy
 from ..decoding.sampling import SamplingConfig
+from ..decoding.suffix import SuffixDrafter, SuffixIndex
 from ..policy.calibrate import cached_or_measured, cost_cache_path, probe_context
 from ..policy.make import K_MAX, make_policy
 from ..policy.curve import Curve
@@ -77,6 +78,9 @@ class ModelOptions:
                               "caches take at most half the memory available (a note on stderr says what was "
                               "chosen); over the trained context: refused (default %(default)s)")
     ngram_max: int = option(3, "longest n-gram the lookup matches")
+    suffix_tokens: int = option(0, "also draft from a suffix index of the prompts and answers this process has served "
+                                   "(per cache_salt) and of the current one, holding this many tokens at most, the "
+                                   "oldest evicted first (about 100 bytes a token; 0: none, the default)")
     target_rpc: str | None = option(None, "llamacpp target: put its layers on these llama.cpp RPC workers, "
                                           "host:port[,host:port...] (specsample rpc-worker; the draft stays here)")
     tensor_split: str | None = option(None, "with --target-rpc: each worker's share of the layers, e.g. 1,1 "
@@ -111,22 +115,25 @@ class ModelOptions:
 
 @dataclass
 class Models:
-    """A loaded target and what drafts for it: a draft model's backend, lookup, both,
-    or neither (autoregressive)."""
+    """A loaded target and what drafts for it: a draft model's backend, lookup, a
+    suffix index of served text, some of them, or none (autoregressive)."""
 
     target: Backend
     draft: Backend | None = None
     lookup: bool = False
     ngram_max: int = 3
+    suffix: SuffixIndex | None = None  # kept as long as the models: every request's text goes in
 
     @property
     def drafts(self) -> bool:
-        return self.draft is not None or self.lookup
+        return self.draft is not None or self.lookup or self.suffix is not None
 
-    def drafter(self, sampling: SamplingConfig, draft: Backend | None = None) -> Drafter | None:
+    def drafter(self, sampling: SamplingConfig, draft: Backend | None = None, salt: str | None = None) -> Drafter | None:
         """A drafter drawing from `sampling`, on `draft` (one sequence of the draft
-        model, batching.Slot) or else on the draft model itself."""
-        return make_drafter(draft or self.draft, sampling, lookup=self.lookup, ngram_max=self.ngram_max)
+        model, batching.Slot) or else on the draft model itself; its suffix drafts come
+        from the text served under `salt` (a request's cache_salt) alone."""
+        suffix = SuffixDrafter(self.suffix, salt) if self.suffix is not None else None
+        return make_drafter(draft or self.draft, sampling, lookup=self.lookup, ngram_max=self.ngram_max, suffix=suffix)
 
     @property
     def drafter_name(self) -> str | None:
@@ -149,14 +156,17 @@ class Models:
         return Curve(dict(enumerate(measured["target"], start=1)))
 
 
-def make_drafter(draft: Backend | None, sampling: SamplingConfig, *, lookup: bool, ngram_max: int = 3) -> Drafter | None:
+def make_drafter(draft: Backend | None, sampling: SamplingConfig, *, lookup: bool, ngram_max: int = 3,
+                 suffix: SuffixDrafter | None = None) -> Drafter | None:
     """The drafter over a draft model's backend (drawing from `sampling`), with n-gram
-    lookup beside it when `lookup`; lookup alone without a model; None for neither."""
+    lookup beside it when `lookup` and the suffix drafter when given; the copying
+    drafters alone without a model; None for none."""
     ngram = NgramDrafter(max_ngram=ngram_max) if lookup else None
-    if draft is None:
-        return ngram
-    model = ModelDrafter(draft, sampling)
-    return HybridDrafter(model, ngram) if ngram is not None else model
+    model = ModelDrafter(draft, sampling) if draft is not None else None
+    parts = [d for d in (model, ngram, suffix) if d is not None]
+    if len(parts) <= 1:
+        return parts[0] if parts else None
+    return HybridDrafter(model, ngram, suffix)
 
 
 def assemble(options: ModelOptions, drafting: bool = True, sequences: int = 1) -> Models:
@@ -179,8 +189,9 @@ def assemble(options: ModelOptions, drafting: bool = True, sequences: int = 1) -
                              sequences)
     if not drafting:
         return Models(target)
+    suffix = SuffixIndex(options.suffix_tokens) if options.suffix_tokens else None
     if draft_engine is None:
-        return Models(target, lookup=True, ngram_max=options.ngram_max)
+        return Models(target, lookup=True, ngram_max=options.ngram_max, suffix=suffix)
     quant = options.draft_quant if draft_engine == "llamacpp" and options.draft_quant != "none" else None
     kw["sequences"] = sequences if draft_engine == "llamacpp" else 1
     draft = load_backend(options.draft, draft_engine, quant=quant, workers=draft_on, **kw)
@@ -189,7 +200,8 @@ def assemble(options: ModelOptions, drafting: bool = True, sequences: int = 1) -
         from ..backends.draft_vocab import restrict_draft_vocabulary
 
         restrict_draft_vocabulary(draft, options.draft_vocab, cache_dir())
-    return Models(target, hold_sequences(draft, sequences), lookup=options.lookup, ngram_max=options.ngram_max)
+    return Models(target, hold_sequences(draft, sequences), lookup=options.lookup, ngram_max=options.ngram_max,
+                  suffix=suffix)
 
 
 def context_size(options: ModelOptions, target_engine: str, draft_engine: str | None, sequences: int) -> int:
@@ -222,6 +234,8 @@ def check_options(options: ModelOptions, drafting: bool = True) -> tuple[str, st
     option has been checked: all before the first slow load, so that a bad draft option
     does not wait for the target to load."""
     check_machine_options(options)
+    if options.suffix_tokens < 0:
+        raise OptionError(f"--suffix-tokens must be >= 0, got {options.suffix_tokens}")
     target_engine = pick_backend(options.target, options.target_backend or options.backend, options.device)
     if options.target_quant != "none" and target_engine != "llamacpp":
         raise OptionError(f"--target-quant re-encodes a GGUF file for llama.cpp; the target runs on {target_engine} "

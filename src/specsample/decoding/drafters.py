@@ -76,6 +76,9 @@ class Drafter(Protocol):
         """How many of the drafts it made this round the target accepted."""
         ...
 
+    # Optionally, end(text): the generation is over and `text` (prompt and answer) is
+    # all of it (finish() below; the suffix drafter keeps it for later requests).
+
 
 def draft_round(drafter: Drafter, context: list[int], k: int, sampler: Sampler, plan: Callable[[Offer], Plan],
                 grammar: GrammarState | None = None, free: bool = False) -> Draft:
@@ -340,10 +343,10 @@ class NgramDrafter:
         if not tokens:
             return Offer({})
         source = lookup_source(n)
-        return Offer({source: len(tokens)}, 0, (source, tuple(tokens)))
+        return Offer({source: len(tokens)}, 0, ((source, tuple(tokens)),))
 
     def draft(self, context, plan, sampler, grammar=None) -> Draft:
-        if plan.source is None or not plan.source.is_lookup:
+        if plan.source is None or plan.source.kind != "lookup":
             return Draft.empty()
         return lookup_draft(self._found[: plan.length], plan.source, grammar)
 
@@ -351,48 +354,77 @@ class NgramDrafter:
         pass  # the index follows the context as it comes
 
 
-def lookup_draft(tokens: list[int], source: Source, grammar: GrammarState | None = None) -> Draft:
-    """One-hot drafts; with a grammar, followed by the tokens it forces after them."""
+def lookup_draft(tokens: list[int], source: Source, grammar: GrammarState | None = None,
+                 confidences: list[float] | None = None) -> Draft:
+    """One-hot drafts (`confidences`: each one's, where the source has them); with a
+    grammar, followed by the tokens it forces after them."""
     if not tokens:
         return Draft.empty()
     sources = [source] * len(tokens)
+    confidences = list(confidences) if confidences is not None else [None] * len(tokens)
     if grammar is not None:
         for token in tokens:
             grammar.advance(token)
         forced = grammar.advance_forced()
         grammar.rollback(len(tokens) + len(forced))
         tokens, sources = tokens + forced, sources + [FORCED] * len(forced)
-    return Draft(torch.tensor(tokens, dtype=torch.long), None, sources, [None] * len(tokens))
+        confidences += [None] * len(forced)
+    return Draft(torch.tensor(tokens, dtype=torch.long), None, sources, confidences)
 
 
 class HybridDrafter:
-    """Context lookup when it has a match, the draft model otherwise; with the
-    adaptive policy, whichever of the two is expected to pay more this round (each
-    match length and the model have their own acceptance estimates)."""
+    """The draft model beside drafters that copy text: context lookup and, when given,
+    the suffix index of served text (suffix.SuffixDrafter); with neither given,
+    context lookup. Under a fixed K a copy when one is found, the model otherwise; with
+    the adaptive policy, whichever is expected to pay more this round (each source and
+    match length has its own acceptance estimates). `model` may be None: copies alone."""
 
-    def __init__(self, model: ModelDrafter, ngram: NgramDrafter | None = None):
+    def __init__(self, model: ModelDrafter | None, ngram: NgramDrafter | None = None, suffix=None):
         self.model = model
-        self.ngram = ngram or NgramDrafter()
-        self.name = f"hybrid({self.ngram.name}, {model.name})"
+        self.ngram = ngram if ngram is not None or suffix is not None else NgramDrafter()
+        self.suffix = suffix
+        # Under a fixed K the first copy found is drafted: a suffix match spans more tokens.
+        self.copiers = [d for d in (suffix, self.ngram) if d is not None]
+        self.name = f"hybrid({', '.join(d.name for d in self.copiers + ([model] if model else []))})"
 
     @property
     def calls(self) -> int:
-        return self.model.calls
+        return self.model.calls if self.model is not None else 0
 
     @property
-    def model_backend(self) -> Backend:
-        return self.model.backend
+    def model_backend(self) -> Backend | None:
+        return self.model.backend if self.model is not None else None
 
     def offer(self, context, k, grammar=None) -> Offer:
-        lookup, model = self.ngram.offer(context, k, grammar), self.model.offer(context, k)
-        return Offer({**model.available, **lookup.available}, model.lag, lookup.lookup)
+        offers = [d.offer(context, k, grammar) for d in self.copiers]
+        model = self.model.offer(context, k) if self.model is not None else Offer({})
+        available = dict(model.available)
+        for offer in offers:
+            available.update(offer.available)
+        return Offer(available, model.lag, tuple(found for offer in offers for found in offer.lookups))
 
     def draft(self, context, plan, sampler, grammar=None) -> Draft:
-        drafter = self.model if plan.source == MODEL or plan.catch_up else self.ngram
-        return drafter.draft(context, plan, sampler, grammar)
+        if plan.source == MODEL or plan.catch_up:
+            return self.model.draft(context, plan, sampler, grammar)
+        drafter = None if plan.source is None else {"lookup": self.ngram, "suffix": self.suffix}.get(plan.source.kind)
+        return Draft.empty() if drafter is None else drafter.draft(context, plan, sampler, grammar)
 
     def accept(self, num_accepted: int) -> None:
-        self.model.accept(num_accepted)
+        if self.model is not None:
+            self.model.accept(num_accepted)
+
+    def end(self, text: list[int]) -> None:
+        if self.suffix is not None:
+            self.suffix.end(text)
+
+
+def finish(drafter: Drafter | None, text: list[int]) -> None:
+    """A generation is over, and `text` is all of it, prompt and answer: a drafter that
+    learns from served text (suffix.SuffixDrafter) keeps it. Drafters without an `end`
+    (those written before it) have nothing to do."""
+    end = getattr(drafter, "end", None)
+    if end is not None:
+        end(text)
 
 
 def reuse_model_cache(drafter: Drafter | None) -> None:

@@ -17,7 +17,7 @@ from .batching import PREFILL_CHUNK, BatchStats, Scheduler, slots
 from .context_fit import new_token_room
 from ..output.detokenize import TextTracker
 from ..output.text_stops import TextStop
-from .drafters import Drafter, reuse_model_cache, tell
+from .drafters import Drafter, finish, reuse_model_cache, tell
 from ..output.logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
 from .overlap import Overlap, stream_overlaps
 from .plans import Policy, ready_policy
@@ -319,6 +319,7 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar) -> Iter
     finally:  # also when the stream is abandoned (closed, or collected) before its end
         if drafter is not None:
             policy.end()
+            finish(drafter, out.context)  # a suffix drafter keeps the text for later requests
         if overlap is not None:
             overlap.close()
     out.stats.total_seconds = clock() - start

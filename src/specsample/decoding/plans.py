@@ -22,18 +22,22 @@ from typing import Protocol
 @dataclass(frozen=True)
 class Source:
     """Where a draft token comes from: the draft model, a grammar (tokens it forces,
-    drafted for free and always accepted), or a context lookup that matched the last
-    `match` tokens (a longer match is a better guess, so each length is its own source)."""
+    drafted for free and always accepted), a context lookup that matched the last
+    `match` tokens (a longer match is a better guess, so each length is its own
+    source), or the suffix index of served text (suffix.py; its matches by class:
+    at least `match` tokens, the next class's at most)."""
 
-    kind: str  # "model", "forced" or "lookup"
+    kind: str  # "model", "forced", "lookup" or "suffix"
     match: int = 0
 
     @property
     def is_lookup(self) -> bool:
-        return self.kind == "lookup"
+        """Drafts copied from text, one-hot: a context lookup's or the suffix index's."""
+        return self.kind in ("lookup", "suffix")
 
     def __str__(self) -> str:  # the name statistics and JSON output print
-        return f"ngram{self.match}" if self.is_lookup else self.kind
+        return f"ngram{self.match}" if self.kind == "lookup" else f"suffix{self.match}" if self.kind == "suffix" \
+            else self.kind
 
 
 MODEL = Source("model")
@@ -44,13 +48,20 @@ def lookup_source(match: int) -> Source:
     return Source("lookup", match)
 
 
+SUFFIX_CLASSES = (4, 8, 16, 32)  # a suffix match of n tokens counts as the largest class <= n
+
+
+def suffix_source(match: int) -> Source:
+    return Source("suffix", max([c for c in SUFFIX_CLASSES if c <= match], default=SUFFIX_CLASSES[0]))
+
+
 @dataclass(frozen=True)
 class Offer:
     """What a drafter could draft this round."""
 
     available: dict[Source, int]  # source -> most tokens it can draft now
     lag: int = 0  # tokens the draft model must read before its first draft
-    lookup: tuple[Source, tuple[int, ...]] | None = None  # the lookup found, proposed or not
+    lookups: tuple[tuple[Source, tuple[int, ...]], ...] = ()  # the lookups found, proposed or not: one a kind
     free: bool = False  # a row the loop holds predicts the round's first token: a plain step needs no call
 
 

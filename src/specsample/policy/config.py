@@ -75,6 +75,11 @@ class PlannerConfig:
     # not propose it, and optimistic priors bought wide calls for failing lookups on a
     # compute-bound target (summarize Q4_K_M sampled 0.93 -> 1.01 of plain).
     lookup_priors: tuple[tuple[float, float], ...] = ((0.2, 0.6), (0.4, 0.7), (0.6, 0.8))
+    # Tuning. Prior acceptance of a suffix-index match of 4-7, 8-15 and 16 or more
+    # tokens (plans.SUFFIX_CLASSES; issue 54's suffix drafter): the shortest class is
+    # most often served text that is not this one's, so no surer than a 2-token lookup to
+    # begin with; the longer ones as a 3-token lookup. Scored for free like a lookup.
+    suffix_priors: tuple[tuple[float, float], ...] = ((0.4, 0.7), (0.5, 0.8), (0.6, 0.8))
     # Structural. Tokens a grammar forces are always accepted.
     forced_prior: tuple[float, float] = (1.0, 1.0)
     # Tuning. Bins of the draft's confidence its per-confidence acceptance is kept in,

@@ -257,7 +257,7 @@ class Seat(Policy):
             self.planner.restart()
 
     def plan(self, offer: Offer) -> Plan:
-        self.shadow.offered = offer.lookup
+        self.shadow.offered = offer.lookups
         if offer.free:  # a plain step that costs no call: no drafting round's rate comes near it
             return Plan(None, 0)
         return request_plan(self, offer)  # the scheduler's, in a batch; else this seat's alone

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from .config import PLANNER, PlannerConfig
 from .curve import Curve
-from ..decoding.plans import FORCED, MODEL, RoundReport, Source
+from ..decoding.plans import FORCED, MODEL, SUFFIX_CLASSES, RoundReport, Source
 
 
 @dataclass
@@ -131,7 +131,7 @@ class Goodput:
     up on unread text counts as the model's (control.Planner.record): the reading is an
     outlay for drafting."""
 
-    KINDS = (None, "model", "lookup")  # what a round drafted from; None: a plain step
+    KINDS = (None, "model", "lookup", "suffix")  # what a round drafted from; None: a plain step
 
     def __init__(self, config: PlannerConfig = PLANNER):
         self.config = config
@@ -168,8 +168,10 @@ class Goodput:
 
 
 def kind_of(source) -> str | None:
-    """The goodput kind of a round drafting from `source` (None: a plain step)."""
-    return None if source is None else "model" if source == MODEL else "lookup"
+    """The goodput kind of a round drafting from `source` (None: a plain step): the
+    model, context lookup, or the suffix index (a grammar's forced tokens are never
+    planned)."""
+    return None if source is None else "model" if source == MODEL else "suffix" if source.kind == "suffix" else "lookup"
 
 
 def prior(source: Source, config: PlannerConfig) -> tuple[float, float]:
@@ -180,9 +182,11 @@ def prior(source: Source, config: PlannerConfig) -> tuple[float, float]:
     propose it (ShadowLookup), so on text that repeats the evidence lifts it within a
     few tokens, while an optimistic prior made a compute-bound target pay for wide calls
     on lookups that then failed. A lookup of a longer match than the priors list takes
-    the last one's."""
+    the last one's; a suffix match, its class's (plans.SUFFIX_CLASSES)."""
     if source == FORCED:
         return config.forced_prior
+    if source.kind == "suffix":
+        return config.suffix_priors[min(SUFFIX_CLASSES.index(source.match), len(config.suffix_priors) - 1)]
     if source.is_lookup:
         return config.lookup_priors[min(source.match, len(config.lookup_priors)) - 1]
     return config.model_prior
@@ -224,40 +228,50 @@ class Acceptance:
 
 
 class ShadowLookup:
-    """Learn a lookup's acceptance while not proposing it, from any other round.
+    """Learn the acceptance of lookups (context lookup, the suffix index: drafts copied
+    from text) while not proposing them, from any other round.
 
     Proposing a lookup to find out whether it pays costs a wider target call; but
     every round knows the target's distribution p at each position it emitted a
     token (a plain step's one row, a model round's verify rows up to its first
     rejection), and a one-hot draft x there would have been accepted with
-    probability p(x). So the lookup's first token is scored for free, and, while
+    probability p(x). So a lookup's first token is scored for free, and, while
     the emitted tokens keep following it, its later tokens too (each conditional on
     the earlier ones being right, as the rates are defined). On text that repeats,
     the lookup's rates rise until proposing it pays; where it does not, they fall
-    without a wide call spent on finding out.
+    without a wide call spent on finding out. Each kind of lookup is followed on its
+    own: a round that proposes one kind (scored by Acceptance.observe) still scores
+    the other's.
     """
 
     def __init__(self):
-        self.offered: tuple[Source, tuple[int, ...]] | None = None  # this round's lookup
-        self.followed: tuple[Source, tuple[int, ...], int] | None = None  # a lookup followed, at its i-th token
+        self.offered: tuple[tuple[Source, tuple[int, ...]], ...] = ()  # this round's lookups, one a kind
+        self.followed: dict[str, tuple[Source, tuple[int, ...], int]] = {}  # kind -> a lookup followed, at its i-th token
 
     def reset(self) -> None:
         """What follows a text belongs to it: a lookup says nothing about another text."""
-        self.offered = self.followed = None
+        self.offered, self.followed = (), {}
 
     def observe(self, report: RoundReport, acceptance: Acceptance) -> None:
-        followed = self.followed or self.offered and (*self.offered, 0)
-        self.offered = self.followed = None
-        proposed = any(source.is_lookup for source in report.sources)  # Acceptance.observe scored it
-        if not followed or proposed or report.target_probs is None:
+        followed = {source.kind: (source, tokens, 0) for source, tokens in self.offered} | self.followed
+        self.offered, self.followed = (), {}
+        proposed = {source.kind for source in report.sources}  # Acceptance.observe scored those
+        if report.target_probs is None:
             return
+        for kind, lookup in followed.items():
+            if kind not in proposed and (going := self._score(lookup, report, acceptance)) is not None:
+                self.followed[kind] = going
+
+    @staticmethod
+    def _score(followed, report: RoundReport, acceptance: Acceptance):
+        """Score one lookup on the round's rows; where it is still followed after them."""
         source, tokens, i = followed
         for row, token in zip(report.target_probs, report.emitted_tokens):
             acceptance[source].at(i).update(float(row[tokens[i]]), acceptance.decay)
             if token != tokens[i] or i + 1 == len(tokens):
-                return
+                return None
             i += 1
-        self.followed = (source, tokens, i)
+        return source, tokens, i
 
 
 class AnswerLength:

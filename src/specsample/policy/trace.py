@@ -54,7 +54,7 @@ from pathlib import Path
 from ..decoding.plans import MODEL
 from .estimates import kind_of
 
-KINDS = ("plain", "catch-up", "lookup", "model")  # what a round did, most telling last
+KINDS = ("plain", "catch-up", "lookup", "suffix", "model")  # what a round did, most telling last
 WHY_PLAIN = {
     "priced lower": "every drafting option priced at fewer tokens per second",
     "barred": "the goodput guard barred what was offered",
@@ -235,16 +235,21 @@ def _left_out(offer, menu: list, barred: set, seat) -> dict[str, str]:
 
 
 def round_kind(lines: list[dict]) -> str:
-    """What a round did: drafted from the model if any sequence did, else from a
-    lookup, else read unread text for the draft (catch-up), else a plain step."""
+    """What a round did: drafted from the model if any sequence did, else from the
+    suffix index, else from a lookup, else read unread text for the draft (catch-up), else a plain step."""
     kinds = {"plain"}
     for line in lines:
         chosen = line.get("chosen")
         if chosen and chosen[1]:
-            kinds.add("model" if chosen[0] == "model" else "lookup")
+            kinds.add(_kind_named(chosen[0]))
         elif line.get("catch_up"):
             kinds.add("catch-up")
     return max(kinds, key=KINDS.index)
+
+
+def _kind_named(name: str) -> str:
+    """The kind of a source by the name a line gives it (str(Source)): model, suffix or lookup."""
+    return "model" if name == "model" else "suffix" if name.startswith("suffix") else "lookup"
 
 
 def _name(source) -> str:
@@ -315,7 +320,7 @@ def summarise(lines) -> TraceSummary:
         for seq in line["seqs"]:
             out.catch_up_tokens += seq.get("catch_up", 0)
             if seq["why"] == "priced higher":
-                out.drafted_from["model" if seq["chosen"][0] == "model" else "lookup"] += 1
+                out.drafted_from[_kind_named(seq["chosen"][0])] += 1
                 out.gain += _gain(seq)
             else:
                 out.why_plain[seq["why"]] += 1

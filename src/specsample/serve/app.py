@@ -37,10 +37,11 @@ async def _internal_error(request: Request, e: Exception) -> Response:
     return APIError(500, f"internal error: {type(e).__name__}", type="server_error").response()
 
 
-def create_app(target: Backend, make_drafter: Callable[[SamplingConfig, Backend | None], Drafter | None],
+def create_app(target: Backend, make_drafter: Callable[[SamplingConfig, Backend | None, str | None], Drafter | None],
                drafter_name: str | None, settings: Settings, draft: Backend | None = None) -> Starlette:
-    """make_drafter(sampling, draft_slot) -> a Drafter or None (autoregressive), built per
-    request on its slot of `draft` (None: the drafter's own model). For
+    """make_drafter(sampling, draft_slot, cache_salt) -> a Drafter or None
+    (autoregressive), built per request on its slot of `draft` (None: the drafter's own
+    model), drafting from text served under the request's cache_salt alone. For
     settings.parallel > 1, target and draft hold that many sequences."""
     if target.tokenizer is None:
         raise ValueError(f"{target.name} has no tokenizer; the server needs one")

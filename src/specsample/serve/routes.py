@@ -83,8 +83,8 @@ async def _answer_body(request: Request, kind: type[GenerationRequest], body: Ge
     prompts = await off_the_loop(server, make_prompts, body, server.target, left.is_set)
     choices = make_choices(asked, prompts, server.target.context_length, param)
     sampling = asked.config.sampling if asked.config is not None else None
-    job = QueuedRequest(choices, lambda draft: server.make_drafter(sampling, draft), asyncio.get_running_loop(), cancelled=left,
-              cache_salt=body.cache_salt)
+    job = QueuedRequest(choices, lambda draft: server.make_drafter(sampling, draft, body.cache_salt),
+                        asyncio.get_running_loop(), cancelled=left, cache_salt=body.cache_salt)
     try:
         server.worker.submit(job)
     except QueueFull:

@@ -70,8 +70,9 @@ def tokenizer_threads() -> int:
 @dataclass
 class Server:
     target: Backend  # with a tokenizer
-    # make_drafter(sampling, draft_slot): a request's drafter, drawing from its sampling, on its slot
-    make_drafter: Callable[[SamplingConfig, Backend | None], Drafter | None]
+    # make_drafter(sampling, draft_slot, cache_salt): a request's drafter, drawing from its
+    # sampling, on its slot, drafting from what was served under its salt alone
+    make_drafter: Callable[[SamplingConfig, Backend | None, str | None], Drafter | None]
     drafter_name: str | None
     settings: Settings
     worker: Worker
