@@ -44,7 +44,8 @@ def create_app(target: Backend, make_drafter: Callable[[SamplingConfig, Backend 
     if target.tokenizer is None:
         raise ValueError(f"{target.name} has no tokenizer; the server needs one")
     metrics = Metrics()
-    worker = Worker(target, settings.max_queue, settings.policy, draft, settings.parallel, on_call=metrics.call)
+    worker = Worker(target, settings.max_queue, settings.policy, draft, settings.parallel, on_call=metrics.call,
+                    prompt_cache_bytes=settings.prompt_cache_mib << 20)
     metrics.watch(worker)
     server = Server(target, make_drafter, drafter_name, settings, worker, metrics)
 

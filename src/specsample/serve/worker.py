@@ -30,6 +30,7 @@ from ..decoding.drafters import Drafter
 from ..decoding.generate import GenerationConfig, GenerationResult, GenerationStats, stream
 from ..output.logprobs import score_prompt
 from .events import End, Ended, Event, Finished, Generated, PromptScored, Started
+from .prompt_cache import PromptCache
 
 
 class QueueFull(Exception):
@@ -114,12 +115,15 @@ def _stop_if_cancelled(job: QueuedRequest) -> None:
 
 
 class Worker:
-    def __init__(self, target, max_queue: int, policy=None, draft=None, parallel: int = 1, on_call=None):
+    def __init__(self, target, max_queue: int, policy=None, draft=None, parallel: int = 1, on_call=None,
+                 prompt_cache_bytes: int = 0):
         """`target` and `draft` (None: no draft model) hold at least `parallel`
         sequences (backends loaded with sequences=N); `policy` is forked for each slot
         (control.py), so each keeps its own state across the requests it serves and
         all share the machine's costs (K or "auto": each request makes its own);
-        `on_call(target, sequences, tokens, seconds, prompt)` hears of every model call (metrics; batching.Scheduler)."""
+        `on_call(target, sequences, tokens, seconds, prompt)` hears of every model call (metrics; batching.Scheduler);
+        `prompt_cache_bytes`: host memory for the slots' earlier texts (prompt_cache.py;
+        0, or a target that cannot copy its cache out: none)."""
         if not 1 <= parallel <= target.sequences:
             raise ValueError(f"--parallel {parallel}: the target holds {target.sequences} sequences")
         if draft is not None and draft.sequences < parallel:
@@ -136,6 +140,7 @@ class Worker:
         self.scheduler = Scheduler(target, on_call=on_call)
         self.admission = Admission(self.scheduler, parallel)  # its free slots: only the worker thread changes them
         self._salts: list[str | None] = [None] * parallel  # the cache_salt of what each slot's cache holds
+        self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes and target.saves_sequences else None
         self._waiting: collections.deque[QueuedRequest] = collections.deque()
         self._running: dict[int, QueuedRequest] = {}  # slot -> the job being generated on it
         self._erasing: list[tuple[int, str | None, concurrent.futures.Future]] = []  # erase(): slots to empty, in order
@@ -249,6 +254,8 @@ class Worker:
                 continue
             held = self.slots[seq].length
             self._empty(seq)
+            if self.prompt_cache is not None:  # nor do the texts kept in host memory under the salt
+                self.prompt_cache.drop(salt)
             _settle(done, held)
 
     def _empty(self, seq: int) -> None:
@@ -321,6 +328,8 @@ class Worker:
         if self._salts[seq] != job.cache_salt:
             # Another salt's text: nothing of it may be reused, or cached_tokens (and the
             # time to the first token) would tell this request how much of it it guessed.
+            # Its own salt's requests may still find it in host memory.
+            self._keep(seq)
             self._empty(seq)
             self._salts[seq] = job.cache_salt
         try:
@@ -341,6 +350,7 @@ class Worker:
                 # starts as well as between rounds: a client that left holds the
                 # model for one call at most, whatever it asked for.
                 _stop_if_cancelled(job)
+                self._reuse(seq, task, job.cache_salt)
                 s = None
                 if task.config is not None:
                     drafter = drafter or job.make_drafter(self.draft_slots[seq])
@@ -374,6 +384,43 @@ class Worker:
             self._end(job, Ended(End.FAILED, e))
             return
         self._end(job, Ended(End.DONE))
+
+    def _reuse(self, seq: int, task: ChoiceTask, salt: str | None) -> None:
+        """Before a task's prompt goes into slot `seq` (under the slot's own salt): what
+        the slot holds is kept in host memory when the prompt would replace most of it
+        (a side request in a conversation's slot); then, with cache_prompt, a longer
+        start of the prompt held there than the slot's own is restored into the slot,
+        the draft model's with it, and generate() scores only the rest."""
+        cache = self.prompt_cache
+        if cache is None or task.config is None and not task.warm and task.prompt_logprobs is None:
+            return  # nothing is kept, or the task leaves the slot as it is (echo alone)
+        slot, prompt = self.slots[seq], task.prompt_ids
+        held = slot.cached_tokens() or []
+        own = common_prefix_length(held, prompt) if task.cache_prompt else 0
+        found = cache.longest(salt, prompt) if task.cache_prompt else None  # before _keep can evict it
+        if len(held) - own > own:  # most of the slot's text would go: a side request, or another conversation
+            self._keep(seq)
+        if found is None or found[1] <= own:
+            return
+        entry, length = found
+        slot.restore_sequence(0, entry.target, length)
+        draft = self.draft_slots[seq]
+        if draft is not None and entry.draft is not None:
+            # The draft's copy is its own text (a windowed draft reads less of it): it is
+            # restored where it shares more with the prompt than the draft's slot does.
+            drafted = common_prefix_length(entry.draft.tokens, tuple(prompt))
+            if drafted > common_prefix_length(draft.cached_tokens() or [], prompt):
+                draft.restore_sequence(0, entry.draft, drafted)
+        cache.reused(min(length, len(prompt) - 1))  # generate() scores the prompt's last token again
+
+    def _keep(self, seq: int) -> None:
+        """Slot `seq`'s text, and the draft model's, into host memory under the salt
+        that filled them (unless an entry holds it already)."""
+        cache, slot, draft = self.prompt_cache, self.slots[seq], self.draft_slots[seq]
+        if cache is None or not slot.length or cache.holds(self._salts[seq], slot.cached_tokens() or []):
+            return
+        drafted = draft.save_sequence() if draft is not None and draft.saves_sequences and draft.length else None
+        cache.store(self._salts[seq], slot.save_sequence(), drafted)
 
     @staticmethod
     def _end(job: QueuedRequest, ended: Ended) -> None:
