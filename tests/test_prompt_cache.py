@@ -4,6 +4,7 @@ another extends dropped; and the worker's use of it on toy models: a side reques
 not cost a conversation its prefix, and what is restored answers as a fresh prefill."""
 
 import pytest
+import torch
 
 from specsample.backends.base import SavedSequence
 from specsample.decoding.generate import GenerationConfig
@@ -163,3 +164,27 @@ def test_a_request_without_cache_prompt_keeps_the_slots_text_but_reuses_none():
     run(w, CONVERSATION)
     assert run(w, CONVERSATION, cache_prompt=False).stats.cached_prompt_tokens == 0
     assert run(w, CONVERSATION + [4]).stats.cached_prompt_tokens == len(CONVERSATION)
+
+
+def test_an_hf_cache_saved_and_restored_cut_to_a_shared_start_scores_the_rest_as_before():
+    """transformers' DynamicCache: a deep copy restored into a sibling sequence and cut
+    to the prompt's shared start; the rest scores as it does on the sequence that never
+    left (the same kernels on the same cache tensors: equal, not close). The saved copy
+    is untouched by the restore's later use, so it can be restored again."""
+    from tiny_hf import tiny_backend
+
+    prompt, rest = [5, 17, 3, 60, 42, 8, 11], [1, 2, 3]
+    kept = tiny_backend(0)
+    kept.score(prompt + [9, 9], 1)
+    kept.rollback(len(prompt))
+    expected = kept.score(rest, len(rest))
+    source = tiny_backend(0)
+    source.score(prompt + [9, 9], 1)
+    saved = source.save_sequence()
+    assert saved.tokens == tuple(prompt + [9, 9]) and saved.nbytes > 0
+    other = source.sibling()
+    other.score([7, 7, 7], 1)
+    for _ in range(2):
+        other.restore_sequence(0, saved, len(prompt))
+        assert other.cached_tokens() == prompt and other.length == len(prompt)
+        assert torch.equal(other.score(rest, len(rest)), expected)

@@ -77,6 +77,16 @@ def test_a_side_request_between_turns_does_not_cost_the_chat_its_prefix(real_pai
     # at most 8 rounds; without its copy it would have read the first turn again.
     assert second["usage"]["speculative"]["drafted"] > 0
     assert draft_tokens(metrics) - before <= prompt - cached + 8 * 2 * 3 < first["usage"]["prompt_tokens"]
+    # Batch-invariant kernels: the restored turn answers as the library does on a fresh prefill.
+    from specsample.decoding.drafters import ModelDrafter
+    from specsample.decoding.generate import GenerationConfig, generate
+    from specsample.decoding.sampling import SamplingConfig
+
+    greedy = SamplingConfig(temperature=0)
+    target.rollback(0)
+    fresh = generate(target, target.tokenizer.chat_messages(turn_2), GenerationConfig(max_new_tokens=8, sampling=greedy),
+                     ModelDrafter(draft, greedy), 3)
+    assert second["choices"][0]["message"]["content"] == fresh.text
 
 
 def draft_tokens(metrics: str) -> float:

@@ -28,9 +28,13 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from ..backends.base import SavedSequence, common_prefix_length
+from ..backends.base import Backend, SavedSequence, common_prefix_length
 
-DEFAULT_MIB = 2048  # serve --prompt-cache-mib: 8 conversations of 8k tokens on the default 1.5B target and 0.5B draft
+# serve --prompt-cache-mib. The default pair's keys and values take 2 x layers x KV
+# width x 2 bytes a token: 28 KiB for the 1.5B target, 12 KiB for the 0.5B draft (from
+# their GGUF headers: 28 and 24 layers, 256 and 128 wide), so 2 GiB hold about 52k tokens
+# of text: six conversations of aider's 8k.
+DEFAULT_MIB = 2048
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,3 +129,37 @@ class PromptCache:
 
     def _drop(self, key: int) -> None:
         self.bytes -= self._entries.pop(key).nbytes
+
+
+def before_prompt(cache: PromptCache, salt: str | None, slot: Backend, draft: Backend | None, prompt: list[int],
+                  reuse: bool) -> None:
+    """Before `prompt` goes into a slot (of the target; `draft`: the draft model's, or
+    None) filled under `salt`: what the slot holds is kept when the prompt would replace
+    most of it (a side request in a conversation's slot); then, with `reuse`
+    (cache_prompt), a longer start of the prompt held here than the slot's own is
+    restored into the slot, the draft's with it, and generate() scores only the rest."""
+    held = slot.cached_tokens() or []
+    own = common_prefix_length(held, prompt) if reuse else 0
+    found = cache.longest(salt, prompt) if reuse else None  # before keep() can evict it
+    if len(held) - own > own:
+        keep(cache, salt, slot, draft)
+    entry, length = found or (None, 0)
+    if min(length, len(prompt) - 1) <= own:  # generate() scores the prompt's last token again in any case
+        return
+    slot.restore_sequence(0, entry.target, length)
+    if draft is not None and entry.draft is not None:
+        # The draft's copy is its own text (a windowed draft reads less of it): it is
+        # restored where it shares more with the prompt than the draft's slot does.
+        drafted = common_prefix_length(entry.draft.tokens, tuple(prompt))
+        if drafted > common_prefix_length(draft.cached_tokens() or [], prompt):
+            draft.restore_sequence(0, entry.draft, drafted)
+    cache.reused(min(length, len(prompt) - 1))
+
+
+def keep(cache: PromptCache, salt: str | None, slot: Backend, draft: Backend | None) -> None:
+    """A slot's text, and the draft model's, into the cache under the salt that filled
+    them (unless an entry holds it already)."""
+    if not slot.length or cache.holds(salt, slot.cached_tokens() or []):
+        return
+    drafted = draft.save_sequence() if draft is not None and draft.saves_sequences and draft.length else None
+    cache.store(salt, slot.save_sequence(), drafted)

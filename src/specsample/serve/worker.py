@@ -30,7 +30,7 @@ from ..decoding.drafters import Drafter
 from ..decoding.generate import GenerationConfig, GenerationResult, GenerationStats, stream
 from ..output.logprobs import score_prompt
 from .events import End, Ended, Event, Finished, Generated, PromptScored, Started
-from .prompt_cache import PromptCache
+from .prompt_cache import PromptCache, before_prompt, keep
 
 
 class QueueFull(Exception):
@@ -329,7 +329,8 @@ class Worker:
             # Another salt's text: nothing of it may be reused, or cached_tokens (and the
             # time to the first token) would tell this request how much of it it guessed.
             # Its own salt's requests may still find it in host memory.
-            self._keep(seq)
+            if self.prompt_cache is not None:
+                keep(self.prompt_cache, self._salts[seq], self.slots[seq], self.draft_slots[seq])
             self._empty(seq)
             self._salts[seq] = job.cache_salt
         try:
@@ -350,7 +351,7 @@ class Worker:
                 # starts as well as between rounds: a client that left holds the
                 # model for one call at most, whatever it asked for.
                 _stop_if_cancelled(job)
-                self._reuse(seq, task, job.cache_salt)
+                self._reuse(seq, task)
                 s = None
                 if task.config is not None:
                     drafter = drafter or job.make_drafter(self.draft_slots[seq])
@@ -385,42 +386,12 @@ class Worker:
             return
         self._end(job, Ended(End.DONE))
 
-    def _reuse(self, seq: int, task: ChoiceTask, salt: str | None) -> None:
-        """Before a task's prompt goes into slot `seq` (under the slot's own salt): what
-        the slot holds is kept in host memory when the prompt would replace most of it
-        (a side request in a conversation's slot); then, with cache_prompt, a longer
-        start of the prompt held there than the slot's own is restored into the slot,
-        the draft model's with it, and generate() scores only the rest."""
-        cache = self.prompt_cache
-        if cache is None or task.config is None and not task.warm and task.prompt_logprobs is None:
-            return  # nothing is kept, or the task leaves the slot as it is (echo alone)
-        slot, prompt = self.slots[seq], task.prompt_ids
-        held = slot.cached_tokens() or []
-        own = common_prefix_length(held, prompt) if task.cache_prompt else 0
-        found = cache.longest(salt, prompt) if task.cache_prompt else None  # before _keep can evict it
-        if len(held) - own > own:  # most of the slot's text would go: a side request, or another conversation
-            self._keep(seq)
-        if found is None or found[1] <= own:
-            return
-        entry, length = found
-        slot.restore_sequence(0, entry.target, length)
-        draft = self.draft_slots[seq]
-        if draft is not None and entry.draft is not None:
-            # The draft's copy is its own text (a windowed draft reads less of it): it is
-            # restored where it shares more with the prompt than the draft's slot does.
-            drafted = common_prefix_length(entry.draft.tokens, tuple(prompt))
-            if drafted > common_prefix_length(draft.cached_tokens() or [], prompt):
-                draft.restore_sequence(0, entry.draft, drafted)
-        cache.reused(min(length, len(prompt) - 1))  # generate() scores the prompt's last token again
-
-    def _keep(self, seq: int) -> None:
-        """Slot `seq`'s text, and the draft model's, into host memory under the salt
-        that filled them (unless an entry holds it already)."""
-        cache, slot, draft = self.prompt_cache, self.slots[seq], self.draft_slots[seq]
-        if cache is None or not slot.length or cache.holds(self._salts[seq], slot.cached_tokens() or []):
-            return
-        drafted = draft.save_sequence() if draft is not None and draft.saves_sequences and draft.length else None
-        cache.store(self._salts[seq], slot.save_sequence(), drafted)
+    def _reuse(self, seq: int, task: ChoiceTask) -> None:
+        """Before a task's prompt goes into slot `seq`: prompt_cache.before_prompt, where
+        the task writes into the slot (echo alone leaves it as it is)."""
+        if self.prompt_cache is not None and (task.config is not None or task.warm or task.prompt_logprobs is not None):
+            before_prompt(self.prompt_cache, self._salts[seq], self.slots[seq], self.draft_slots[seq],
+                          task.prompt_ids, task.cache_prompt)
 
     @staticmethod
     def _end(job: QueuedRequest, ended: Ended) -> None:
