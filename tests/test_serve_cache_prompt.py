@@ -45,6 +45,21 @@ def test_a_chats_next_turn_reuses_its_earlier_turns_and_answers_as_a_fresh_serve
         assert second["choices"][0]["message"] == chat(fresh_url, turn_2)["choices"][0]["message"]
 
 
+def test_cached_tokens_is_zero_not_absent_when_nothing_was_cached_whole_and_streamed():
+    """The openai client read None for cached_tokens when the field was left out."""
+    from openai import OpenAI
+
+    app, _ = toy_app(drafter="none")
+    with running(app) as url:
+        client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        whole = client.completions.create(model="toy", prompt="the cat sat", max_tokens=3, extra_body={"cache_prompt": False})
+        assert whole.usage.prompt_tokens_details.cached_tokens == 0
+        chunks = list(client.chat.completions.create(model="toy", messages=CHAT, max_tokens=3, stream=True,
+                                                     stream_options={"include_usage": True},
+                                                     extra_body={"cache_prompt": False}))
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 0
+
+
 def test_on_unless_turned_off_and_the_servers_default_gives_way_to_the_requests_own():
     app, _ = toy_app(drafter="none")
     with running(app) as url:

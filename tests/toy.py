@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from specsample.backends.base import Backend
+from specsample.backends.base import Backend, SavedSequence
 from specsample.decoding.generate import GenerationConfig, GenerationStats, generate
 from specsample.decoding.sampling import Sampler, SamplingConfig, logits_to_probs
 
@@ -46,6 +46,16 @@ class TrigramBackend(Backend):
 
     def cached_tokens(self):
         return list(self.tokens)
+
+    # Its whole state is its tokens: a copy of them is a saved cache (the server's host
+    # prompt cache), counted as 4 bytes a token.
+    saves_sequences = True
+
+    def save_sequence(self, seq=0):
+        return SavedSequence(tuple(self.tokens), None, 4 * len(self.tokens))
+
+    def restore_sequence(self, seq, saved, length):
+        self.tokens = list(saved.tokens[:length])
 
 
 class PoisonedBackend(TrigramBackend):
@@ -524,6 +534,14 @@ class TrigramSequences(Backend):
 
     def sequence_tokens(self, seq):
         return self.members[seq].cached_tokens()
+
+    saves_sequences = True
+
+    def save_sequence(self, seq):
+        return self.members[seq].save_sequence()
+
+    def restore_sequence(self, seq, saved, length):
+        self.members[seq].restore_sequence(0, saved, length)
 
     def score_many(self, requests):
         self.calls.append([(seq, len(ids)) for seq, ids, _ in requests])

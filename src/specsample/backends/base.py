@@ -7,6 +7,7 @@ marks on the backend object who filled the cache last (claim_cache).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -60,6 +61,9 @@ class Backend(Protocol):
     # Its calls compute elsewhere (RPC workers), leaving this process's cores idle while
     # it waits: the loop drafts the next block meanwhile (decoding/overlap.py).
     overlap: bool = False
+    # save_sequence and restore_sequence work (the server's host prompt cache:
+    # serve/prompt_cache.py); False: the engine cannot copy its cache out.
+    saves_sequences: bool = False
 
     @property
     def length(self) -> int:
@@ -105,11 +109,30 @@ class Backend(Protocol):
     def rollback_sequence(self, seq: int, length: int) -> None:
         self.rollback(length)
 
+    def save_sequence(self, seq: int) -> SavedSequence:
+        """A copy of what sequence `seq`'s cache holds, which restore_sequence puts back
+        into any sequence of this backend (where saves_sequences)."""
+        raise NotImplementedError(f"{self.name} cannot copy its cache out")
+
+    def restore_sequence(self, seq: int, saved: SavedSequence, length: int) -> None:
+        """Sequence `seq`'s cache replaced by the first `length` tokens of `saved`, at
+        their own positions: what scoring saved.tokens[:length] there would leave."""
+        raise NotImplementedError(f"{self.name} cannot restore a saved cache")
+
+
+@dataclass(frozen=True, eq=False)
+class SavedSequence:
+    """One sequence's cache, copied out of its backend (save_sequence)."""
+
+    tokens: tuple[int, ...]  # what its cells hold, in order: positions 0 to len - 1
+    data: object  # the engine's own copy: llama.cpp's state bytes, a transformers cache
+    nbytes: int  # the memory `data` holds
+
 
 # What describes the model rather than one sequence of it: a view of some of its
 # sequences (batching.Slot, SeparateSequences) takes these from the backend behind it.
 MODEL_ATTRIBUTES = ("vocab_size", "eos_token_ids", "context_length", "tokenizer", "engine", "supports_rollback",
-                    "cost_key", "fim", "overlap")
+                    "cost_key", "fim", "overlap", "saves_sequences")
 
 
 def take_model_attributes(view: Backend, source: Backend) -> None:
@@ -157,6 +180,12 @@ class SeparateSequences(Backend):
 
     def rollback_sequence(self, seq: int, length: int) -> None:
         self.backends[seq].rollback(length)
+
+    def save_sequence(self, seq: int) -> SavedSequence:
+        return self.backends[seq].save_sequence(0)
+
+    def restore_sequence(self, seq: int, saved: SavedSequence, length: int) -> None:
+        self.backends[seq].restore_sequence(0, saved, length)
 
 
 def trim_padding(size: int, token_text) -> int:

@@ -16,6 +16,7 @@ crop restores: those models generate, but refuse a rollback that drops tokens.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import sys
 import threading
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..files import build_once
-from .base import Backend, ChatTemplateError, trim_padding
+from .base import Backend, ChatTemplateError, SavedSequence, trim_padding
 from .chat import TextOnly, chat_token_ids
 from .cpushare import SHARED
 from .fim_tokens import FimFormat, fim_from_tokens
@@ -142,6 +143,9 @@ class HFBackend(Backend):
         self.cache = None
         # False for recurrent models: the loop can refuse a drafter before any output.
         self._new_cache, self.supports_rollback = _cache_factory(model.config)
+        # A copy of a cache is restored by cropping it to the prompt's shared start:
+        # what cannot be cropped cannot be kept in the host prompt cache either.
+        self.saves_sequences = self.supports_rollback
         self._length = 0
         self._tokens: list[int] = []  # what the cache holds, in order
         self._kept: torch.Tensor | None = None  # [n] token ids the output layer scores (None: all)
@@ -229,6 +233,23 @@ class HFBackend(Backend):
 
     def cached_tokens(self) -> list[int]:
         return list(self._tokens)
+
+    def save_sequence(self, seq: int = 0) -> SavedSequence:
+        """A deep copy of the cache (every layer's key and value tensors)."""
+        if not self.saves_sequences:
+            raise RollbackUnsupported(f"{self.name}: a recurrent state cannot be saved and cropped")
+        saved = copy.deepcopy(self.cache) if self._length else None
+        tensors = [getattr(layer, name, None) for layer in saved.layers for name in ("keys", "values")] if saved else []
+        nbytes = sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
+        return SavedSequence(tuple(self._tokens), saved, nbytes)
+
+    def restore_sequence(self, seq: int, saved: SavedSequence, length: int) -> None:
+        """A copy of the saved cache (the entry may be restored again), cropped to `length`."""
+        self.rollback(0)
+        if saved.data is not None and length:
+            self.cache = copy.deepcopy(saved.data)
+            self._length, self._tokens = len(saved.tokens), list(saved.tokens)
+            self.rollback(length)
 
 
 # Cache layer kinds with a recurrent or convolution state (mamba, gated delta rule,

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import Backend, BackendError, ChatTemplateError, trim_padding
+from .base import Backend, BackendError, ChatTemplateError, SavedSequence, trim_padding
 from .chat import TextOnly, chat_token_ids
 from .cpushare import SHARED
 from .fim_tokens import FimFormat, fim_from_ids
@@ -227,6 +227,7 @@ LLAMACPP_CONTEXT = 4096  # a library caller's context when it names none (assemb
 
 class LlamaCppBackend(Backend):
     engine = "llamacpp"
+    saves_sequences = True
 
     def __init__(self, path: Path, *, name: str | None = None, threads: int | None = None,
                  n_ctx: int = LLAMACPP_CONTEXT, n_batch: int = 512, share_cores: bool = True, batch_invariant: bool = False, sequences: int = 1,
@@ -368,6 +369,30 @@ class LlamaCppBackend(Backend):
             raise RuntimeError(f"llama.cpp could not roll back sequence {seq} to {length} tokens ({self.name})")
         self._lengths[seq] = length
         del self._tokens[seq][length:]
+
+    def save_sequence(self, seq: int) -> SavedSequence:
+        """llama.cpp's own copy of the sequence's cells (llama_state_seq_get_data): each
+        layer's keys and values with their positions."""
+        lib = self._lib
+        size = lib.llama_state_seq_get_size(self._ctx, seq)
+        data = (ctypes.c_uint8 * size)()
+        if lib.llama_state_seq_get_data(self._ctx, data, size, seq) != size:
+            raise BackendError(f"{self.name}: llama.cpp could not copy sequence {seq}'s cache out")
+        return SavedSequence(tuple(self._tokens[seq]), data, size)
+
+    def restore_sequence(self, seq: int, saved: SavedSequence, length: int) -> None:
+        """The saved cells into sequence `seq` (llama_state_seq_set_data empties it
+        first), then those past `length` removed, as a rollback removes them. The cells
+        keep their positions, so what is scored next sits where it would after a
+        fresh prefill of the same tokens (bitwise so with batch-invariant kernels:
+        tests/test_prompt_cache_real.py)."""
+        self.rollback_sequence(seq, 0)
+        if saved.tokens:
+            if not self._lib.llama_state_seq_set_data(self._ctx, saved.data, saved.nbytes, seq):
+                raise BackendError(f"{self.name}: llama.cpp could not restore a saved cache into sequence {seq}")
+            self._lengths[seq] = len(saved.tokens)
+            self._tokens[seq] = list(saved.tokens)
+        self.rollback_sequence(seq, length)
 
     def __del__(self, _exiting=sys.is_finalizing):
         lib = getattr(self, "_lib", None)

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import greenlet
 import torch
 
-from ..backends.base import Backend, take_model_attributes
+from ..backends.base import Backend, SavedSequence, take_model_attributes
 from .plans import ModelCall, Offer, Plan
 
 PREFILL_CHUNK = 128  # prompt tokens a newcomer adds to one call while others decode
@@ -89,6 +89,13 @@ class Slot(Backend):
 
     def cached_tokens(self) -> list[int] | None:
         return self.shared.sequence_tokens(self.seq)
+
+    # A slot is one sequence: the `seq` of the protocol (0) is the slot's own.
+    def save_sequence(self, seq: int = 0) -> SavedSequence:
+        return self.shared.save_sequence(self.seq)
+
+    def restore_sequence(self, seq: int, saved: SavedSequence, length: int) -> None:
+        self.shared.restore_sequence(self.seq, saved, length)
 
 
 def slots(shared) -> list[Slot]:

@@ -7,6 +7,7 @@ A file per job, in the order a request meets them:
   request_config.py  request -> GenerationConfig and one task per choice: the one path that checks it
   routes.py          the routes, and Follower, the one consumer of the worker's events (JSON and SSE)
   worker.py          the single worker thread that owns the models and runs `stream`
+  prompt_cache.py    the slots' earlier texts kept in host memory, restored for a prompt that starts with one
   events.py          what the worker tells a request, as typed values
   replies.py         the OpenAI response shapes, and the answer built from the events
   errors.py          APIError, OpenAI's error shape, and what a job's end means for its request

@@ -48,7 +48,8 @@ def create_app(target: Backend, make_drafter: Callable[[SamplingConfig, Backend 
     metrics = Metrics()
     # A shorthand ("auto", K) becomes the policy now, where the models are known: the loop takes it ready.
     policy = as_policy(settings.policy, target, draft, drafts=drafter_name is not None, parallel=settings.parallel)
-    worker = Worker(target, settings.max_queue, policy, draft, settings.parallel, on_call=metrics.call)
+    worker = Worker(target, settings.max_queue, policy, draft, settings.parallel, on_call=metrics.call,
+                    prompt_cache_bytes=settings.prompt_cache_mib << 20)
     metrics.watch(worker)
     server = Server(target, make_drafter, drafter_name, settings, worker, metrics)
 

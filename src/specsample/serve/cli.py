@@ -15,6 +15,7 @@ from ..policy.calibrate import slots_that_pay
 from ..policy.config import PLANNER
 from ..policy.make import check_draft_length
 from ..policy.trace import traced
+from .prompt_cache import DEFAULT_MIB
 
 
 def add_serve_parser(sub) -> None:
@@ -42,6 +43,11 @@ def add_serve_parser(sub) -> None:
                         "greedy or seeded answer can part from the same request served fresh where two tokens nearly "
                         "tie; --no-cache-prompt scores every prompt whole, and with --batch-invariant reuse changes "
                         "nothing (default on)")
+    p.add_argument("--prompt-cache-mib", type=int, default=DEFAULT_MIB, metavar="N",
+                   help="host memory, in MiB, for the texts slots held before a request replaced them (a "
+                        "conversation's, when a side request takes its slot): a later request that starts with more "
+                        "of one than its slot holds gets it back and scores only the rest; least recently used "
+                        f"first out; llama.cpp and hf targets (default {DEFAULT_MIB}; 0: none)")
     p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the model; more get 429")
     p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request may wait (default 120)")
     p.add_argument("--max-tokens", type=int, default=1024, help="cap on a request's max_tokens, and its default")
@@ -118,6 +124,8 @@ def cmd_serve(args) -> int:
         value = getattr(args, name)
         if not (value > 0 and math.isfinite(value)):  # NaN fails both; inf would wait forever
             raise UsageError(f"--{name.replace('_', '-')} must be positive and finite, got {value}")
+    if args.prompt_cache_mib < 0:
+        raise UsageError(f"--prompt-cache-mib must be at least 0 (0: none), got {args.prompt_cache_mib}")
     if args.max_request_tokens is not None and args.max_request_tokens < 1:
         raise UsageError(f"--max-request-tokens must be positive, got {args.max_request_tokens}")
     if not 0 <= args.port <= 65535:
@@ -145,7 +153,8 @@ def cmd_serve(args) -> int:
     settings = Settings(model_name=models.target.name, parallel=parallel, policy=policy, api_key=args.api_key,
                         max_queue=args.max_queue, queue_timeout=args.queue_timeout, max_body_bytes=args.max_body_bytes,
                         max_tokens=args.max_tokens, max_request_tokens=args.max_request_tokens,
-                        verifier=args.verifier, cache_prompt=args.cache_prompt, **doors)
+                        verifier=args.verifier, cache_prompt=args.cache_prompt,
+                        prompt_cache_mib=args.prompt_cache_mib, **doors)
     app = create_app(models.target, models.drafter, models.drafter_name, settings, models.draft)
     options = dict(host=args.host, port=args.port, log_level="info", limit_concurrency=args.max_connections,
                    timeout_keep_alive=args.keep_alive_timeout, http=connections.protocol(args.header_timeout, args.send_timeout),

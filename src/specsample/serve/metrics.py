@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -56,6 +57,8 @@ class Metrics:
         self.active.set_function(lambda: worker.active)
         self.busy.set_function(lambda: worker.busy_seconds)
         self.slots.set(worker.parallel)
+        if worker.prompt_cache is not None:
+            self.registry.register(PromptCacheCollector(worker.prompt_cache))
 
     def call(self, target: bool, sequences: int, tokens: int, seconds: float, prompt: bool = False) -> None:
         """A model call the worker made (called from its thread); `prompt`: it took in
@@ -113,3 +116,27 @@ class CountRequests:
                 status = 500 if failed else 499
             self.metrics.requests.labels(endpoint, str(status)).inc()
             self.metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - start)
+
+
+class PromptCacheCollector:
+    """The host prompt cache's counts (prompt_cache.py), read as they stand at each scrape:
+    the cache is the worker thread's, which counts as it goes."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def describe(self):
+        return []  # no duplicate-name check at registration: collect() reads a live cache
+
+    def collect(self):
+        cache = self.cache
+        for name, help_text, value in (
+                ("specsample_prompt_cache_hits", "Prompts that found a longer start in the host prompt cache than "
+                 "in their slot, restored into it", cache.hits),
+                ("specsample_prompt_cache_reused_tokens", "Prompt tokens those restores spared scoring", cache.reused_tokens),
+                ("specsample_prompt_cache_stored", "Slot texts copied into the host prompt cache", cache.stored),
+                ("specsample_prompt_cache_evicted", "Entries evicted, least recently used first, to make room",
+                 cache.evicted)):
+            yield CounterMetricFamily(name, help_text, value=value)
+        yield GaugeMetricFamily("specsample_prompt_cache_bytes", "Bytes the host prompt cache holds", value=cache.bytes)
+        yield GaugeMetricFamily("specsample_prompt_cache_entries", "Texts the host prompt cache holds", value=len(cache))

@@ -161,10 +161,10 @@ class Reply:
         stats = [{"drafter": self.drafter_name, **results[i].stats.as_dict()} for i in sorted(results)]
         usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
         # OpenAI's count of prompt tokens a cache held (cache_prompt): each prompt's, as its
-        # first choice found it (the later ones find it whole, as they follow on its slot).
+        # first choice found it (the later ones find it whole, as they follow on its slot);
+        # 0 when none was, as OpenAI writes it (the openai client read None when it was left out).
         cached = sum(r.stats.cached_prompt_tokens for i, r in results.items() if i % self.choices_per_prompt == 0)
-        if cached:
-            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
         return {**usage, "speculative": stats[0] if len(stats) == 1 else stats}
 
     # ---- log-probabilities ----

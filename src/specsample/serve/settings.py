@@ -13,6 +13,7 @@ from ..decoding.drafters import Drafter
 from ..decoding.sampling import SamplingConfig
 from ..policy.make import PolicyLike, check_draft_length
 from .metrics import Metrics
+from .prompt_cache import DEFAULT_MIB
 from .worker import Worker
 
 # What requests in flight get on SIGINT/SIGTERM to finish, before they are ended with a
@@ -36,6 +37,9 @@ class Settings:
     max_request_tokens: int | None = None  # cap on a request's tokens, all choices and echo; None: 8 x max_tokens
     verifier: str = "auto"  # GenerationConfig.verifier for every request
     cache_prompt: bool = True  # GenerationConfig.cache_prompt for requests that do not say (serve --no-cache-prompt)
+    # Host memory for texts the slots held before a request replaced them, restored for a
+    # later request that starts with more of one (prompt_cache.py); 0: none.
+    prompt_cache_mib: int = DEFAULT_MIB
     body_timeout: float = 30.0  # seconds a request body may take to arrive (408 after)
     tokenizer_threads: int = field(default_factory=lambda: tokenizer_threads())  # tokenizing off the queue
 
@@ -47,6 +51,8 @@ class Settings:
             raise ValueError(f"tokenizer_threads must be at least 1, got {self.tokenizer_threads}")
         if self.parallel < 1:
             raise ValueError(f"parallel must be at least 1, got {self.parallel}")
+        if self.prompt_cache_mib < 0:
+            raise ValueError(f"prompt_cache_mib must be at least 0, got {self.prompt_cache_mib}")
 
     @property
     def request_budget(self) -> int:

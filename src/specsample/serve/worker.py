@@ -30,6 +30,7 @@ from ..decoding.drafters import Drafter
 from ..decoding.generate import GenerationConfig, GenerationResult, GenerationStats, stream
 from ..output.logprobs import score_prompt
 from .events import End, Ended, Event, Finished, Generated, PromptScored, Started
+from .prompt_cache import PromptCache, before_prompt, keep
 
 
 class QueueFull(Exception):
@@ -114,12 +115,15 @@ def _stop_if_cancelled(job: QueuedRequest) -> None:
 
 
 class Worker:
-    def __init__(self, target, max_queue: int, policy=None, draft=None, parallel: int = 1, on_call=None):
+    def __init__(self, target, max_queue: int, policy=None, draft=None, parallel: int = 1, on_call=None,
+                 prompt_cache_bytes: int = 0):
         """`target` and `draft` (None: no draft model) hold at least `parallel`
         sequences (backends loaded with sequences=N); `policy` is forked for each slot
         (control.py), so each keeps its own state across the requests it serves and
         all share the machine's costs (K: a FixedK per request; create_app makes "auto");
-        `on_call(target, sequences, tokens, seconds, prompt)` hears of every model call (metrics; batching.Scheduler)."""
+        `on_call(target, sequences, tokens, seconds, prompt)` hears of every model call (metrics; batching.Scheduler);
+        `prompt_cache_bytes`: host memory for the slots' earlier texts (prompt_cache.py;
+        0, or a target that cannot copy its cache out: none)."""
         if not 1 <= parallel <= target.sequences:
             raise ValueError(f"--parallel {parallel}: the target holds {target.sequences} sequences")
         if draft is not None and draft.sequences < parallel:
@@ -136,6 +140,7 @@ class Worker:
         self.scheduler = Scheduler(target, on_call=on_call)
         self.admission = Admission(self.scheduler, parallel)  # its free slots: only the worker thread changes them
         self._salts: list[str | None] = [None] * parallel  # the cache_salt of what each slot's cache holds
+        self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes and target.saves_sequences else None
         self._waiting: collections.deque[QueuedRequest] = collections.deque()
         self._running: dict[int, QueuedRequest] = {}  # slot -> the job being generated on it
         self._erasing: list[tuple[int, str | None, concurrent.futures.Future]] = []  # erase(): slots to empty, in order
@@ -249,6 +254,8 @@ class Worker:
                 continue
             held = self.slots[seq].length
             self._empty(seq)
+            if self.prompt_cache is not None:  # nor do the texts kept in host memory under the salt
+                self.prompt_cache.drop(salt)
             _settle(done, held)
 
     def _empty(self, seq: int) -> None:
@@ -321,6 +328,9 @@ class Worker:
         if self._salts[seq] != job.cache_salt:
             # Another salt's text: nothing of it may be reused, or cached_tokens (and the
             # time to the first token) would tell this request how much of it it guessed.
+            # Its own salt's requests may still find it in host memory.
+            if self.prompt_cache is not None:
+                keep(self.prompt_cache, self._salts[seq], self.slots[seq], self.draft_slots[seq])
             self._empty(seq)
             self._salts[seq] = job.cache_salt
         try:
@@ -341,6 +351,7 @@ class Worker:
                 # starts as well as between rounds: a client that left holds the
                 # model for one call at most, whatever it asked for.
                 _stop_if_cancelled(job)
+                self._reuse(seq, task)
                 s = None
                 if task.config is not None:
                     drafter = drafter or job.make_drafter(self.draft_slots[seq])
@@ -374,6 +385,13 @@ class Worker:
             self._end(job, Ended(End.FAILED, e))
             return
         self._end(job, Ended(End.DONE))
+
+    def _reuse(self, seq: int, task: ChoiceTask) -> None:
+        """Before a task's prompt goes into slot `seq`: prompt_cache.before_prompt, where
+        the task writes into the slot (echo alone leaves it as it is)."""
+        if self.prompt_cache is not None and (task.config is not None or task.warm or task.prompt_logprobs is not None):
+            before_prompt(self.prompt_cache, self._salts[seq], self.slots[seq], self.draft_slots[seq],
+                          task.prompt_ids, task.cache_prompt)
 
     @staticmethod
     def _end(job: QueuedRequest, ended: Ended) -> None:
