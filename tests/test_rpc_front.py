@@ -2,6 +2,7 @@
 127.0.0.1 as issue 55 found it: one packet killed it, one silent connection held it,
 and anyone who reached it was served."""
 
+import json
 import os
 import socket
 import struct
@@ -17,6 +18,7 @@ from specsample.backends.rpc_front import FIXED, SET_TENSOR, TENSOR, Refused, ch
 from specsample.backends.rpc_key import MAGIC, KeyRelay
 
 from process_guard import end_group, popen
+from tiny_rpc import NO_EOS_FLAGS, write_tiny_rpc_gguf
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specsample[llamacpp]')")
 
@@ -177,15 +179,18 @@ def test_a_keyed_worker_refuses_a_stranger_and_serves_a_client_with_the_key():
     assert "key required" in proc.stderr.read()
 
 
-@pytest.mark.real
-def test_a_model_on_a_keyed_worker_generates_through_the_clients_key_relay(real_pair):
+@pytest.mark.system
+def test_a_model_on_a_keyed_worker_generates_through_the_clients_key_relay(tmp_path):
+    """A model of any size goes through the relay as a real one does (tiny_rpc.py)."""
+    model = write_tiny_rpc_gguf(tmp_path)
     endpoint, proc = start_worker("--rpc-key", "sesame")
     try:
-        run = subprocess.run([sys.executable, "-m", "specsample", "generate", "--target", real_pair.draft,
+        run = subprocess.run([sys.executable, "-m", "specsample", "generate", "--target", model, *NO_EOS_FLAGS,
                               "--draft", "ngram", "--target-rpc", endpoint, "--ctx-size", "256", "--threads", "1",
-                              "--prompt", "def add(a, b):", "--max-new-tokens", "4", "--temperature", "0"],
+                              "--prompt", "def add(a, b):", "--max-new-tokens", "4", "--temperature", "0", "--json"],
                              env={**os.environ, "SPECSAMPLE_RPC_KEY": "sesame"}, capture_output=True, text=True,
                              timeout=120)
-        assert run.returncode == 0 and run.stdout.strip(), run.stderr
+        assert run.returncode == 0, run.stderr
+        assert len(json.loads(run.stdout)["token_ids"]) == 4
     finally:
         end_group(proc)
