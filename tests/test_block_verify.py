@@ -11,9 +11,10 @@ drafted from the toy draft, verified, and continued by the target to K + 1 token
 SAMPLES times, fits that joint distribution (toy.assert_fits, Pearson chi-square,
 p < toy.ALPHA = 1e-6 fails); a wrong acceptance rule, keeping each prefix with its own
 weight, fails it already at a quarter of SAMPLES (CONTROL_SAMPLES = 1,500: p ~ 5e-23;
-5e-116 at 6,000): a test's power grows with its sample, so it fails at SAMPLES too. And through the loop (generate with verifier="block":
-a model drafter, the overlapped path, a grammar), by the same token-by-token check as
-tests/test_distribution.py, which the wrong rule fails too.
+5e-116 at 6,000): a test's power grows with its sample, so it fails at SAMPLES too.
+And through the loop (generate with verifier="block": a model drafter, the overlapped
+path, a grammar), by the same token-by-token check as tests/test_distribution.py, which
+the wrong rule fails too.
 """
 
 import itertools

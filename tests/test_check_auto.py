@@ -49,7 +49,8 @@ def test_auto_checks_the_planners_own_draft_lengths(monkeypatch, wrong_verify):
     drafter.clock = clock
     policy = make_policy("auto", 4, target, drafter.model_backend, context=PROMPTS[0], clock=clock)
     samples = 1500 if wrong_verify is None else CONTROL_SAMPLES
-    result = check(target, drafter, PROMPTS, CheckConfig(samples=samples, sampling=SAMPLING), policy=policy, clock=clock)
+    config = CheckConfig(samples=samples, sampling=SAMPLING)
+    result = check(target, drafter, PROMPTS, config, policy=policy, clock=clock)
     assert all(p.acceptance_rate is not None for p in result.prompts)  # it drafted for every prompt
     if wrong_verify is None:
         fits(result, assert_fits)

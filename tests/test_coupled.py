@@ -20,8 +20,8 @@ from specsample.decoding.sampling import SamplingConfig, race_noise
 from specsample.decoding.verify import verify_coupled
 from specsample.policy.calibrate import make_policy
 
-from toy import (ALPHA, CostedBackend, FakeClock, TrigramBackend, assert_fits, assert_misfits, empirical, exact_distribution,
-                 mixed_tables, random_table)
+from toy import (ALPHA, CostedBackend, FakeClock, TrigramBackend, assert_fits, assert_misfits, empirical,
+                 exact_distribution, mixed_tables, random_table)
 
 pytestmark = pytest.mark.pure
 
