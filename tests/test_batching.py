@@ -108,6 +108,8 @@ def mixed_batch_counts(target_class, n: int) -> tuple[dict, dict]:
 
 # 4,000 batches: each counted configuration gets 4,000 samples of 1,296 possible
 # sequences (a fifth of test_distribution's N, as every batch runs four sequences).
+# The leak's control needs a quarter of them: p ~ 2e-15 at 1,000 batches (3e-5 at 500,
+# too near the level); a test's power grows with its sample, so it fails at 4,000 too.
 N_MIXED, N_LEAK = 4000, 1000
 
 

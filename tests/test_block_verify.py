@@ -10,9 +10,11 @@ residual instead misses it by over 1e-3. By sampling verify_block itself: a chai
 drafted from the toy draft, verified, and continued by the target to K + 1 tokens,
 SAMPLES times, fits that joint distribution (toy.assert_fits, Pearson chi-square,
 p < toy.ALPHA = 1e-6 fails); a wrong acceptance rule, keeping each prefix with its own
-weight, fails it at p ~ 1e-116. And through the loop (generate with verifier="block":
-a model drafter, the overlapped path, a grammar), by the same token-by-token check as
-tests/test_distribution.py, which the wrong rule fails too.
+weight, fails it already at a quarter of SAMPLES (CONTROL_SAMPLES = 1,500: p ~ 5e-23;
+5e-116 at 6,000): a test's power grows with its sample, so it fails at SAMPLES too.
+And through the loop (generate with verifier="block": a model drafter, the overlapped
+path, a grammar), by the same token-by-token check as tests/test_distribution.py, which
+the wrong rule fails too.
 """
 
 import itertools
@@ -31,12 +33,13 @@ from specsample.decoding.verify import block_acceptance, residual_distribution, 
 import test_constraints
 import test_distribution
 import test_overlap
-from toy import TrigramBackend, assert_does_not_follow, assert_fits, assert_follows, assert_misfits, empirical
+from toy import ALPHA, TrigramBackend, assert_does_not_follow, assert_fits, assert_follows, assert_misfits, empirical
 
 pytestmark = pytest.mark.pure
 
 VOCAB = 3
 SAMPLES = 6_000  # each sampled check of verify_block alone
+CONTROL_SAMPLES = 1_500  # the wrong block rule's control
 
 
 class PrefixPair:
@@ -265,12 +268,14 @@ def each_prefix_with_its_weight(tokens, drafts, targets):
 def test_negative_control_a_wrong_block_rule_fails_the_check(monkeypatch):
     monkeypatch.setattr(verify_module, "block_acceptance", each_prefix_with_its_weight)
     pair = PrefixPair(3)
-    assert_misfits(sampled(pair, 3), pair.joint(4), SAMPLES)
+    p = assert_misfits(sampled(pair, 3, n=CONTROL_SAMPLES), pair.joint(4), CONTROL_SAMPLES)
+    assert p < 1e-3 * ALPHA  # far below the level, so no seed change makes it pass by chance
 
 
 # ---- through the loop ---------------------------------------------------------------
 
 TARGET, PROMPT = test_distribution.TARGET, test_distribution.PROMPT
+LOOP_CONTROL_SAMPLES = 1_000  # the wrong rule through the loop (test_distribution.SAMPLES for the checks)
 
 
 @pytest.mark.parametrize("k,temperature,top_p", [(4, 0.7, 0.9)])
@@ -284,10 +289,15 @@ def test_block_verified_generation_follows_the_target(monkeypatch, k, temperatur
 
 
 def test_negative_control_a_wrong_block_rule_fails_the_loops_check(monkeypatch):
+    """At LOOP_CONTROL_SAMPLES = 1,000, a quarter of the loop's check: p ~ 4e-15 (5e-82
+    at its 4,000; 1e-6 at 500, too near the level). A test's power grows with its
+    sample, so what fails at 1,000 fails at 4,000."""
     monkeypatch.setattr(verify_module, "block_acceptance", each_prefix_with_its_weight)
     sampling = SamplingConfig()
-    counts = test_distribution.fixed(test_distribution.model_drafter("far", sampling), sampling, 3, verifier="block")
-    assert_does_not_follow(counts, TrigramBackend(TARGET), PROMPT, sampling)
+    counts = test_distribution.fixed(test_distribution.model_drafter("far", sampling), sampling, 3, verifier="block",
+                                     n=LOOP_CONTROL_SAMPLES)
+    p = assert_does_not_follow(counts, TrigramBackend(TARGET), PROMPT, sampling)
+    assert p < 1e-3 * ALPHA  # far below the level, so no seed change makes it pass by chance
 
 
 def test_lookup_drafts_stay_with_token_by_token_verification(monkeypatch):

@@ -10,10 +10,12 @@ to the tokens that keep the text a viable prefix, then the sampling controls app
 
 The distribution checks follow test_distribution.py, smaller: N = 5,000 outputs of
 up to LENGTH = 5 tokens (121 possible outputs), Pearson chi-square against the exact
-distribution (cells with expected count < 5 pooled), failing when p < 1e-3. An output
-that breaks the grammar (the loop refuses it) is a sample outside the exact support:
-p = 0, and the run stops there. At this N the negative controls still fail with
-p < 1e-12 at every seed tried, and the correct samplers pass with p from 0.1 to 0.9.
+distribution (cells with expected count < 5 pooled), failing when p < toy.ALPHA = 1e-6.
+An output that breaks the grammar (the loop refuses it) is a sample outside the exact
+support: p = 0, and the run stops there. The negative controls draw CONTROL_N = 625, an
+eighth of N, and still fail with p < 1e-12: two break the grammar at the first output
+(p = 0), the third fits at p ~ 3e-51 (p = 0 at N; 1e-15 at 312). A test's power grows
+with its sample, so what fails at 625 fails at 5,000.
 """
 
 import re
@@ -46,6 +48,7 @@ PREFIX = re.compile("(<((a|b)*(c(=>?)?)?)?)?")  # every prefix of a word of REGE
 CONSTRAINT = Constraint.regex(REGEX)
 
 N, LENGTH = 5_000, 5
+CONTROL_N = 625  # each negative control
 PROMPT = [A, B]
 TARGET = random_table(len(PIECES), seed=10)
 DRAFTS = {
@@ -180,11 +183,11 @@ def TARGET_COST(m):  # seconds of a target call scoring m tokens, on the adaptiv
     return 1.0 + 0.1 * (m - 1)
 
 
-def constrained(drafter, sampling, policy, clock=None, verifier="rejection"):
-    """N constrained outputs of the target (its calls timed on `clock` where given);
+def constrained(drafter, sampling, policy, clock=None, verifier="rejection", n=N):
+    """n constrained outputs of the target (its calls timed on `clock` where given);
     `policy`: a Policy, or K. An output the grammar forbids fails the check."""
     target = backend(TARGET) if clock is None else CostedBackend(backend(TARGET), clock, TARGET_COST)
-    return empirical(N, target, PROMPT, config(sampling, verifier=verifier), drafter, policy, clock=clock,
+    return empirical(n, target, PROMPT, config(sampling, verifier=verifier), drafter, policy, clock=clock,
                      refused=(ConstraintError,))
 
 
@@ -331,8 +334,9 @@ def test_forced_drafts_are_verified_so_a_wrong_forced_source_stays_exact(monkeyp
 def test_negative_control_wrong_constrained_samplers_fail_the_check(monkeypatch, wrong):
     wrong(monkeypatch)
     sampling = SamplingConfig(1.0)
-    counts = constrained(model_drafter("far", sampling), sampling, 3)
-    assert_misfits(counts, exact(sampling), N)
+    counts = constrained(model_drafter("far", sampling), sampling, 3, n=CONTROL_N)
+    p = assert_misfits(counts, exact(sampling), CONTROL_N)
+    assert p < 1e-12  # the margin this module states, far below ALPHA
 
 
 # ---- greedy identity, forced tokens for free, the end of the grammar -------------------

@@ -6,7 +6,8 @@ sequences are independent), and a seeded answer must be the same token for token
 whatever drafts it (none, a draft model, n-gram lookup, any K, the adaptive
 policy). The negative control reuses a position's noise at the next position:
 each token still follows its own row, but neighbours are correlated, and the joint
-distribution test must reject it.
+distribution test must reject it: at CONTROL_N = 1,000 it does with p ~ 3e-63 (p = 0
+at N). A test's power grows with its sample, so what fails at 1,000 fails at 8,000.
 """
 
 import pytest
@@ -19,22 +20,23 @@ from specsample.decoding.sampling import SamplingConfig, race_noise
 from specsample.decoding.verify import verify_coupled
 from specsample.policy.make import make_policy
 
-from toy import (CostedBackend, FakeClock, TrigramBackend, assert_fits, assert_misfits, empirical, exact_distribution,
-                 mixed_tables, random_table)
+from toy import (ALPHA, CostedBackend, FakeClock, TrigramBackend, assert_fits, assert_misfits, empirical,
+                 exact_distribution, mixed_tables, random_table)
 
 pytestmark = pytest.mark.pure
 
 
 VOCAB, LENGTH, N = 6, 3, 8_000
+CONTROL_N = 1_000  # the negative control: an eighth of N
 PROMPT = [1, 2]
 TARGET = random_table(VOCAB, seed=0)
 FAR = random_table(VOCAB, seed=2)
 
 
-def coupled(sampling, drafter, k):
-    """N outputs of the target under the coupled verifier."""
+def coupled(sampling, drafter, k, n=N):
+    """n outputs of the target under the coupled verifier."""
     config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, verifier="coupled")
-    return empirical(N, TrigramBackend(TARGET), PROMPT, config, drafter, k)
+    return empirical(n, TrigramBackend(TARGET), PROMPT, config, drafter, k)
 
 
 @pytest.mark.parametrize("sampling,kind,k", [
@@ -52,8 +54,9 @@ def test_negative_control_noise_reused_at_the_next_position_fails(monkeypatch):
     monkeypatch.setattr(sampling_module, "race_noise", lambda seed, position, vocab: race_noise(seed, position // 2, vocab))
     sampling = SamplingConfig(1.0)
     exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, sampling)
-    counts = coupled(sampling, ModelDrafter(TrigramBackend(FAR, name="far"), sampling), 3)
-    assert_misfits(counts, exact, N)
+    counts = coupled(sampling, ModelDrafter(TrigramBackend(FAR, name="far"), sampling), 3, n=CONTROL_N)
+    p = assert_misfits(counts, exact, CONTROL_N)
+    assert p < 1e-3 * ALPHA  # far below the level, so no seed change makes it pass by chance
 
 
 def TARGET_COST(m):  # seconds of a target call scoring m tokens, on the adaptive policy's fake clock

@@ -9,9 +9,11 @@ and a Pearson chi-square over every row (cells expected below 5 pooled) gives an
 exact-tail p-value. A check fails when p < toy.ALPHA = 1e-6: a
 correct sampler fails one with probability at most 1e-6 over the seeds a run could
 draw (the seeds are fixed, so a run is deterministic). The negative controls show
-what it catches at this N, all at p < 1e-6: wrong acceptance or recovery rules and a
-bonus token from the wrong row (p < 1e-200), and a target whose token-0 logit is off
-by 0.4 in every row (token 0's probability scaled by e^0.4 = 1.49; p ~ 1e-20). Its
+what it catches: wrong acceptance or recovery rules and a bonus token from the wrong
+row already at an eighth of this N (CONTROL_SAMPLES = 500, p < 1e-25; a test's power
+grows with its sample, so what fails at 500 fails at 4,000), and, at this N, a target
+whose token-0 logit is off by 0.4 in every row (token 0's probability scaled by
+e^0.4 = 1.49; p ~ 1e-20). Its
 limit: a logit off by 0.3 gives p ~ 4e-7 here, one off by 0.2 p ~ 4e-6 even at 8,000
 sequences. (The whole-sequence fit used before, at N = 20,000 and p < 1e-3, caught an
 offset of 0.2 only just, at p = 2e-4: at this suite's rate of 1e-6 it would not have.)
@@ -20,8 +22,9 @@ The coupled verifier has its own checks in test_coupled.py.
 The planner's checks further down (-k auto, whose draft lengths follow a fake
 clock and each round's outcome) are the same token-by-token test on N = 6,000
 sequences, at the same rate; their two wrong draft-length rules must fail it, and do
-(a drawn token dropped when the draft was unsure: p ~ 1e-198; a length that depends on
-the current round's verdict: p ~ 3e-11).
+(a drawn token dropped when the draft was unsure: p ~ 4e-26; a length that depends on
+the current round's verdict: p ~ 4e-11). They keep the positive checks' N: at 3,000 the
+first lands at p ~ 8e-9 and the second at 0.02, too near the level to show anything.
 """
 
 import pytest
@@ -35,14 +38,18 @@ from specsample.decoding.verify import Verdict, verify
 from specsample.policy.make import make_policy
 from specsample.policy.estimates import Goodput
 
-from toy import (CostedBackend, DrafterWrapper, FakeClock, TrigramBackend, assert_does_not_follow, assert_follows,
-                 empirical, mixed_tables, random_table)
+from toy import (ALPHA, CostedBackend, DrafterWrapper, FakeClock, TrigramBackend, assert_does_not_follow,
+                 assert_follows, empirical, mixed_tables, random_table)
 
 pytestmark = pytest.mark.pure
 
 VOCAB, LENGTH = 6, 4
 N = 6_000  # each adaptive check (the planner's), token by token as the fixed-length ones
 SAMPLES = 4_000  # each fixed-length check, token by token
+# The wrong verify rules' controls: an eighth of SAMPLES, as each still fails far below
+# ALPHA there (p < 1e-25, the seeds 0..499 of SAMPLES' own). A check's power only grows
+# with its sample, so what fails at 500 fails at the positive checks' 4,000 too.
+CONTROL_SAMPLES = 500
 PROMPT = [1, 2]
 TARGET = random_table(VOCAB, seed=0)
 DRAFTS = {
@@ -51,11 +58,11 @@ DRAFTS = {
 }
 
 
-def fixed(drafter, sampling, k, target=None, verifier="rejection"):
-    """SAMPLES outputs of `target` (the toy target unless given) by modified rejection
+def fixed(drafter, sampling, k, target=None, verifier="rejection", n=SAMPLES):
+    """n outputs of `target` (the toy target unless given) by modified rejection
     sampling (or `verifier`), `drafter` drafting K = k."""
     config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, verifier=verifier)
-    return empirical(SAMPLES, target or TrigramBackend(TARGET), PROMPT, config, drafter, k)
+    return empirical(n, target or TrigramBackend(TARGET), PROMPT, config, drafter, k)
 
 
 def model_drafter(kind, sampling):
@@ -118,9 +125,13 @@ def recover_from_target(draft_tokens, draft_probs, target_probs, generator):
 
 @pytest.mark.parametrize("wrong_verify", [accept_everything, recover_from_target])
 def test_negative_control_wrong_sampler_fails_the_check(monkeypatch, wrong_verify):
+    """At CONTROL_SAMPLES = 500: p = 0 (below the smallest float) accepting everything,
+    p ~ 3e-26 recovering from the target (2e-225 at SAMPLES)."""
     monkeypatch.setattr(rounds_module, "verify", wrong_verify)
     sampling = SamplingConfig()
-    assert_does_not_follow(fixed(model_drafter("far", sampling), sampling, 2), TrigramBackend(TARGET), PROMPT, sampling)
+    counts = fixed(model_drafter("far", sampling), sampling, 2, n=CONTROL_SAMPLES)
+    p = assert_does_not_follow(counts, TrigramBackend(TARGET), PROMPT, sampling)
+    assert p < 1e-3 * ALPHA  # far below the level, so no seed change makes it pass by chance
 
 
 def bonus_from_the_last_drafts_row(draft_tokens, draft_probs, target_probs, generator):
@@ -135,9 +146,13 @@ def bonus_from_the_last_drafts_row(draft_tokens, draft_probs, target_probs, gene
 
 @pytest.mark.parametrize("kind", ["close", "far"])
 def test_negative_control_a_bonus_from_the_wrong_row_fails_the_check(monkeypatch, kind):
+    """At CONTROL_SAMPLES = 500: p ~ 9e-101 with the close draft (full accepts are
+    common), 5e-30 with the far one (p = 0 for both at SAMPLES)."""
     monkeypatch.setattr(rounds_module, "verify", bonus_from_the_last_drafts_row)
     sampling = SamplingConfig()
-    assert_does_not_follow(fixed(model_drafter(kind, sampling), sampling, 2), TrigramBackend(TARGET), PROMPT, sampling)
+    counts = fixed(model_drafter(kind, sampling), sampling, 2, n=CONTROL_SAMPLES)
+    p = assert_does_not_follow(counts, TrigramBackend(TARGET), PROMPT, sampling)
+    assert p < 1e-3 * ALPHA  # far below the level, so no seed change makes it pass by chance
 
 
 class OffByALogit(TrigramBackend):

@@ -14,7 +14,7 @@ from specsample.decoding.generate import GenerationConfig
 from specsample.decoding.sampling import InvalidSetting, SamplingConfig, logits_to_probs
 from specsample.output.infill_sampler import InfillStep, InfillVocab, infill_filter, infill_keep
 
-from toy import TrigramBackend, assert_fits, assert_misfits, empirical, exact_distribution, random_table
+from toy import ALPHA, TrigramBackend, assert_fits, assert_misfits, empirical, exact_distribution, random_table
 
 pytestmark = pytest.mark.pure
 
@@ -111,6 +111,7 @@ def test_a_config_names_its_order_and_refuses_what_it_cannot_take():
 
 
 VOCAB, LENGTH, N = 6, 3, 3_000  # 12 sequences, the least likely ~100 times
+CONTROL_N = 375  # the negative control: an eighth of N
 PROMPT = [1, 2]
 TARGET, FAR = random_table(VOCAB, seed=0), random_table(VOCAB, seed=2)
 # "a" is a prefix of "ab"; no end token (its branch collapses this table to two sequences:
@@ -120,11 +121,11 @@ FILTER = InfillVocab(PIECES.__getitem__, frozenset(), eot=5)
 INFILL = SamplingConfig(top_k=4, order=("top_k", "infill"), extra_step=InfillStep(FILTER), logit_bias={5: -2.0})
 
 
-def speculative(target_sampling, draft_sampling):
-    """N outputs of the target under `target_sampling`, drafted under `draft_sampling`."""
+def speculative(target_sampling, draft_sampling, n=N):
+    """n outputs of the target under `target_sampling`, drafted under `draft_sampling`."""
     config = GenerationConfig(max_new_tokens=LENGTH, sampling=target_sampling, verifier="rejection")
     drafter = ModelDrafter(TrigramBackend(FAR, name="draft"), draft_sampling)
-    return empirical(N, TrigramBackend(TARGET), PROMPT, config, drafter, 3)
+    return empirical(n, TrigramBackend(TARGET), PROMPT, config, drafter, 3)
 
 
 def test_speculative_sampling_under_the_infill_sampler_is_exact():
@@ -134,6 +135,10 @@ def test_speculative_sampling_under_the_infill_sampler_is_exact():
 
 
 def test_negative_control_a_drafter_that_filters_and_a_target_that_does_not_fails():
+    """At CONTROL_N = 375, an eighth of N: p = 0, as at N (the unfiltered target emits
+    sequences the filter removed, outside the exact support). A test's power grows
+    with its sample, so what fails at 375 fails at 3,000."""
     plain = SamplingConfig(top_k=4, logit_bias={5: -2.0})
     exact = exact_distribution(TrigramBackend(TARGET), PROMPT, LENGTH, INFILL)
-    assert_misfits(speculative(plain, INFILL), exact, N)
+    p = assert_misfits(speculative(plain, INFILL, n=CONTROL_N), exact, CONTROL_N)
+    assert p < 1e-3 * ALPHA  # far below the level, so no seed change makes it pass by chance

@@ -30,12 +30,13 @@ from specsample.decoding.sampling import SamplingConfig, logits_to_probs
 from specsample.policy.make import K_MAX, make_policy
 from specsample.policy.curve import Curve, round_seconds
 
-from toy import (CostedBackend, FakeClock, TrigramBackend, assert_does_not_follow, assert_follows, empirical,
+from toy import (ALPHA, CostedBackend, FakeClock, TrigramBackend, assert_does_not_follow, assert_follows, empirical,
                  mixed_tables, random_table)
 
 pytestmark = pytest.mark.pure
 
 VOCAB, LENGTH, SAMPLES = 6, 5, 4_000
+CONTROL_SAMPLES = 2_000  # each negative control: half the checks' SAMPLES
 PROMPT = [1, 2]
 TARGET = random_table(VOCAB, seed=0)
 DRAFTS = {
@@ -50,12 +51,12 @@ class Remote(TrigramBackend):
     overlap = True
 
 
-def overlapped(kind, sampling, k, verifier="rejection"):
-    """SAMPLES outputs of the remote target, the `kind` draft drafting K = k; and the
+def overlapped(kind, sampling, k, verifier="rejection", n=SAMPLES):
+    """n outputs of the remote target, the `kind` draft drafting K = k; and the
     rounds whose drafts were drafted during the call before them (kept blocks)."""
     config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, verifier=verifier)
     drafter, stats = ModelDrafter(TrigramBackend(DRAFTS[kind], name=kind), sampling), []
-    counts = empirical(SAMPLES, Remote(TARGET), PROMPT, config, drafter, k, stats=stats)
+    counts = empirical(n, Remote(TARGET), PROMPT, config, drafter, k, stats=stats)
     return counts, sum(s.predrafted_rounds for s in stats)
 
 
@@ -142,12 +143,17 @@ def keep_when_the_block_looks_right(sampling):
 
 @pytest.mark.parametrize("wrong,kind", [("last-drafts-row", "far"), ("peek", "close")])
 def test_negative_control_blocks_kept_the_wrong_way_fail_the_check(monkeypatch, wrong, kind):
+    """At CONTROL_SAMPLES = 2,000, half the checks' N: p ~ 2e-28 for the last draft's
+    row, 5e-13 for the peek (2e-102 and 4e-18 at SAMPLES; at 1,000 they land at 2e-6
+    and 6e-5, too near the level). A test's power grows with its sample, so what fails
+    at 2,000 fails at 4,000."""
     sampling = SamplingConfig()
     keep = keep_with_the_last_drafts_row if wrong == "last-drafts-row" else keep_when_the_block_looks_right(sampling)
     monkeypatch.setattr(Overlap, "keep", keep)
-    counts, predrafted = overlapped(kind, sampling, 2)
+    counts, predrafted = overlapped(kind, sampling, 2, n=CONTROL_SAMPLES)
     assert predrafted > 0
-    assert_does_not_follow(counts, TrigramBackend(TARGET), PROMPT, sampling)
+    p = assert_does_not_follow(counts, TrigramBackend(TARGET), PROMPT, sampling)
+    assert p < 1e-3 * ALPHA  # far below the level, so no seed change makes it pass by chance
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, "auto"])

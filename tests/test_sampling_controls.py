@@ -2,9 +2,11 @@
 follows the *processed* target distribution, enumerated with the same controls
 (and, for the penalties, the same history: generated tokens counted from the
 prompt's end). N = 6,000 sequences of 3 tokens (216 cells, about 28 expected in
-each); chi-square p > 1e-3 passes, p < 1e-3 is a detected error.
+each); chi-square p > toy.ALPHA = 1e-6 passes, p < ALPHA is a detected error.
 
-Negative controls, each of which must fail:
+Negative controls, each of which must fail, on CONTROL_N = 750 sequences (an eighth
+of N: a test's power grows with its sample, so what fails at 750 fails at 6,000), at
+p < 1e-11 (at 375 the weakest lands at 7e-9):
   * draft only: the drafter applies the control, the target does not. The output is
     then the unprocessed target's, which the check tells apart.
   * a verify call whose rows all see the history of its first row: row j must also
@@ -22,12 +24,13 @@ from specsample.decoding.drafters import ModelDrafter
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import Sampler, SamplingConfig
 
-from toy import TrigramBackend, assert_fits, assert_misfits, empirical, exact_distribution, random_table
+from toy import ALPHA, TrigramBackend, assert_fits, assert_misfits, empirical, exact_distribution, random_table
 
 pytestmark = pytest.mark.pure
 
 
 VOCAB, LENGTH, N = 6, 3, 6_000
+CONTROL_N = 750  # each negative control
 PROMPT = [1, 2]
 TARGET = random_table(VOCAB, seed=0)
 CLOSE = TARGET + 0.3 * random_table(VOCAB, seed=1, scale=1.0)
@@ -66,8 +69,10 @@ def test_control_applied_to_both_sides_is_exact(name):
 
 @pytest.mark.parametrize("name", ["min_p", "presence", "repetition", "logit_bias"])
 def test_negative_control_draft_only_fails(name):
-    counts, _ = speculative(SamplingConfig(temperature=CONTROLS[name].temperature), CONTROLS[name])
-    assert_misfits(counts, exact(CONTROLS[name]), N)
+    """At CONTROL_N: p = 0 for min_p, 4e-73 presence, 4e-12 repetition, 4e-223 logit_bias."""
+    counts, _ = speculative(SamplingConfig(temperature=CONTROLS[name].temperature), CONTROLS[name], n=CONTROL_N)
+    p = assert_misfits(counts, exact(CONTROLS[name]), CONTROL_N)
+    assert p < 1e-3 * ALPHA  # far below the level, so no seed change makes it pass by chance
 
 
 class FirstRowHistory(Sampler):
@@ -81,10 +86,13 @@ class FirstRowHistory(Sampler):
 
 @pytest.mark.parametrize("name", ["presence", "frequency"])
 def test_negative_control_rows_blind_to_the_drafts_before_them_fail(monkeypatch, name):
+    """At CONTROL_N: p ~ 2e-67 for presence, 1e-18 for frequency."""
     monkeypatch.setattr(generate_module, "Sampler", FirstRowHistory)
     sampling = CONTROLS[name]
-    counts, _ = speculative(sampling, sampling, draft_table=CLOSE)  # long accepted runs: rows after drafts matter
-    assert_misfits(counts, exact(sampling), N)
+    # long accepted runs: rows after drafts matter
+    counts, _ = speculative(sampling, sampling, draft_table=CLOSE, n=CONTROL_N)
+    p = assert_misfits(counts, exact(sampling), CONTROL_N)
+    assert p < 1e-3 * ALPHA  # far below the level, so no seed change makes it pass by chance
 
 
 def test_target_only_control_is_exact_but_accepts_less():

@@ -6,9 +6,11 @@ own. Its toy vocabulary has the trigger `<tool_call>` as one token (as Qwen's ha
 so a call can start at any step. The statistic is an output up to LENGTH tokens cut
 just after its first trigger (what follows is the grammar's, tested apart); its
 exact distribution is the unconstrained target's, walked without any grammar. N =
-1,500 outputs, Pearson chi-square, failing when p < 1e-3, with the trigger as text and
+1,500 outputs, Pearson chi-square, failing when p < toy.ALPHA = 1e-6, with the trigger as text and
 as a special token (as llguidance reads llama.cpp's vocabularies). The negative control,
-tool_choice none (which forbids the trigger), fails it with p < 1e-12 from 500.
+tool_choice none (which forbids the trigger), fails it with p < 1e-12 from CONTROL_N =
+125 outputs (p ~ 1e-25; 3e-13 at 62): a test's power grows with its sample, so what
+fails at 125 fails at 1,500.
 """
 
 import json
@@ -176,7 +178,7 @@ def test_greedy_speculation_under_the_tool_grammar_equals_greedy_decoding():
 
 PIECES = [b"a", b"b", b"<tool_call>", b"\n", b'{"name": "f", "arguments": ', b"{}", b"}", b"</tool_call>", b"<eos>"]
 TRIGGER, CLOSE, EOS = 2, len(PIECES) - 2, len(PIECES) - 1
-N, CONTROL_N, LENGTH = 1_500, 500, 3
+N, CONTROL_N, LENGTH = 1_500, 125, 3
 PROMPT = [0, 1]
 
 
