@@ -87,11 +87,13 @@ def test_model_drafter_preserves_target_distribution(kind, k, temperature, top_k
     assert_follows(fixed(model_drafter(kind, sampling), sampling, k), TrigramBackend(TARGET), PROMPT, sampling)
 
 
-@pytest.mark.parametrize("k,temperature", [(3, 1.0), (2, 0.7)])
+@pytest.mark.parametrize("k,temperature", [(1, 1.0), (2, 0.7)])
 def test_windowed_model_drafter_preserves_target_distribution(k, temperature):
     # Window 1 after a head of 1: from the second round on the trigram draft sees
     # (first prompt token, last token) instead of the last two, so its proposals
-    # change; what is emitted must not.
+    # change; what is emitted must not. K stays below the answer's length so that a
+    # second round comes (at K = 3 one round emitted all of it, and the check repeated
+    # the unwindowed drafter's to the count).
     sampling = SamplingConfig(temperature)
     windowed = ModelDrafter(TrigramBackend(DRAFTS["close"], name="close"), sampling, window=1, head=1)
     assert_follows(fixed(windowed, sampling, k), TrigramBackend(TARGET), PROMPT, sampling)
