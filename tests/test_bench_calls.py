@@ -13,6 +13,7 @@ pytestmark = pytest.mark.pure
 
 class FakeWorker:
     active, depth, parallel, busy_seconds = 0, 0, 4, 0.0
+    prompt_cache = None  # a worker without host memory for its slots' texts (--prompt-cache-mib 0)
 
 
 def page(metrics) -> str:
