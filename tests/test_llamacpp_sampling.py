@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from specsample.decoding.drafters import ModelDrafter
-from specsample.decoding.generate import GenerationConfig, generate
+from specsample.decoding.generate import GenerationConfig
 from specsample.decoding.sampling import SamplingConfig, logits_to_probs
 
 from tiny_gguf import write_tiny_gguf
-from toy import ALPHA, assert_fits, assert_misfits
+from toy import ALPHA, assert_fits, assert_misfits, empirical
 
 pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.pure
@@ -67,16 +67,10 @@ def exact_joint(model, sampling: SamplingConfig) -> dict[tuple[int, ...], float]
 def speculative_samples(model, draft, sampling: SamplingConfig, n: int) -> dict[tuple[int, ...], int]:
     """n samples of LENGTH tokens, K = 1: a rejection in the first round leaves room for a
     second drafted round, scored on top of a rolled-back cache. Both paths must be taken."""
-    counts, rates, two_drafted_rounds = {}, [], 0
-    drafter = ModelDrafter(draft, DRAFTING)
-    for seed in range(n):
-        config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, seed=seed, verifier="rejection")
-        result = generate(model, PROMPT, config, drafter, 1)
-        counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
-        rates.append(result.stats.acceptance_rate)
-        two_drafted_rounds += sum(result.stats.draft_length_histogram[1:]) >= 2
-    assert 0.05 < sum(rates) / n < 0.95  # both accept and reject paths are exercised
-    assert two_drafted_rounds > n // 10  # and rounds after a rollback
+    config, stats = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, verifier="rejection"), []
+    counts = empirical(n, model, PROMPT, config, ModelDrafter(draft, DRAFTING), 1, stats=stats)
+    assert 0.05 < sum(s.acceptance_rate for s in stats) / n < 0.95  # both accept and reject paths are exercised
+    assert sum(sum(s.draft_length_histogram[1:]) >= 2 for s in stats) > n // 10  # and rounds after a rollback
     return counts
 
 
