@@ -60,17 +60,28 @@ def verify(
     uniforms = torch.rand(k, generator=generator)
     accepted = uniforms * draft_of_draft < target_of_draft  # [k]
     rejected_at = torch.nonzero(~accepted)
-    if rejected_at.numel() == 0:
-        bonus = sample(target_probs[k : k + 1], generator)
-        return Verdict(draft_tokens.tolist() + bonus.tolist(), k)
-    n = int(rejected_at[0, 0])
-    if draft_probs is None:
+    n = int(rejected_at[0, 0]) if rejected_at.numel() else k
+    draft_row = None
+    if n < k and draft_probs is None:
         draft_row = torch.zeros_like(target_probs[n])
         draft_row[draft_tokens[n]] = 1.0
-    else:
+    elif n < k:
         draft_row = draft_probs[n]
-    recovered = sample(residual_distribution(target_probs[n], draft_row)[None], generator)
-    return Verdict(draft_tokens[:n].tolist() + recovered.tolist(), n)
+    return _emit(draft_tokens, n, target_probs, draft_row, generator)
+
+
+def _emit(draft_tokens: torch.Tensor, n: int, target_probs: torch.Tensor, draft_row: torch.Tensor | None,
+          generator: torch.Generator | None, weight: float = 1.0) -> Verdict:
+    """A verdict that keeps the first n drafts, then one token: after all k of them the
+    bonus, drawn from the target's row after the last; else one recovered from the
+    residual of row n against `draft_row`, the rejected draft's row (verify and
+    verify_block alike; `weight`: block verification's weight of the kept prefix)."""
+    k = draft_tokens.shape[0]
+    if n == k:
+        last = sample(target_probs[k : k + 1], generator)
+    else:
+        last = sample(residual_distribution(target_probs[n], draft_row, weight)[None], generator)
+    return Verdict(draft_tokens[:n].tolist() + last.tolist(), n)
 
 
 def residual_distribution(
@@ -130,12 +141,7 @@ def verify_block(
     # stops[i - 1] and no longer prefix was; the empty prefix if none.
     kept = torch.nonzero(torch.rand(k, generator=generator) < stops)
     n = int(kept[-1, 0]) + 1 if kept.numel() else 0
-    if n == k:
-        bonus = sample(target_probs[k : k + 1], generator)
-        return Verdict(draft_tokens.tolist() + bonus.tolist(), k)
-    residual = residual_distribution(target_probs[n], draft_probs[n], weights[n])
-    recovered = sample(residual[None], generator)
-    return Verdict(draft_tokens[:n].tolist() + recovered.tolist(), n)
+    return _emit(draft_tokens, n, target_probs, draft_probs[n] if n < k else None, generator, weights[n])
 
 
 def block_acceptance(
