@@ -303,8 +303,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     if all(p >= 1.0 for p in top.tolist()):  # one-hot rows (greedy): nothing to draw
         return index
     cdf = probs.cumsum(-1, dtype=torch.float64)  # [n, vocab]: each float32 term summed in float64
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]  # [n, 1]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64).mul_(cdf[:, -1:])  # [n, 1]
+    return torch.searchsorted(cdf, u, right=True).squeeze_(-1).clamp_max_(probs.shape[-1] - 1)
 
 
 # ---- drawing: from a generator, or coupled by noise keyed to the position ----------
