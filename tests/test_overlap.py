@@ -4,7 +4,9 @@ target's.
 A trigram toy target marked as running elsewhere (Backend.overlap, as a target on
 RPC workers is) makes the loop take the overlapped path: each model round's call runs
 on a thread while the draft drafts the next block, and a round whose drafts were all
-accepted hands that block to the next round instead of a bonus token. The same
+accepted hands that block to the next round instead of a bonus token. (The checks of
+a fixed K make the call on the loop's thread instead, where it is handed over:
+CallsInline says why their outputs are the same.) The same
 token-by-token check as tests/test_distribution.py (toy.assert_follows, SAMPLES
 sequences of LENGTH tokens, p < 1e-6 fails) runs on that path, with fixed K, -k auto
 and the coupled verifier; its negative controls keep the block in two wrong ways
@@ -18,13 +20,15 @@ verification), so keeping it after a rejection is no negative control.
 """
 
 import threading
+import unittest.mock
 
 import pytest
 import torch
 
+from specsample.decoding import overlap as overlap_module
 from specsample.decoding.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.decoding.generate import GenerationConfig, generate
-from specsample.decoding.overlap import Overlap, next_block_size, stream_overlaps
+from specsample.decoding.overlap import CallThread, Overlap, TargetCall, next_block_size, stream_overlaps
 from specsample.decoding.plans import FORCED, MODEL, lookup_source
 from specsample.decoding.sampling import SamplingConfig, logits_to_probs
 from specsample.policy.make import K_MAX, make_policy
@@ -51,12 +55,27 @@ class Remote(TrigramBackend):
     overlap = True
 
 
+class CallsInline(CallThread):
+    """Each target call run on the loop's own thread as it is handed over, before the
+    drafting it overlaps. A fixed-K check draws the same outputs either way (the draft
+    and the sampler are the loop thread's alone, and a fixed K never reads the
+    clock: overlap.py), and on a toy target two thread handoffs a round cost more
+    than the round. The call thread itself runs in the adaptive check (whose plans
+    follow the threads' order), the greedy, error and counting tests below, and
+    test_rpc_workers.py."""
+
+    def run(self, call: TargetCall) -> None:
+        call()
+
+
 def overlapped(kind, sampling, k, verifier="rejection", n=SAMPLES):
-    """n outputs of the remote target, the `kind` draft drafting K = k; and the
-    rounds whose drafts were drafted during the call before them (kept blocks)."""
+    """n outputs of the remote target, the `kind` draft drafting K = k, its calls made
+    inline (CallsInline); and the rounds whose drafts were drafted during the call
+    before them (kept blocks)."""
     config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, verifier=verifier)
     drafter, stats = ModelDrafter(TrigramBackend(DRAFTS[kind], name=kind), sampling), []
-    counts = empirical(n, Remote(TARGET), PROMPT, config, drafter, k, stats=stats)
+    with unittest.mock.patch.object(overlap_module, "CallThread", CallsInline):
+        counts = empirical(n, Remote(TARGET), PROMPT, config, drafter, k, stats=stats)
     return counts, sum(s.predrafted_rounds for s in stats)
 
 

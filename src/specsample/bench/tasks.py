@@ -26,6 +26,7 @@ stop are properties of the task, not of the run.
 from __future__ import annotations
 
 import ast
+import functools
 import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -165,6 +166,13 @@ def first_stop(text: str, stop_strings: tuple[str, ...]) -> int | None:
 
 def stdlib_docstrings() -> list[tuple[str, str]]:
     """(module name, docstring) of the top-level standard-library modules."""
+    return list(_stdlib_docstrings())
+
+
+@functools.cache
+def _stdlib_docstrings() -> tuple[tuple[str, str], ...]:
+    # Parsing the 170 modules takes over a second, and the chat and summarize tasks
+    # each read them all: once a process is enough, as the standard library does not change.
     out = []
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
         try:
@@ -173,7 +181,7 @@ def stdlib_docstrings() -> list[tuple[str, str]]:
             continue
         if doc:
             out.append((path.stem, doc))
-    return out
+    return tuple(out)
 
 
 def _fenced(code: str) -> str:

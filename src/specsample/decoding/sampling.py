@@ -182,7 +182,9 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig, history: Histo
         probs = torch.zeros_like(logits)
         probs.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
         return probs
-    logits = _min_p(logits / config.temperature, config)
+    if config.temperature != 1.0:  # dividing by 1 changes nothing and costs a copy a row block
+        logits = logits / config.temperature
+    logits = _min_p(logits, config)
     logits = _top_k(logits, config)
     probs = torch.softmax(logits, dim=-1)
     if config.top_p < 1.0:
@@ -298,11 +300,11 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     before them, and the search returns the first index whose value exceeds u.
     """
     top, index = probs.max(-1)  # [n], [n]
-    if bool((top >= 1.0).all()):  # one-hot rows (greedy): nothing to draw
+    if all(p >= 1.0 for p in top.tolist()):  # one-hot rows (greedy): nothing to draw
         return index
-    cdf = probs.double().cumsum(-1)  # [n, vocab]
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]  # [n, 1]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
+    cdf = probs.cumsum(-1, dtype=torch.float64)  # [n, vocab]: each float32 term summed in float64
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64).mul_(cdf[:, -1:])  # [n, 1]
+    return torch.searchsorted(cdf, u, right=True).squeeze_(-1).clamp_max_(probs.shape[-1] - 1)
 
 
 # ---- drawing: from a generator, or coupled by noise keyed to the position ----------

@@ -22,6 +22,7 @@ Worked example, K = 2, vocabulary {a, b, c}:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -58,9 +59,8 @@ def verify(
         draft_of_draft = draft_probs[positions, draft_tokens]  # [k]
     # Accept iff u < target/draft; multiplied out so a draft prob of 0 cannot divide.
     uniforms = torch.rand(k, generator=generator)
-    accepted = uniforms * draft_of_draft < target_of_draft  # [k]
-    rejected_at = torch.nonzero(~accepted)
-    n = int(rejected_at[0, 0]) if rejected_at.numel() else k
+    accepted = (uniforms * draft_of_draft < target_of_draft).tolist()  # [k]
+    n = accepted.index(False) if False in accepted else k  # the first rejected
     draft_row = None
     if n < k and draft_probs is None:
         draft_row = torch.zeros_like(target_probs[n])
@@ -98,7 +98,8 @@ def residual_distribution(
     """
     residual = (weight * target_row - draft_row).clamp_min(0.0)
     total = residual.sum()
-    if not torch.isfinite(total) or total <= torch.finfo(torch.float32).tiny:
+    mass = float(total)  # a float32 sum, exactly; compared in Python (torch.isfinite is several ops)
+    if not math.isfinite(mass) or mass <= torch.finfo(torch.float32).tiny:
         return target_row
     return residual / total
 
@@ -139,8 +140,8 @@ def verify_block(
     weights, stops = block_acceptance(draft_tokens, draft_probs, target_probs)
     # Scan back from the whole block: prefix i is kept if its uniform falls under
     # stops[i - 1] and no longer prefix was; the empty prefix if none.
-    kept = torch.nonzero(torch.rand(k, generator=generator) < stops)
-    n = int(kept[-1, 0]) + 1 if kept.numel() else 0
+    kept = (torch.rand(k, generator=generator) < stops).tolist()
+    n = max((i + 1 for i, keep in enumerate(kept) if keep), default=0)
     return _emit(draft_tokens, n, target_probs, draft_probs[n] if n < k else None, generator, weights[n])
 
 

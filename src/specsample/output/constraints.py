@@ -42,6 +42,7 @@ and has no context-free grammars.
 from __future__ import annotations
 
 import json
+import math
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -332,7 +333,7 @@ def mask_logits(logits: torch.Tensor, allowed: list[Allowed]) -> torch.Tensor:
 def allows_any(logits: torch.Tensor) -> bool:
     """Whether masked logits [1, vocab] leave a token with finite logit: a draft that
     scores only part of the vocabulary may give none of the allowed tokens any mass."""
-    return bool(torch.isfinite(logits.amax()))
+    return math.isfinite(float(logits.amax()))
 
 
 def constrained_logits(logits: torch.Tensor, allowed: list[Allowed] | None) -> torch.Tensor:
