@@ -51,7 +51,7 @@ def test_small_run_writes_records_summary_and_plots(tmp_path):
     assert firsts[:5] == ["ar", "spec-k1", "spec-k2", "ngram-k2", "spec-auto"]
 
     curve = measure_cost_curve(target, draft, prompts["humaneval"][0].ids, 3, reps=2)
-    assert len(curve.target_cost) == 3 and curve.draft_first > 0 and curve.alternating
+    assert len(curve.target_cost) == 3 and curve.draft_first > 0
     assert curve.plain > 0 and curve.draft_step > 0
     assert target.length == 0 and draft.length == 0  # both rolled back after measuring
     sections = research_sections(records, curve, 2_000_000_000, 10e9)
@@ -115,7 +115,7 @@ def test_two_target_types_get_an_overview_and_a_section_each(tmp_path):
     runs, curves = [], {}
     for label, cost in (("q4_k_m", [0.03, 0.055, 0.075]), ("bf16", [0.09, 0.1, 0.11])):
         records = [replace(r, target=label) for r in run_bench(modes, prompts, config)]
-        curve = CostCurve(24, 0.01, cost, 2, plain=cost[0])
+        curve = CostCurve(24, 0.01, cost, 2)
         runs.append(TargetRun(label, records, research_sections(records, curve, 1_000_000_000, 10e9)))
         curves[label] = curve.target_cost
     write_report(tmp_path, runs, command="specsample bench --target-quants q4_k_m,bf16", machine="toy",
