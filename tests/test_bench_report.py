@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks.bench import research_sections
 from benchmarks.costs import measure_cost_curve
+from benchmarks.tasks import RESEARCH_TASKS  # noqa: F401 (registers the copy task)
 from specsample.bench.modes import SETTINGS, OurMode
 from specsample.bench.report import write_report
 from specsample.bench.runner import BenchConfig, prepare, run_bench

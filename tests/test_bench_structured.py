@@ -9,9 +9,11 @@ from specsample.bench.modes import SETTINGS, LlamaServerMode, OurMode
 from specsample.bench.native import completion_request
 from specsample.bench.report import write_report
 from specsample.bench.runner import BenchConfig, PreparedPrompt, run_bench, total_steps
-from specsample.bench.structured import SCHEMA, is_valid
 from specsample.bench.summary import TargetRun
 from specsample.bench.tasks import TASKS, Prompt, Task, load_task
+
+from benchmarks.structured import SCHEMA, is_valid
+from benchmarks.tasks import RESEARCH_TASKS  # noqa: F401 (registers the structured and tools tasks)
 
 from bench_helpers import FakeServer, PlainOnly
 from toy import byte_backend

@@ -7,8 +7,6 @@ import platform
 from collections.abc import Callable
 from importlib import metadata
 
-from .fim_task import similarity
-from .records import Record
 from .stats import ModeSummary
 
 
@@ -45,64 +43,6 @@ def greedy_identity(records: list, answer: Callable = lambda r: r.token_ids,
         c[0] += answer(r) == ar[key]
         c[1] += 1
     return [list(header)] + [[*cells, f"{a}/{n}"] for cells, (a, n) in counts.items()]
-
-
-def structured_table(records: list[Record]) -> str | None:
-    """Per task with a schema, setting and mode: answers valid under the schema, the
-    share of tokens the grammar forced, and the time spent in the grammar engine."""
-    groups: dict[tuple, list[Record]] = {}
-    for r in records:
-        if r.valid is not None:
-            groups.setdefault((r.task, r.setting, r.mode), []).append(r)
-    if not groups:
-        return None
-    rows = [["task", "setting", "mode", "valid answers", "ended by the grammar", "forced tokens",
-             "grammar ms/token", "grammar share of time"]]
-    for (task, setting, mode), group in groups.items():
-        stats = [r.stats for r in group]
-        tokens = sum(st.get("new_tokens", 0) for st in stats)
-        ours = all("forced_tokens" in st for st in stats)  # peers report neither
-        forced = sum(st["forced_tokens"] for st in stats) if ours else None
-        grammar = sum(st["constraint_seconds"] for st in stats) if ours else None
-        total = sum(st.get("total_seconds", 0.0) for st in stats)
-        rows.append([task, setting, mode, f"{sum(r.valid for r in group)}/{len(group)}",
-                     f"{sum(r.stop_reason in ('grammar', 'eos') for r in group)}/{len(group)}",
-                     cell(forced / tokens if ours and tokens else None, ".0%"),
-                     cell(1000 * grammar / tokens if ours and tokens else None, ".2f"),
-                     cell(grammar / total if ours and total else None, ".1%")])
-    return markdown_table(rows)
-
-
-def fim_table(records: list[Record], bodies: dict[str, str]) -> str | None:
-    """Per setting and mode of the fim task: middles that ended at the model's end of
-    text, middles equal to the held-out body, and how much of it they repeat."""
-    groups: dict[tuple, list[Record]] = {}
-    for r in records:
-        if r.task == "fim" and r.prompt_id in bodies:
-            groups.setdefault((r.setting, r.mode), []).append(r)
-    if not groups:
-        return None
-    rows = [["setting", "mode", "seqs", "ended by end of text", "equal to the held-out body", "mean similarity"]]
-    for (setting, mode), group in groups.items():
-        scores = [similarity(r.text, bodies[r.prompt_id]) for r in group]
-        rows.append([setting, mode, str(len(group)), f"{sum(r.stop_reason == 'eos' for r in group)}/{len(group)}",
-                     f"{sum(r.text.strip() == bodies[r.prompt_id].strip() for r in group)}/{len(group)}",
-                     f"{sum(scores) / len(scores):.2f}"])
-    return markdown_table(rows)
-
-
-FIM_NOTE = (
-    "Each middle against the function body it stands in for (bench/fim_task.py): equal after surrounding whitespace, "
-    "and difflib's similarity ratio, 0 to 1, averaged over the row's sequences. Speed is what the task measures; this "
-    "says the middles are real code, and llama-server's beside ours says the two read the same FIM prompt.")
-
-STRUCTURED_NOTE = (
-    "Every answer is parsed and validated against the task's JSON schema (tools: read back as calls, valid when it "
-    "holds one or more and each call's arguments follow its tool's schema). Forced tokens: the share of new tokens the "
-    "grammar allowed alone (braces, quotes, keys, separators); with a drafter they are drafted free and accepted "
-    "with probability 1, in plain decoding each still costs a target call. Grammar time: masks, forced tokens and "
-    "state moves in the grammar engine (llguidance), per new token and as a share of the mode's wall time. Peers "
-    "report neither (llama-server applies the same schema through its own grammar sampler).")
 
 
 def machine_description(dtype: str | None, threads: int | None) -> str:
