@@ -128,8 +128,8 @@ def test_two_target_types_get_an_overview_and_a_section_each(tmp_path):
     rows = [r for r in overview.splitlines() if r.startswith("| q4_k_m |") or r.startswith("| bf16 |")]
     assert len(rows) == 2 and all(row.split("|")[4].strip() != "–" for row in rows)  # ar's decode rate
     q4_section, bf16_section = summary.split("## Target q4_k_m")[1].split("## Target bf16")
-    assert "A call scoring 3 tokens costs 2.50x a 1-token call here" in q4_section
-    assert "A call scoring 3 tokens costs 1.22x a 1-token call here" in bf16_section
+    assert "A call scoring 3 tokens costs 2.50x a plain step here" in q4_section
+    assert "A call scoring 3 tokens costs 1.22x a plain step here" in bf16_section
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     assert {r["target"] for r in records} == {"q4_k_m", "bf16"}
     assert set(json.loads((tmp_path / "cost_curve.json").read_text())) == {"q4_k_m", "bf16"}
