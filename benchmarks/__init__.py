@@ -4,7 +4,8 @@
 
 bench.py      python -m benchmarks.bench: `specsample bench` with the research options on
               top: --modes with the peers below, --cost-reps (the cost curve and the
-              analytic prediction), --parity-*, --budget-minutes, --neighbour, --rpc-delay-ms
+              analytic prediction), --parity-*, --budget-minutes, --neighbour, --rpc-delay-ms,
+              --slots
 peers.py      transformers' generate (plain, assisted) and llama-cpp-python's Llama (plain,
               prompt lookup) behind the bench's mode interface
 costs.py      the measured cost curve and the analytic speedup model of Chen et al. (2023)
@@ -14,6 +15,12 @@ budget.py     the run's time estimate and --budget-minutes trimming
 neighbour.py  --neighbour: busy processes beside the run
 relay.py      --rpc-delay-ms: a relay that delays every message to an RPC worker
 rounds.py     the report's round-time and "What -k auto chose" tables
+tasks.py      the research tasks, registered beside the bench's own: humaneval-chat,
+              summarize, copy, structured (structured.py), tools (tool_task.py), fim
+              (fim_task.py), and the report's sections on their answers
+serving.py    --serve without --url: the servers started here (specsample serve, llama-server),
+              each per --slots count, under the bench's loads; serve_run.py: the run and its
+              report (our servers against llama-server); calls.py: where their time went
 llama_server.py  builds the llama-server the bench compares with, once
               (python -m benchmarks.llama_server; `make demo` runs it)
 ttft.py       time to first token against llama-server (python -m benchmarks.ttft)

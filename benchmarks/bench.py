@@ -8,7 +8,9 @@ Everything `specsample bench` takes, and: the peers' modes (peers.py), the cost 
 and the analytic prediction beside the measured speedups (costs.py), the read
 bandwidth ceiling (bandwidth.py), HumanEval pass@1 of ar against spec (parity.py, on
 the first target type), --budget-minutes (budget.py), --neighbour and --rpc-delay-ms
-around the whole run (neighbour.py, relay.py). A --serve run takes the last two only.
+around the whole run (neighbour.py, relay.py), and --serve without --url: the servers
+started here, each in turn, per --slots count (serving.py, serve_run.py; calls.py:
+where our servers' time went). A --serve run takes the last two only.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import sys
 from dataclasses import asdict, replace
 
 from specsample.app.arguments import UsageError
-from specsample.bench import sequence_run, serve_run
+from specsample.bench import sequence_run
+from specsample.bench import serve_run as url_run
 from specsample.bench.modes import OurMode
 from specsample.bench.options import BENCH_CONTEXT, add_bench_arguments, draft_lengths, resolve_options, threads
 from specsample.bench.runner import prepare
 from specsample.bench.stats import summarise
 
+from . import serve_run
 from .bandwidth import bandwidth_table, measure_read_bandwidth, weight_bytes
 from .budget import TaskLoad, estimate_seconds, format_duration, trim_to_budget
 from .costs import PREDICTION_NOTE, cost_section, measure_cost_curve, prediction_section, predictions_by_group
@@ -34,20 +38,27 @@ from .parity import PARITY_NOTE, parity_table, pass_rates, run_parity
 from .peers import PEER_FAMILIES, build_peer_modes
 from .relay import DelayRelay
 from .rounds import round_sections
+from .tasks import task_sections
 
 # A research run's defaults, beside the bench's: 40 HumanEval problems per mode for parity.
 DEFAULTS = dict(parity=True, parity_prompts=40, parity_k=3)
+# Over the bench's: `make bench` runs every task of both (tasks.py: the research ones), both settings.
+BENCH_DEFAULTS = dict(tasks="humaneval,summarize,humaneval-chat,copy,structured")
 
 
 def parser() -> argparse.ArgumentParser:
     b = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.split("\n\n")[0])
-    add_bench_arguments(b)
+    add_bench_arguments(b, BENCH_DEFAULTS)
     b.set_defaults(ctx_size=BENCH_CONTEXT)
     b.epilog = f"--modes also takes the peers {', '.join(PEER_FAMILIES)} here, and 'auto' runs them too."
     b.add_argument("--budget-minutes", type=float, help="trim prompts (never tokens) so the estimated run fits")
     b.add_argument("--no-parity", dest="parity", action="store_false", default=None, help="skip the HumanEval pass@1 check")
     b.add_argument("--parity-prompts", type=int, help="HumanEval problems sampled per mode for pass@1 (default 40)")
     b.add_argument("--parity-k", type=int, help="K of the spec mode compared with ar for parity (default 3)")
+    b.add_argument("--slots", default="1,4",
+                   help="--serve without --url: the servers started here (modes: ar, spec-auto, spec, llamacpp-server, "
+                        "llamacpp-spec; default all but spec), once per slot count N, each decoding N requests at "
+                        "once: specsample serve --parallel N, llama-server -np N; N or a comma list (default 1,4)")
     b.add_argument("--cost-reps", type=int, default=5, help="timed calls per point of the cost curve (default 5)")
     b.add_argument("--neighbour", type=int, default=0, metavar="N",
                    help="run N busy processes (one spinning thread each) beside the whole benchmark, as a user's "
@@ -64,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.neighbour < 0:
             raise UsageError(f"--neighbour must be >= 0, got {args.neighbour}")
         with delayed_workers(args), busy_neighbours(args.neighbour):
-            return serve_run.run(args) if args.serve else sequence_run.run(args, Research(args))
+            if args.serve:
+                return url_run.run(args) if args.url else serve_run.run(args)
+            return sequence_run.run(args, Research(args))
     except UsageError as e:
         print(f"python -m benchmarks.bench: error: {e}", file=sys.stderr)
         return 2
@@ -73,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 def resolve(args) -> argparse.Namespace:
     """The bench's own resolution (resolve_options), then the research defaults: parity
     runs unless a preset or a prompts file is run, or --no-parity says otherwise."""
-    args = resolve_options(args)
+    args = resolve_options(args, BENCH_DEFAULTS)
     if args.parity is None:
         args.parity = args.prompts_file is None and args.preset is None
     for name, default in DEFAULTS.items():
@@ -190,13 +203,13 @@ class Research:
 
 
 def research_sections(records, curve, weights: int | None, read_bandwidth: float | None) -> list[str]:
-    """A target type's research sections: where our rounds' time went and what -k auto
-    chose, its cost curve, the analytic prediction at the measured acceptance, parity's
+    """A target type's research sections: the research tasks' answers (structured output,
+    fill-in-the-middle), where our rounds' time went and what -k auto chose, its cost curve, the analytic prediction at the measured acceptance, parity's
     pass@1, and the effective bandwidth of each mode."""
     main = [r for r in records if r.phase == "main"]
     summaries = summarise(main)
     predictions = predictions_by_group(summaries, curve)
-    sections = round_sections(main) + cost_section(curve)
+    sections = task_sections(main) + round_sections(main) + cost_section(curve)
     if predictions:
         sections += ["## Analytic prediction", PREDICTION_NOTE, prediction_section(summaries, predictions)]
     rates = pass_rates([r for r in records if r.phase == "parity"])

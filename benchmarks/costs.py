@@ -7,24 +7,24 @@ accept runs), a round of K drafts yields on average
     E(K) = 1 + alpha + ... + alpha^K = (1 - alpha^(K+1)) / (1 - alpha)
 
 tokens, and costs K draft steps plus one target call that scores K+1 tokens.
-Autoregressive decoding costs one 1-token target call per token, timed as plain
-decoding runs (back to back): a 1-token call right after a draft step is slower,
-its weights pushed out of the CPU caches by the draft's, so that call would make a
-baseline that flatters speculation. Likewise a round's first draft step runs cold,
-right after the target's call (`draft_first`), and its later ones back to back
-(`draft_step`): the names policy/calibrate.py gives them, whose measurement the cost
-curve takes them from.
+Every cost is policy/calibrate.measure's, the one measurement of call costs, which
+-k auto's prices start from too, each call timed as decoding makes it: autoregressive
+decoding's 1-token target call back to back (after a draft step it would be slower,
+its weights pushed out of the CPU caches by the draft's, a baseline that flatters
+speculation); a round's target call of K + 1 tokens right after a draft step (timed
+back to back it would find its weights still cached, and a round would look cheaper
+than it is); a round's first draft step right after the target's call (`draft_first`),
+its later ones back to back (`draft_step`).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 
 from specsample.bench.stats import ModeSummary
 from specsample.bench.tables import cell, markdown_table
-from specsample.policy.calibrate import measure, repeated, timed_call
+from specsample.policy.calibrate import measure
 
 
 def expected_tokens_per_round(alpha: float, k: int) -> float:
@@ -40,8 +40,8 @@ def predicted_speedup(alpha: float, k: int, draft_first: float, target_cost: lis
                       plain: float | None = None, draft_step: float | None = None) -> float:
     """Speedup over autoregressive decoding, from the cost curve.
 
-    target_cost[n - 1] is the time of one target call scoring n tokens, after a draft
-    step; draft_first the time of a 1-token draft call right after a target call (0
+    target_cost[n - 1] is the time of one target call scoring n tokens (n > 1: after a
+    draft step, as in a round); draft_first the time of a 1-token draft call right after a target call (0
     for a free drafter), draft_step that of the calls that follow it, back to back
     (default: the same); plain the time of a 1-token target call in plain decoding
     (default target_cost[0]).
@@ -100,73 +100,53 @@ def recommend(predictions: list[Prediction]) -> Prediction | None:
 class CostCurve:
     context_tokens: int  # cache length the calls were timed at
     draft_first: float | None  # seconds of a draft step right after a target call; None without a draft model
-    target_cost: list[float]  # [n - 1]: seconds of one target call scoring n tokens, right after a draft step
-    reps: int  # timed target calls per size, after a draft step each
+    # [n - 1]: seconds of one target call scoring n tokens as decoding makes it (calibrate.measure): 1 token back to
+    # back (a plain step), more right after a draft step (a round's verify call) where there is a draft model
+    target_cost: list[float]
+    reps: int  # timed target calls per size
     prefill_seconds: float = 0.0  # the target's prefill of the context, once
-    alternating: bool = True  # target calls timed after a draft step each, as in a real round
-    plain: float | None = None  # seconds of a 1-token target call back to back, as plain decoding runs
     draft_step: float | None = None  # seconds of a draft step right after another one
 
+    @property
+    def plain(self) -> float:
+        """Seconds of a 1-token target call back to back, as plain decoding runs."""
+        return self.target_cost[0]
+
     def ratio(self, n: int) -> float:
-        """Cost of a target call scoring n tokens over a 1-token call, both after a draft step."""
+        """Cost of a target call scoring n tokens over a plain step's."""
         return self.target_cost[n - 1] / self.target_cost[0]
 
 
 def measure_cost_curve(target, draft, context: list[int], max_tokens: int, reps: int = 5) -> CostCurve:
-    """The costs of plain decoding and of a round, on top of `context`.
-
-    Plain decoding's 1-token call and the draft's steps (back to back, and right after
-    a target call) are calibrate.measure's: the one measurement of call costs, which
-    -k auto's prices start from too. What it leaves is timed here: target calls of
-    1..max_tokens tokens as a round makes them, each right after a draft step (a
-    target measured alone would find its weights still in cache from its own previous
-    call, which a round's target call never does); the median of `reps` calls a size,
-    after a warm-up pair. Both models are rolled back to empty after."""
+    """The costs of plain decoding and of a round, on top of `context`: calibrate.measure's,
+    the one measurement of call costs, which -k auto's prices start from too, with
+    `reps` calls a size. Both models are rolled back to empty after."""
     t0 = time.perf_counter()
-    target_base = _prefill(target, context)
+    target.rollback(0)
+    target.score(context, num_logits=1)
     prefill_seconds = time.perf_counter() - t0
-    # On top of the prefilled context; 4 tokens: its draft steps take the sample's first
-    # few. It leaves the draft empty.
-    measured = measure(target, draft, context, 4)
-    draft_base = _prefill(draft, context) if draft is not None else 0
-    target_cost = []
-    for n in range(1, max_tokens + 1):
-        times = []
-        for i in range(reps + 1):
-            if draft is not None:
-                timed_call(draft, context[-1:], draft_base)
-            elapsed = timed_call(target, repeated(context, n), target_base)
-            times += [elapsed] if i else []
-        target_cost.append(statistics.median(times))
+    measured = measure(target, draft, context, max_tokens, reps=reps)
     for backend in (target, draft):
         if backend is not None:
             backend.rollback(0)
-    return CostCurve(len(context), measured.get("draft_first"), target_cost, reps, prefill_seconds,
-                     plain=measured["target"][0], draft_step=measured.get("draft_step"))
-
-
-def _prefill(backend, context: list[int]) -> int:
-    backend.rollback(0)
-    backend.score(context, num_logits=1)
-    return backend.length
+    return CostCurve(len(context), measured.get("draft_first"), measured["target"], reps, prefill_seconds,
+                     draft_step=measured.get("draft_step"))
 
 
 def cost_table(curve: CostCurve) -> str:
     """The cost curve; with a draft model's steps timed, the acceptance rate at which
     K = n - 1 drafts break even (costs.break_even_alpha)."""
     drafts = curve.draft_first is not None
-    rows = [["tokens scored in one target call", "median ms", "x a 1-token call"]
+    rows = [["tokens scored in one target call", "median ms", "x a plain step"]
             + (["break-even acceptance at K = n - 1"] if drafts else [])]
     for n, t in enumerate(curve.target_cost, start=1):
-        row = [str(n), f"{1000 * t:.1f}", f"{curve.ratio(n):.2f}"]
+        row = ["1 (a plain step, back to back)" if n == 1 else str(n), f"{1000 * t:.1f}", f"{curve.ratio(n):.2f}"]
         if drafts:
             alpha = break_even_alpha(n - 1, curve.draft_first, curve.target_cost, curve.plain,
                                      curve.draft_step) if n > 1 else None
             row.append("" if n == 1 else "never pays" if alpha is None else f"{alpha:.2f}")
         rows.append(row)
     blank = [""] if drafts else []
-    if curve.plain is not None:
-        rows.append(["1, back to back (plain decoding)", f"{1000 * curve.plain:.1f}", ""] + blank)
     if curve.draft_first is not None:
         rows.append(["draft step after a target call (a round's first)", f"{1000 * curve.draft_first:.1f}", ""] + blank)
     if curve.draft_step is not None:
@@ -230,10 +210,11 @@ def cost_section(curve: CostCurve) -> list[str]:
     said = ""
     if len(curve.target_cost) > 1:
         n = len(curve.target_cost)
-        said = f" A call scoring {n} tokens costs {curve.ratio(n):.2f}x a 1-token call here."
+        said = f" A call scoring {n} tokens costs {curve.ratio(n):.2f}x a plain step here."
     return ["## Cost curve", f"Median of {curve.reps} calls after a warm-up, at a cache of {curve.context_tokens} "
-            "tokens, with both models loaded and taking turns (one draft step, then one target call) as in a "
-            "speculative round; then 1-token target calls back to back, as plain decoding runs, and draft steps back "
-            "to back, as a round's later steps run." + said + " Drafting pays where scoring several tokens costs "
+            "tokens, each timed as decoding makes it (policy/calibrate.measure, which -k auto's prices start from "
+            "too): 1-token target calls back to back, as plain decoding runs; target calls of 2 tokens and more "
+            "right after a draft step, as in a speculative round; a draft step right after a target call (a "
+            "round's first) and back to back (its later ones)." + said + " Drafting pays where scoring several tokens costs "
             "little more than one (memory-bound calls); where every extra token adds its own arithmetic "
             "(compute-bound), the drafts' time is not won back.", cost_table(curve)]

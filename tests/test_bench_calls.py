@@ -1,11 +1,11 @@
-"""Where a load's time went in our server (bench/calls.py): the /metrics page the
+"""Where a load's time went in our server (benchmarks/calls.py): the /metrics page the
 server really writes, read before and after a load, as calls by model and by requests
 served, and the wall time split into calls, own work and idle."""
 
 import pytest
 from prometheus_client import generate_latest
 
-from specsample.bench.calls import CallSplit, scrape, split_table
+from benchmarks.calls import CallSplit, scrape, split_table
 from specsample.serve.metrics import Metrics
 
 pytestmark = pytest.mark.pure

@@ -5,7 +5,7 @@ import pytest
 from specsample.app.arguments import UsageError, model_options
 from specsample.app.assemble import ModelOptions
 from specsample.bench import cli as bench_cli
-from specsample.bench.options import bench_config, parse_prompts, resolve_options, serve_argv, start_server, target_types
+from specsample.bench.options import bench_config, parse_prompts, resolve_options, start_server, target_types
 from specsample.cli import build_parser
 
 from test_assemble import other_value
@@ -59,13 +59,19 @@ def test_a_bad_prompts_file_names_its_line(tmp_path, line, message):
         _args("--prompts-file", str(path))
 
 
-def test_defaults_run_every_task_on_enough_prompts():
+def test_defaults_run_the_bench_tasks_on_enough_prompts_and_the_research_bench_every_task():
+    from benchmarks.bench import parser, resolve
+
     args = _args()
     config = bench_config(args)
-    assert config.tasks == ("humaneval", "summarize", "humaneval-chat", "copy", "structured")
+    assert config.tasks == ("humaneval", "chat")
     assert config.settings == ("greedy", "sample")
     assert all(config.prompt_count(t) >= 8 for t in config.tasks)
     assert args.modes == "auto"
+    research = bench_config(resolve(parser().parse_args([])))
+    assert research.tasks == ("humaneval", "summarize", "humaneval-chat", "copy", "structured")
+    assert research.settings == ("greedy", "sample") and research.prompt_count("structured") == 8
+    assert resolve(parser().parse_args(["--preset", "demo"])).tasks == "humaneval,chat"  # the preset over both
 
 
 def test_the_research_bench_runs_parity_unless_told_or_given_a_preset_or_prompts_file(tmp_path):
@@ -83,9 +89,9 @@ def test_the_research_bench_runs_parity_unless_told_or_given_a_preset_or_prompts
 
 
 def test_per_task_prompt_counts_and_a_token_cap():
-    config = bench_config(_args("--tasks", "humaneval,copy", "--prompts", "humaneval=8,copy=4", "--max-new-tokens", "16"))
-    assert (config.prompt_count("humaneval"), config.prompt_count("copy")) == (8, 4)
-    assert config.new_tokens("copy") == 16
+    config = bench_config(_args("--tasks", "humaneval,chat", "--prompts", "humaneval=8,chat=4", "--max-new-tokens", "16"))
+    assert (config.prompt_count("humaneval"), config.prompt_count("chat")) == (8, 4)
+    assert config.new_tokens("chat") == 16
 
 
 @pytest.mark.parametrize("text", ["eight", "humaneval=x", "nope=3"])
@@ -103,9 +109,10 @@ def test_help_lists_the_tasks_and_the_native_peer(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for name in ("humaneval", "humaneval-chat", "summarize", "copy", "llamacpp-spec", "--prompts-file"):
+    for name in ("humaneval", "explain", "chat", "llamacpp-spec", "--prompts-file"):
         assert name in text
-    for research in ("--budget-minutes", "--neighbour", "--rpc-delay-ms", "--no-parity", "--cost-reps", "hf-assisted"):
+    for research in ("--budget-minutes", "--neighbour", "--rpc-delay-ms", "--no-parity", "--cost-reps", "hf-assisted",
+                     "--slots"):
         assert research not in text  # benchmarks/bench.py's, not the installed bench's
 
 
@@ -116,7 +123,8 @@ def test_the_research_bench_offers_the_bench_and_its_own_options(capsys):
         main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     for name in ("--prompts-file", "--target-quants", "--budget-minutes", "--neighbour", "--rpc-delay-ms",
-                 "--no-parity", "--cost-reps", "hf-assisted", "llamacpp-lookup"):
+                 "--no-parity", "--cost-reps", "hf-assisted", "llamacpp-lookup", "--slots", "summarize", "structured",
+                 "fim"):
         assert name in text
 
 
@@ -151,6 +159,14 @@ def test_target_quants_go_with_serve_to_the_serving_run(q4_k_m_file, monkeypatch
     assert bench_cli.cmd_bench(_args("--target", q4_k_m_file, "--serve", "--target-quants", "q4_k_m,bf16")) == "served"
 
 
+def test_bench_serve_without_an_endpoint_says_where_started_servers_went(capsys):
+    from specsample.cli import main
+
+    assert main(["bench", "serve"]) == 2
+    err = capsys.readouterr().err
+    assert "give --url [NAME=]URL" in err and "python -m benchmarks.bench --serve" in err
+
+
 def test_no_native_server_is_none_when_unasked_and_a_reason_when_it_cannot_run():
     from specsample.bench.servers import ServerUnavailable
 
@@ -182,7 +198,10 @@ CHANGED = ModelOptions(**{f.name: other_value(f) for f in fields(ModelOptions)})
 
 @pytest.mark.pure
 def test_served_children_get_every_model_option():
-    args = build_parser().parse_args(["bench", "--serve", *CHANGED.argv()])
+    from benchmarks.bench import parser
+    from benchmarks.serving import serve_argv
+
+    args = parser().parse_args(["--serve", *CHANGED.argv()])
     argv = serve_argv(args)
     assert model_options(args) == CHANGED and model_options(build_parser().parse_args(["serve", *argv])) == CHANGED
     assert argv[-4:] == ["--max-queue", "16", "--queue-timeout", "3600"]
@@ -192,7 +211,7 @@ def test_served_children_get_every_model_option():
 def test_the_harness_servers_get_every_model_option(monkeypatch, tmp_path):
     """The harness passed only four options on, so --threads, --dtype, --draft-quant and
     --lookup never reached its servers."""
-    from specsample.bench import servers
+    from benchmarks import serving
     from benchmarks.studies import harness
 
     started = []
@@ -204,7 +223,7 @@ def test_the_harness_servers_get_every_model_option(monkeypatch, tmp_path):
         started.append(model_argv)
         raise Stop  # before any server starts
 
-    monkeypatch.setattr(servers, "specsample_server", server)
+    monkeypatch.setattr(serving, "specsample_server", server)
     with pytest.raises(Stop):
         harness.main([*CHANGED.argv(), "--out", str(tmp_path)])
     assert model_options(build_parser().parse_args(["serve", *started[0]])) == CHANGED

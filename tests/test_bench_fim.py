@@ -6,11 +6,13 @@ import importlib
 
 import pytest
 
-from specsample.bench.fim_task import fim_cases, similarity
 from specsample.bench.modes import OurMode
 from specsample.bench.runner import BenchConfig, PreparedPrompt, prompt_ids, run_bench
 from specsample.bench.tasks import TASKS, Prompt, load_task
 from specsample.output.fim import fim_prompt
+
+from benchmarks.fim_task import fim_cases, similarity
+from benchmarks.tasks import RESEARCH_TASKS  # noqa: F401 (registers the fim task)
 
 from test_serve_fim import fim_pair
 from toy import byte_backend
@@ -48,7 +50,7 @@ def test_a_model_without_fim_tokens_cannot_run_the_task():
 
 def test_the_report_scores_each_middle_against_the_body_it_stands_in_for():
     from specsample.bench.records import Record
-    from specsample.bench.tables import fim_table
+    from benchmarks.tasks import fim_table
 
     def record(mode, prompt_id, text, stop):
         return Record(phase="main", task="fim", setting="greedy", prompt_id=prompt_id, prompt_index=0, prompt_tokens=9,

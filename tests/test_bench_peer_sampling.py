@@ -11,7 +11,7 @@ from benchmarks.peers import HFGenerateMode
 from specsample.bench.modes import SETTINGS
 from specsample.bench.native import completion_request
 from specsample.bench.peer_sampling import FIELDS, INFILL_ONLY, PEERS, peer_sampling
-from specsample.bench.serving import ServedMode
+from benchmarks.serving import ServedMode
 from specsample.decoding.sampling import SamplingConfig
 
 from tiny_hf import tiny_backend

@@ -10,11 +10,12 @@ from openai import OpenAI
 from specsample.app.arguments import model_options
 from specsample.bench.load import run_load, summarise_load
 from specsample.bench.modes import SETTINGS
-from specsample.bench.options import serve_argv
-from specsample.bench.options import BENCH_CONTEXT, resolve_options
+from specsample.bench.options import BENCH_CONTEXT
 from specsample.bench.servers import ServerProcess, ServerUnavailable, free_port
-from specsample.bench.serving import ServedMode, served_modes
 from specsample.cli import build_parser
+
+from benchmarks.bench import parser, resolve
+from benchmarks.serving import ServedMode, serve_argv, served_modes
 
 from serve_helpers import WordTokenizer, running, toy_app, wait_until
 from test_serve_queue import worker_held
@@ -99,8 +100,8 @@ def test_server_process_waits_for_health_and_reports_a_crash(tmp_path):
 
 
 def test_serve_option_defaults_and_the_child_server_command_line():
-    args = resolve_options(build_parser().parse_args(["bench", "--serve", "--threads", "2", "--clients", "20",
-                                                      "--draft-quant", "none", "--no-lookup"]))
+    args = resolve(parser().parse_args(["--serve", "--threads", "2", "--clients", "20", "--draft-quant", "none",
+                                        "--no-lookup"]))
     assert (args.tasks, args.modes, args.prompts, args.settings) == ("humaneval,explain", "auto", "8", "greedy,sample")
     assert (args.clients, args.slots) == ("20", "1,4")
     argv = serve_argv(args)

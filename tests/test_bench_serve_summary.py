@@ -9,7 +9,9 @@ import pytest
 from specsample.bench.load import decode_span, summarise_load
 from specsample.bench.records import RequestTiming, ServedRecord
 from specsample.bench.report import write_serve_report
-from specsample.bench.serve_summary import paired, peer_table, serve_sections, serve_table, spread, summaries
+from specsample.bench.serve_summary import paired, serve_sections, serve_table, spread, summaries
+
+from benchmarks.serve_run import peer_table, started_sections
 
 pytestmark = pytest.mark.pure
 
@@ -178,7 +180,7 @@ def test_the_serve_report_has_a_section_per_target_and_keeps_every_request(tmp_p
     records = (_load("spec-auto", 11.0, 2.0, target="q4_k_m") + _load("llamacpp-server", 8.8, 4.0, target="q4_k_m")
                + _load("spec-auto", 11.0, 2.0) + _load("llamacpp-server", 8.8, 4.0))
     records.append(_record("ar", "p3", target="bf16", error="APIStatusError: 503", status=503, text="", tokens=0))
-    sections, printed = serve_sections(records)
+    sections, printed = started_sections(records)
     headings = [s for s in sections if s.startswith("## ")]
     assert headings == ["## Summary: against llama-server, and against one slot",  # no ar answered: no exactness
                         "## Serving load (target q4_k_m)", "## Serving load (target bf16)"]

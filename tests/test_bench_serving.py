@@ -7,15 +7,17 @@ nothing starts."""
 import pytest
 
 from specsample.app.arguments import UsageError
-from specsample.bench import serving
-from specsample.bench.options import draft_lengths, serve_argv, serve_axes
-from specsample.bench.options import resolve_options
+from specsample.bench.load import Load, rotation
+from specsample.bench.options import counts, draft_lengths, resolve_options, serve_clients
 from specsample.bench.records import RequestTiming
 from specsample.bench.runner import PreparedPrompt
 from specsample.bench.servers import ServerUnavailable
-from specsample.bench.serving import Load, our_server_flags, rotation, run_serving, served_modes
 from specsample.bench.tasks import TASKS, Prompt
 from specsample.cli import build_parser
+
+from benchmarks import serving
+from benchmarks.bench import parser, resolve
+from benchmarks.serving import our_server_flags, run_serving, serve_argv, served_modes
 
 from bench_helpers import FakeServer
 
@@ -146,12 +148,13 @@ def test_our_servers_always_get_their_slot_count():
 
 
 def _args(*argv):
-    return resolve_options(build_parser().parse_args(["bench", "--serve", *argv]))
+    return resolve(parser().parse_args(["--serve", *argv]))
 
 
 def test_clients_and_slots_are_axes():
-    assert serve_axes(_args("--clients", "1,4,8", "--slots", "1,4")) == ((1, 4, 8), (1, 4))
-    assert serve_axes(_args()) == ((4,), (1, 4))
+    args = _args("--clients", "1,4,8", "--slots", "1,4")
+    assert (serve_clients(args), counts(args.slots, "--slots")) == ((1, 4, 8), (1, 4))
+    assert (serve_clients(_args()), _args().slots) == ((4,), "1,4")
     assert serve_argv(_args("--clients", "1,32,8"))[-4:] == ["--max-queue", "32", "--queue-timeout", "3600"]
     argv = serve_argv(_args(), "bf16")
     assert argv[argv.index("--target-quant") + 1] == "bf16"  # each --target-quants type on its own server
@@ -180,5 +183,6 @@ def test_bench_serve_is_bench_dash_dash_serve_and_its_loads_repeat_three_times()
 def test_bad_axes_are_usage_errors(argv, message):
     args = _args(*argv)
     with pytest.raises(UsageError, match=message):
-        serve_axes(args)
+        serve_clients(args)
+        counts(args.slots, "--slots")
         draft_lengths(args)

@@ -9,9 +9,11 @@ from specsample.bench.modes import SETTINGS, LlamaServerMode, OurMode
 from specsample.bench.native import completion_request
 from specsample.bench.report import write_report
 from specsample.bench.runner import BenchConfig, PreparedPrompt, run_bench, total_steps
-from specsample.bench.structured import SCHEMA, is_valid
 from specsample.bench.summary import TargetRun
 from specsample.bench.tasks import TASKS, Prompt, Task, load_task
+
+from benchmarks.structured import SCHEMA, is_valid
+from benchmarks.tasks import task_sections
 
 from bench_helpers import FakeServer, PlainOnly
 from toy import byte_backend
@@ -39,7 +41,8 @@ def test_structured_runs_hold_every_answer_to_the_schema_and_report_it(tmp_path)
     modes = [OurMode("ar", "ar", target), OurMode("spec-k2", "spec", target, 2, draft),
              OurMode("spec-auto", "spec-auto", target, "auto", draft),
              LlamaServerMode("llamacpp-spec-k3", server, 3), PlainOnly()]
-    task = Task("structured", chat=True, max_new_tokens=40, stop_strings=(), load=list, schema=SMALL)
+    task = Task("structured", chat=True, max_new_tokens=40, stop_strings=(), load=list, schema=SMALL,
+                check=lambda text, prompt: is_valid(text, SMALL))
     prompts = {"structured": [PreparedPrompt(Prompt("structured", f"p{i}", "q"), task, target.tokenizer.encode(f"q{i}: "))
                               for i in range(2)]}
     config = BenchConfig(tasks=("humaneval",), settings=("greedy", "sample"), default_prompts=2)
@@ -53,7 +56,8 @@ def test_structured_runs_hold_every_answer_to_the_schema_and_report_it(tmp_path)
     greedy = {r.mode: r.token_ids for r in records if r.setting == "greedy" and r.prompt_id == "p0"}
     assert greedy["ar"] == greedy["spec-k2"] == greedy["spec-auto"]
 
-    write_report(tmp_path, [TargetRun("toy", records)], command="specsample bench --test", machine="toy", plots=False)
+    write_report(tmp_path, [TargetRun("toy", records, task_sections(records))], command="specsample bench --test",
+                 machine="toy", plots=False)
     summary = (tmp_path / "summary.md").read_text()
     section = summary.split("## Structured output")[1].split("##")[0]
     rows = {row.split("|")[3].strip(): [c.strip() for c in row.split("|")[1:-1]]

@@ -4,11 +4,13 @@ the same calls."""
 
 import pytest
 
-from specsample.bench.modes import LlamaServerMode, OurMode
+from specsample.bench.modes import LlamaServerMode, OurMode, call_grammar, library_tools
 from specsample.bench.runner import BenchConfig, PreparedPrompt, prompt_ids, run_bench
 from specsample.bench.tasks import TASKS, load_task
-from specsample.bench.tool_task import call_grammar, calls_valid, library_tools
 from specsample.output.constraints import Constraint
+
+from benchmarks.tasks import RESEARCH_TASKS  # noqa: F401 (registers the tools task)
+from benchmarks.tool_task import calls_valid
 
 from bench_helpers import FakeServer, PlainOnly
 from toy import byte_backend, tool_backend

@@ -5,7 +5,7 @@ batch-invariant target, whose logits do not depend on how many tokens a call sco
 
 import pytest
 
-from specsample.bench.structured import SCHEMA, is_valid, prompt_text, structured_docs
+from benchmarks.structured import SCHEMA, is_valid, prompt_text, structured_docs
 from specsample.decoding.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specsample.decoding.generate import GenerationConfig, generate
 from specsample.decoding.sampling import SamplingConfig

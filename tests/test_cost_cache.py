@@ -8,7 +8,7 @@ import math
 import pytest
 
 from specsample.cli import main
-from specsample.policy.calibrate import wide_sizes
+from specsample.policy.calibrate import measure, wide_sizes
 from specsample.policy.make import make_policy
 
 from test_cli import tiny_dirs  # noqa: F401 (a fixture)
@@ -16,8 +16,8 @@ from toy import CostedBackend, FakeClock, TrigramBackend, random_table
 
 pytestmark = pytest.mark.pure
 
-GOOD = {"target": [1.0, 1.5, 2.0, 2.5], "reps": 3, "draft_step": 0.2, "draft_first": 0.2, "draft_token": 0.05,
-        "draft_long": 6.55}  # the draft of pair() reading 128 tokens: 0.2 + 0.05 * 127
+GOOD = {"target": [1.0, 1.5, 2.0, 2.5], "reps": 3, "verify_after_draft": True, "draft_step": 0.2, "draft_first": 0.2,
+        "draft_token": 0.05, "draft_long": 6.55}  # the draft of pair() reading 128 tokens: 0.2 + 0.05 * 127
 BAD = {
     "zeros": dict(GOOD, target=[0.0, 0.0, 0.0, 0.0]),
     "negative": dict(GOOD, draft_step=-0.2),
@@ -88,6 +88,37 @@ def test_an_entry_of_one_timed_call_per_size_is_measured_again_without_a_word(tm
     assert json.loads(cache.read_text())["reps"] == 3
 
 
+def test_an_entry_priced_before_verify_calls_followed_a_draft_step_is_measured_again_without_a_word(tmp_path, caplog):
+    target, draft, clock = pair()
+    cache = tmp_path / "costs.json"
+    cache.write_text(json.dumps({k: v for k, v in GOOD.items() if k != "verify_after_draft"}))  # back to back
+    with caplog.at_level(logging.WARNING):
+        make_policy("auto", 3, target, draft, context=[1, 2, 3], cost_cache=cache, clock=clock)
+    assert target.calls > 0 and not caplog.records
+    assert json.loads(cache.read_text())["verify_after_draft"] is True
+
+
+def test_calls_are_timed_as_decoding_makes_them():
+    """A plain step back to back; a verify call right after a draft step, which costs it
+    `cold` more (the measurement a round pays, not the one a target timed alone sees);
+    without a draft model, both back to back; the first draft step of a round right
+    after a target call."""
+    def cost(n):
+        return 1.0 + 0.5 * (n - 1)
+
+    clock = FakeClock()
+    target = CostedBackend(TrigramBackend(random_table(5, 0)), clock, cost, cold=0.3)
+    draft = CostedBackend(TrigramBackend(random_table(5, 1)), clock, lambda n: 0.2 + 0.05 * (n - 1), cold=0.1)
+    measured = measure(target, draft, [1, 2, 3], 4, clock=clock, wide=[8])
+    assert measured["target"] == pytest.approx([1.0, 1.8, 2.3, 2.8])
+    assert measured["target_wide"] == pytest.approx({"8": cost(8) + 0.3})
+    assert measured["draft_step"] == pytest.approx(0.2) and measured["draft_first"] == pytest.approx(0.3)
+    assert measured["verify_after_draft"] is True
+    alone = measure(target, None, [1, 2, 3], 4, clock=clock, wide=[8])
+    assert alone["target"] == pytest.approx([cost(n) for n in range(1, 5)])
+    assert alone["target_wide"] == pytest.approx({"8": cost(8)}) and alone["verify_after_draft"] is False
+
+
 def test_the_command_line_recalibrates_a_corrupt_cache_in_one_line(capsys, caplog, tiny_dirs, tmp_path,  # noqa: F811
                                                                    monkeypatch):
     """Before, a zero made every -k auto run end in a ZeroDivisionError traceback. The
@@ -135,7 +166,8 @@ def test_a_cache_measured_for_fewer_sequences_is_extended_with_the_larger_calls(
     calls, draft_calls = target.calls, draft.calls
     with caplog.at_level(logging.WARNING):
         four = make_policy("auto", 3, target, draft, context=[1, 2, 3], cost_cache=cache, clock=clock, parallel=4)
-    assert target.calls - calls == 2 + 3 * 3 and draft.calls == draft_calls  # 2 warm-ups, 3 x 8, 12, 16
+    assert target.calls - calls == 2 + 3 * 3  # 2 warm-ups, 3 x 8, 12, 16
+    assert draft.calls - draft_calls == 1 + 3 * 3  # its one-token context, then a step before each timed call
     written = json.loads(cache.read_text())
     assert written["target_wide"] == pytest.approx({str(n): cost(n) for n in (8, 12, 16)})
     assert {k: v for k, v in written.items() if k != "target_wide"} == first  # kept, not measured again

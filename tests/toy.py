@@ -334,16 +334,19 @@ class FakeClock:
 
     def __init__(self):
         self.now = 0.0
+        self.last = None  # the backend that made the last call
 
     def __call__(self) -> float:
         return self.now
 
 
 class CostedBackend(Backend):
-    """A backend whose calls take `cost(tokens scored)` seconds of a fake clock."""
+    """A backend whose calls take `cost(tokens scored)` seconds of a fake clock, and
+    `cold` seconds more right after another backend's call (its weights pushed out of
+    the CPU caches, as a target's are by a draft's steps)."""
 
-    def __init__(self, inner, clock: FakeClock, cost):
-        self.inner, self.clock, self.cost = inner, clock, cost
+    def __init__(self, inner, clock: FakeClock, cost, cold: float = 0.0):
+        self.inner, self.clock, self.cost, self.cold = inner, clock, cost, cold
         self.name, self.vocab_size = inner.name, inner.vocab_size
         self.eos_token_ids, self.context_length, self.tokenizer = inner.eos_token_ids, inner.context_length, inner.tokenizer
         self.calls = 0
@@ -354,7 +357,8 @@ class CostedBackend(Backend):
 
     def score(self, token_ids, num_logits):
         self.calls += 1
-        self.clock.now += self.cost(len(token_ids))
+        self.clock.now += self.cost(len(token_ids)) + (self.cold if self.clock.last not in (None, self) else 0.0)
+        self.clock.last = self
         return self.inner.score(token_ids, num_logits)
 
     def rollback(self, length):

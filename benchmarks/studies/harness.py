@@ -91,7 +91,7 @@ def compare(runs: dict[str, dict], target=None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from specsample.app.arguments import add_model_arguments, model_options
     from specsample.app.assemble import assemble
-    from specsample.bench import specsample_server
+    from benchmarks.serving import specsample_server
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.studies.harness", description=__doc__.splitlines()[0])
     add_model_arguments(p)

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import importlib
 
-    from specsample.bench import specsample_server
+    from benchmarks.serving import specsample_server
 
     module = importlib.import_module(args.module)
 

@@ -35,7 +35,7 @@ def ask(url: str, model: str, question: str, stream: bool) -> str:
 
 
 def answers(model_argv: list[str], extra: list[str], name: str, clients: int) -> dict[str, list[str]]:
-    from specsample.bench import specsample_server
+    from benchmarks.serving import specsample_server
 
     with specsample_server(model_argv, extra, name) as server:
         model = server.request("/v1/models")["data"][0]["id"]

@@ -8,10 +8,10 @@ cli.py        the `bench` subcommand: its parser, and the run its options ask fo
 options.py    its options, and what they name: target types, draft lengths, files, the
               native server, the report's command and machine lines
 sequence_run.py  the per-sequence run: every mode on each target type (research hooks)
-serve_run.py  --serve: each server in turn under concurrent clients
-tasks.py      tasks: prompts, chat or raw, token limit and stop strings each; chat_task.py,
-              structured.py, fim_task.py, tool_task.py: the tasks of their own;
-              prompts_file.py: --prompts-file, the user's own prompts as a task
+serve_run.py  bench serve --url: each endpoint in turn under concurrent clients
+tasks.py      tasks: prompts, chat or raw, token limit and stop strings each; chat_task.py:
+              general chat; prompts_file.py: --prompts-file, the user's own prompts as a
+              task (benchmarks/tasks.py registers the research tasks)
 modes.py      what is timed: our loops and llama-server, one interface
 peer_sampling.py  our sampling settings in each peer's request, one table
 native.py     llama-server as a peer (plain and -md): the pinned build that
@@ -25,17 +25,15 @@ tables.py     the reports' tables and notes, as markdown
 summary.py    summary.md's sections for one target type; targets.py: the overview by type
 plots.py      the report's figures (matplotlib Agg)
 report.py     the one writer of the output folder: records, markdown, plots
-serving.py    --serve: each server, per slot count, under loads of streaming clients;
-              load.py: the clients and a load's figures; calls.py: where a load's time went
-              in our server; serve_summary.py: serve.md's tables
-endpoints.py  bench serve --url: the same loads against endpoints the user runs
+load.py       a serving load: its clients, rounds and figures; serve_summary.py: serve.md's
+              tables; endpoints.py: the loads sent to endpoints the user runs
 """
 
 import importlib
 
 # name -> the module that defines it: imported when first asked for, so that
 # `import specsample.bench` stays light.
-PUBLIC = {"markdown_table": "tables", "machine_description": "tables", "read_records": "records", "humaneval_problems": "tasks", "specsample_server": "servers",
+PUBLIC = {"markdown_table": "tables", "machine_description": "tables", "read_records": "records", "humaneval_problems": "tasks",
           "BENCH_CONTEXT": "options", "threads": "options"}
 __all__ = sorted(PUBLIC)
 

@@ -11,7 +11,7 @@ GET /v1/models lists, unless --model-name names one. Draft counts are read where
 endpoint reports them (our `usage.speculative`, llama-server's `timings`); no figure
 needs them.
 
-Loads run as for the servers the bench starts (serving.Load.rounds): --repeats passes
+Loads run in load.Load.rounds' order: --repeats passes
 over every (clients, task, setting), each round starting one endpoint further on. An
 endpoint keeps whatever prompt cache it holds (nothing here can clear another
 server's), so the warm-up and first repeat may leave prompts that later repeats find,
@@ -30,10 +30,9 @@ import urllib.request
 from dataclasses import dataclass, replace
 
 from ..app.arguments import UsageError
-from .load import run_load
+from .load import Load, run_load, unanswered_notes
 from .modes import SETTINGS
 from .records import ServedRecord
-from .serving import Load, unanswered_notes
 from .tasks import TASKS, Prompt, Task
 
 _NAMED = re.compile(r"^([\w.-]+)=(.+)$")

@@ -42,9 +42,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from .records import RequestTiming
+from .records import RequestTiming, ServedRecord
 from .stats import percentile
 
 
@@ -212,3 +213,50 @@ def _draft_counts(chunk) -> tuple[int, int]:
         return ours.get("drafted", 0), ours.get("accepted", 0)
     timings = (chunk.model_extra or {}).get("timings") or {}
     return timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)
+
+
+@dataclass
+class Load:
+    """What every server is asked: the prompts of each task, sent under each setting
+    from each client count; `new_tokens(task)` is the answer limit."""
+
+    prompts: dict  # task -> [runner.PreparedPrompt]
+    settings: tuple[str, ...]
+    clients: tuple[int, ...]
+    new_tokens: Callable[[str], int]
+    repeats: int = 1  # times each load is sent to every server
+
+    def rounds(self, turns: list) -> list[tuple[int, tuple, list]]:
+        """(repeat, (clients, task, setting), turns in this round's order) for every
+        round: all loads once per pass, --repeats passes, the order rotating by one
+        from round to round."""
+        loads = [(clients, task, setting) for clients in self.clients for task in self.prompts
+                 for setting in self.settings]
+        return [(repeat, one, rotation(turns, repeat * len(loads) + i))
+                for repeat in range(self.repeats) for i, one in enumerate(loads)]
+
+
+def rotation(items: list, i: int) -> list:
+    """items started at position i (mod their number): [A, B, C] at 1 -> [B, C, A]."""
+    if not items:
+        return []
+    i %= len(items)
+    return items[i:] + items[:i]
+
+
+def unanswered_notes(records: list[ServedRecord]) -> list[str]:
+    """A note per load in which a request went unanswered: how many were refused (by
+    status) and lost, and the first error."""
+    loads: dict[tuple, list[ServedRecord]] = {}
+    for r in records:
+        loads.setdefault((r.mode, r.slots, r.clients, r.task, r.setting, r.repeat), []).append(r)
+    notes = []
+    for (mode, slots, clients, task, setting, repeat), group in loads.items():
+        failed = [r.timing for r in group if r.timing.outcome != "answered"]
+        if failed:
+            statuses = ", ".join(str(t.status) for t in failed if t.status is not None) or "none"
+            where = ", ".join([mode, *([f"{slots} slots"] if slots is not None else []), f"{clients} clients",
+                               f"{task} {setting}", *([f"repeat {repeat + 1}"] if repeat is not None else [])])
+            notes.append(f"{where}: {len(failed)} of {len(group)} requests not answered (statuses: {statuses}); "
+                         f"first: {failed[0].error}")
+    return notes

@@ -8,16 +8,16 @@ the others sit out tasks that ask for one.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from ..app.assemble import make_drafter
 from ..decoding.generate import GenerationConfig, generate
 from ..decoding.sampling import SamplingConfig
 from ..output.constraints import Constraint
-from ..output.tools import special_markers, tool_constraint
+from ..output.tools import HERMES, Tool, ToolFormat, special_markers, tool_constraint, tool_format
 from ..policy.make import K_MAX, make_policy
 from .native import LlamaServer, completion_request, parse_completion
-from .tool_task import call_grammar, library_tools, target_format
 
 SETTINGS = {
     "greedy": SamplingConfig(temperature=0.0),
@@ -130,3 +130,28 @@ def build_modes(families, ks, peer_ks, target, draft=None, *, ngram_max=3, k_max
         else:
             raise ValueError(f"unknown mode {family!r}; choose from {', '.join(FAMILIES)}")
     return modes, skipped
+
+
+def library_tools(tools) -> list[Tool]:
+    return [Tool(t["function"]["name"], t["function"]["parameters"]) for t in tools]
+
+
+def target_format(target) -> ToolFormat:
+    fmt = tool_format(target.tokenizer.chat_template if target.tokenizer is not None else None)
+    if fmt is None:
+        raise ValueError(f"an answer held to tools needs a model whose chat template shows a tool-call format; {target.name} "
+                         "has none that specsample reads")
+    return fmt
+
+
+def call_grammar(tools, fmt: ToolFormat = HERMES) -> str:
+    """GBNF for llama-server: one call in the format, its body under the tools'
+    schemas (llama-cpp-python's converter, the one llama.cpp's own follows)."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    bodies = {"anyOf": [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                          "arguments": t["function"]["parameters"]},
+                         "required": ["name", "arguments"], "additionalProperties": False} for t in tools]}
+    body = json_schema_to_gbnf(json.dumps(bodies), prop_order=["name", "arguments"])
+    body = body.replace("root ::=", "call-body ::=", 1)
+    return f"root ::= {json.dumps(fmt.trigger + fmt.opening)} call-body {json.dumps(fmt.closing)}\n{body}"

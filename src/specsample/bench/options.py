@@ -9,10 +9,9 @@ import argparse
 import os
 import shlex
 import sys
-from dataclasses import replace
 from pathlib import Path
 
-from ..app.arguments import UsageError, add_model_arguments, add_trace_argument, model_options
+from ..app.arguments import UsageError, add_model_arguments, add_trace_argument
 from ..decoding.generate import VERIFIERS
 from ..policy.make import K_MAX
 from .modes import FAMILIES, OUR_FAMILIES, SETTINGS
@@ -22,10 +21,11 @@ from .servers import ServerUnavailable
 from .tables import machine_description
 from .tasks import TASKS
 
-# `make bench`: every task, both settings, 8 prompts each, answers to their task's limit: a
-# long run on a CPU (docs/benchmarks.md). A preset replaces the defaults it names.
-DEFAULTS = dict(tasks="humaneval,summarize,humaneval-chat,copy,structured", settings="greedy,sample", modes="auto",
-                ks="2,3,4", peer_k="3", prompts="8", plots=True, target_quants=None)
+# HumanEval completions and general chat, both settings, 8 prompts each, answers to their
+# task's limit (the research bench, `make bench`, has defaults of its own). A preset
+# replaces the defaults it names.
+DEFAULTS = dict(tasks="humaneval,chat", settings="greedy,sample", modes="auto", ks="2,3,4", peer_k="3", prompts="8",
+                plots=True, target_quants=None)
 PRESETS = {
     # `make demo`: HumanEval completions to the end of the function on the llama.cpp
     # backend, on the default target as shipped (Q4_K_M: compute-bound calls) and on
@@ -36,8 +36,8 @@ PRESETS = {
     "demo": dict(tasks="humaneval,chat", settings="greedy", modes="ar,spec-auto,spec,llamacpp-server,llamacpp-spec",
                  ks="4", peer_k="4", prompts="4", plots=False, target_quants="q4_k_m,bf16"),
 }
-# --serve: short HumanEval completions and long explanations (decoding dominates), both
-# settings, 8 requests from 4 clients per server, on 1 and 4 slots (--clients, --slots).
+# serve: short HumanEval completions and long explanations (decoding dominates), both
+# settings, 8 requests from 4 clients per endpoint (--clients).
 SERVE_DEFAULTS = dict(tasks="humaneval,explain", modes="auto", prompts="8")
 # Each load three times: one load's tokens/s moved by more than the differences looked for (issue 41),
 # and the range of three says how far a median can be trusted.
@@ -48,15 +48,16 @@ SERVE_REPEATS = 3
 BENCH_CONTEXT = 4096
 
 
-def add_bench_arguments(b) -> None:
-    """The bench subcommand's options, model options included."""
+def add_bench_arguments(b, defaults: dict | None = None) -> None:
+    """The bench subcommand's options, model options included; `defaults` over DEFAULTS
+    in their help (the research bench's, as resolve_options takes them)."""
     add_model_arguments(b)
     b.add_argument("--preset", choices=list(PRESETS),
                    help="demo: humaneval and chat, 4 prompts each, greedy, ar/spec-auto/spec-k4/llamacpp-server/"
                         "llamacpp-spec-k4, on the target as given (q4_k_m) and on its bf16 re-encoding")
     b.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory (default results/bench)")
     tasks = ", ".join(f"{t.name} ({'chat' if t.chat else 'raw prompt'}, <= {t.max_new_tokens} tokens)" for t in TASKS.values())
-    b.add_argument("--tasks", help=f"comma list of {tasks} (default all)")
+    b.add_argument("--tasks", help=f"comma list of {tasks} (default {({**DEFAULTS, **(defaults or {})})['tasks']})")
     b.add_argument("--prompts-file", type=Path, metavar="FILE",
                    help="your own prompts as the task 'prompts', run instead of the default tasks (or beside those "
                         "--tasks names): JSON lines of {\"prompt\": ...} or {\"messages\": [...]}, with an optional "
@@ -86,14 +87,10 @@ def add_bench_arguments(b) -> None:
                         "of llama.cpp our backend runs, made by python -m benchmarks.llama_server)")
     b.add_argument("--no-plots", dest="plots", action="store_false", default=None, help="skip the PNG plots")
     b.add_argument("--serve", action="store_true",
-                   help="measure serving instead: each server in turn (modes: ar, spec-auto, spec, llamacpp-server, "
-                        "llamacpp-spec; default all but spec), started once per --slots count, gets each task's "
-                        "prompts from each --clients count of concurrent streaming clients (tasks default "
+                   help="measure serving instead (the same as the word serve): each --url endpoint in turn gets each "
+                        "task's prompts from each --clients count of concurrent streaming clients (tasks default "
                         "humaneval,explain); writes serve.md and serve.jsonl")
-    b.add_argument("--clients", default="4", help="--serve: concurrent clients, N or a comma list (default 4)")
-    b.add_argument("--slots", default="1,4",
-                   help="--serve: requests each server decodes at once, N or a comma list: specsample serve "
-                        "--parallel N, llama-server -np N (default 1,4)")
+    b.add_argument("--clients", default="4", help="serve: concurrent clients, N or a comma list (default 4)")
     add_serve_arguments(b)
     add_trace_argument(b, " of the spec-auto mode, its warm-up first, then every prompt and setting (each line "
                           "tagged with the target type; not with --serve: give the server --trace)")
@@ -101,7 +98,7 @@ def add_bench_arguments(b) -> None:
 
 def add_serve_arguments(b) -> None:
     """bench serve's word and options beyond --serve's: repeated loads, and endpoints
-    the user runs (serving.py, endpoints.py)."""
+    the user runs (endpoints.py)."""
     b.add_argument("what", nargs="?", choices=("serve",),
                    help="serve: the serving load (the same as --serve; with --url, against your own endpoints)")
     b.add_argument("--url", action="append", metavar="[NAME=]URL",
@@ -117,8 +114,9 @@ def add_serve_arguments(b) -> None:
                         "the report gives the median and range (default 3)")
 
 
-def resolve_options(args) -> argparse.Namespace:
-    """Explicit options win over the preset, the preset over the defaults."""
+def resolve_options(args, defaults: dict | None = None) -> argparse.Namespace:
+    """Explicit options win over the preset, the preset over the defaults (DEFAULTS, with
+    `defaults` over them: the research bench's)."""
     args.serve = args.serve or getattr(args, "what", None) == "serve" or bool(getattr(args, "url", None))
     if args.serve and getattr(args, "repeats", None) is None:
         args.repeats = SERVE_REPEATS
@@ -128,7 +126,7 @@ def resolve_options(args) -> argparse.Namespace:
 
         register(args.prompts_file)  # a bad file fails now, before any model loads
         args.tasks = ",".join(t for t in (args.tasks, NAME) if t)
-    for name, default in DEFAULTS.items():
+    for name, default in {**DEFAULTS, **(defaults or {})}.items():
         if getattr(args, name, None) is None:
             setattr(args, name, preset.get(name, default))
     return args
@@ -189,11 +187,11 @@ def draft_lengths(args) -> tuple[list[int], list[int]]:
     return list(counts(args.ks, "--ks")), list(counts(args.peer_k, "--peer-k"))
 
 
-def serve_axes(args) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """--clients and --slots as tuples of counts >= 1, in the order given (--repeats checked)."""
+def serve_clients(args) -> tuple[int, ...]:
+    """--clients as a tuple of counts >= 1, in the order given (--repeats checked)."""
     if args.repeats is not None and args.repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
-    return counts(args.clients, "--clients"), counts(args.slots, "--slots")
+    return counts(args.clients, "--clients")
 
 
 def counts(text, flag: str) -> tuple[int, ...]:
@@ -234,16 +232,6 @@ def target_label(target, args) -> str:
 
         return file_type(path)
     return args.dtype
-
-
-def serve_argv(args, target_quant: str | None = None, n_ctx: int | None = None) -> list[str]:
-    """This run's model arguments for a `specsample serve` child process (the target
-    re-encoded as target_quant says, when given; each slot's context n_ctx, when given),
-    with a queue that holds every client and never times out."""
-    options = replace(model_options(args), target_quant=target_quant or args.target_quant,
-                      ctx_size=n_ctx or args.ctx_size)
-    queue = max(16, *counts(args.clients, "--clients"))
-    return options.argv() + ["--max-queue", str(queue), "--queue-timeout", "3600"]
 
 
 def command_line() -> str:
@@ -289,16 +277,6 @@ def start_server(args, families, n_ctx: int, k_max: int, target_gguf: Path | Non
     draft_path = getattr(loaded_draft, "path", None) or draft_file(args, draft.gguf_path)
     return LlamaServer(binary, target_gguf, draft_path, threads=threads(args), n_ctx=n_ctx, k_max=k_max,
                        parallel=parallel)
-
-
-def target_file(args, quant: str) -> Path:
-    """The target file our servers load for a --target-quants type: the GGUF file as
-    given, or its re-encoding (made once, cached)."""
-    from ..backends.models import resolve
-    from ..backends.reencode import reencoded
-
-    gguf = resolve(args.target).gguf_path
-    return gguf if quant == "none" else reencoded(gguf, quant)
 
 
 def draft_file(args, gguf: Path) -> Path:

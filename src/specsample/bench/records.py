@@ -99,7 +99,7 @@ class RequestTiming:
 
 @dataclass(kw_only=True)
 class ServedRecord:
-    """One request of a `bench --serve` load: which server with how many slots, target
+    """One request of a `bench serve` load: which server with how many slots, target
     type, task, setting and prompt, how many clients were sending, and what its client
     saw. serve.jsonl holds one per line, keys in field order, the timing's after the
     others; target, slots, repeat and status are left out where None, as runs made

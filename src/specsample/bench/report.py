@@ -2,7 +2,7 @@
 there is named and written here, from the sections and tables the other modules build.
 
     records.jsonl, summary.md, *.png   the per-sequence benchmark (a research run: cost_curve.json)
-    serve.jsonl, serve.md, calls.jsonl                   bench serve (--serve)
+    serve.jsonl, serve.md                                bench serve (the research --serve: calls.jsonl)
     partial.jsonl                                        while a run goes on (below)
 """
 

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from ..output.fim import fim_prompt
 from .modes import SETTINGS
 from .records import Record
-from .structured import is_valid
-from .tool_task import calls_valid
 from .tasks import TASKS, Prompt, Task, load_task
 
 
@@ -109,7 +107,7 @@ def runs_task(modes: list, task: Task) -> list:
 
 def run_one(mode, prepared: PreparedPrompt, setting: str, index: int, max_new_tokens: int,
              seed: int, phase: str = "main") -> Record:
-    schema, tools = prepared.task.schema, prepared.prompt.tools
+    task, schema, tools = prepared.task, prepared.task.schema, prepared.prompt.tools
     held = {"schema": schema} if schema is not None else {"tools": tools} if tools else {}
     t0 = time.perf_counter()
     outcome = mode.run(prepared.ids, max_new_tokens, SETTINGS[setting], seed, prepared.task.stop_strings, **held)
@@ -118,8 +116,7 @@ def run_one(mode, prepared: PreparedPrompt, setting: str, index: int, max_new_to
                   prompt_index=index, prompt_tokens=len(prepared.ids), mode=mode.name, family=mode.family, k=mode.k,
                   seed=seed, max_new_tokens=max_new_tokens, latency_seconds=latency, stop_reason=outcome.stop_reason,
                   stats=outcome.stats, token_ids=outcome.token_ids, text=outcome.text,
-                  valid=is_valid(outcome.text, schema) if schema is not None else
-                  calls_valid(outcome.text, tools) if tools else None, kind=prepared.prompt.kind)
+                  valid=task.check(outcome.text, prepared.prompt) if task.check else None, kind=prepared.prompt.kind)
 
 
 def rotated(modes: list, turn: int) -> list:

@@ -1,6 +1,6 @@
 """serve.md's sections, from the records of a `bench serve` run (report.py writes the
-file): first our servers over llama-server at the same slots and clients, then per
-target type the table of every load and greedy exactness through the servers. A load
+file): per target type the table of every load and greedy exactness through the
+servers (the research bench's --serve puts its servers against llama-server first). A load
 that ran --repeats times is one row: each rate and time as the median of its repeats
 with their range, each ratio to the baseline taken repeat by repeat (repeat i of both
 ran in the same round, minutes apart) and shown the same way."""
@@ -9,24 +9,18 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from .calls import SPLIT_NOTE, CallSplit, split_table
 from .load import LoadSummary, summarise_load
 from .records import ServedRecord
 from .stats import percentile
 from .tables import cell, greedy_identity, markdown_table
 
 
-def serve_sections(records: list[ServedRecord], splits: list[CallSplit] = (), baseline: str = "ar"
-                   ) -> tuple[list[str], str]:
-    """serve.md's sections, and what the command line prints: the summary and the load
-    table of each target type; then, with `splits`, where our servers' time went.
-    Ratios are to the server (or --url endpoint) named `baseline`."""
+def serve_sections(records: list[ServedRecord], baseline: str = "ar") -> tuple[list[str], str]:
+    """serve.md's sections, and what the command line prints: the load table of each
+    target type, and greedy exactness through the servers. Ratios are to the server
+    (or --url endpoint) named `baseline`."""
     targets = list(dict.fromkeys(r.target for r in records))
     parts, printed = [], []
-    peers = peer_table(records)
-    if peers:
-        parts += ["## Summary: against llama-server, and against one slot", PEER_NOTE, peers]
-        printed.append(peers)
     for i, target in enumerate(targets):
         own = [r for r in records if r.target == target]
         table = serve_table(summaries(own), baseline)
@@ -36,8 +30,6 @@ def serve_sections(records: list[ServedRecord], splits: list[CallSplit] = (), ba
         if len(identity) > 1:  # some server's greedy answers to compare with the baseline's
             parts += [f"## Greedy exactness through the server{title}", markdown_table(identity)]
         printed.append(table if len(targets) == 1 else f"Target {target}:\n{table}")
-    if splits:
-        parts += ["## Where our servers' time went", SPLIT_NOTE, split_table(list(splits))]
     return parts, "\n\n".join(printed)
 
 
@@ -118,33 +110,6 @@ def serve_table(by_key: dict[tuple, list[LoadSummary]], baseline: str = "ar") ->
     return markdown_table(rows)
 
 
-def peer_table(records: list[ServedRecord]) -> str | None:
-    """Each of our servers over llama-server -np N, over llama-server -np N -md at its best
-    K, and over itself with one slot, under the same load (target, task, setting, slot
-    count N, clients): tokens/s / decode tokens/s. None when there is nothing to compare."""
-    families, ks = {r.mode: r.family for r in records}, {r.mode: r.k for r in records}
-    rows = [["target", "task", "setting", "slots", "clients", "server", "÷ llama-server -np N",
-             "÷ -np N -md (best K)", "÷ same server, 1 slot"]]
-    for target in dict.fromkeys(r.target for r in records):
-        by_key = summaries([r for r in records if r.target == target])
-        for load in dict.fromkeys(key[:4] for key in by_key):
-            task, setting, slots, clients = load
-            here = {key[4]: s for key, s in by_key.items() if key[:4] == load}
-            plain = next((s for mode, s in here.items() if families[mode] == "llamacpp-server"), None)
-            spec = max((mode for mode in here if families[mode] == "llamacpp-spec"), default=None,
-                       key=lambda mode: pooled(here[mode]).decode_tokens_per_second or 0.0)
-            for mode, s in here.items():
-                if families[mode].startswith("llamacpp"):
-                    continue
-                alone = by_key.get((task, setting, 1, clients, mode)) if slots != 1 else None
-                versus = [_both(s, plain), _both(s, here.get(spec)), _both(s, alone)]
-                if spec is not None and versus[1] != "–":
-                    versus[1] += f" (K={ks[spec]})"
-                if any(v != "–" for v in versus):
-                    rows.append([cell(target, ""), task, setting, str(slots), str(clients), mode, *versus])
-    return markdown_table(rows) if len(rows) > 1 else None
-
-
 def served_identity(records: list[ServedRecord], baseline: str = "ar") -> list[list[str]]:
     """Greedy answers of every server, slot count and client count against the
     baseline's (`ar`'s) with the fewest slots and clients: the answers closest to
@@ -185,23 +150,6 @@ SERVE_NOTE = (
     "speculative round sends several tokens in one chunk); their P50/P99 over every repeat's requests or chunks "
     "(with fewer than 100, P99 sits near the worst one)."
 )
-
-PEER_NOTE = (
-    "Each of our servers over a peer under the same load (target file, task, setting, slots N and clients), as "
-    "tokens/s (prefill included) / decode tokens/s (prefill left out; both defined under the load table): "
-    "llama-server -np N is llama.cpp's plain continuous batching, -np N -md its speculation with the same draft file "
-    "(the K of --peer-k with the best decode tokens/s), and 1 slot is the same server of ours with --parallel 1, "
-    "decoding one request at a time, under the same clients. Above 1 we are faster. With --repeats, the median of "
-    "the repeats' ratios, each repeat's against the peer's same repeat, their range in brackets."
-)
-
-
-def _both(runs: list[LoadSummary], base: list[LoadSummary] | None) -> str:
-    """"a / b": runs over base in tokens/s and in decode tokens/s, repeat by repeat
-    (the median, and the range where there are several)."""
-    if base is None:
-        return "–"
-    return " / ".join(spread(paired(runs, base, RATES[name][0]), ".2f") for name in ("tokens/s", "decode tokens/s"))
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

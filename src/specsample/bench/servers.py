@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -93,15 +92,6 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def specsample_server(model_argv: list[str], extra: list[str], name: str, parallel: int = 1) -> ServerProcess:
-    """`specsample serve` with the bench's own model arguments, in a child process:
-    it loads its models as a user's server would, and its threads never share a
-    process with the load's client; `parallel`: its --parallel, the slots reset()
-    erases."""
-    return ServerProcess(lambda port, tmp: [sys.executable, "-m", "specsample", "serve", *model_argv, *extra,
-                                            "--host", "127.0.0.1", "--port", str(port)], name=name, parallel=parallel)
 
 
 def free_port() -> int:

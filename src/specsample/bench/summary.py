@@ -5,18 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .fim_task import held_out_bodies
 from .plots import figures
 from .records import Record
 from .stats import summarise
-from .tables import (FIM_NOTE, STRUCTURED_NOTE, THROUGHPUT_NOTE, fim_table, greedy_identity, main_table,
-                     markdown_table, structured_table)
+from .tables import THROUGHPUT_NOTE, greedy_identity, main_table, markdown_table
 
 
 @dataclass
 class TargetRun:
     """One target encoding's share of a run: its records, and the sections a research
-    run adds after ours (benchmarks/: rounds, cost curve, analytic prediction, parity)."""
+    run adds after ours (benchmarks/: structured output, fill-in-the-middle, rounds,
+    cost curve, analytic prediction, parity)."""
 
     label: str  # the target's weight type ("q4_k_m", "bf16") or dtype
     records: list[Record]
@@ -37,12 +36,6 @@ def run_sections(run: TargetRun, plots: bool) -> RunSections:
     table = main_table(summaries)
     parts = [f"## Throughput and latency (target {run.label})", THROUGHPUT_NOTE, table]
     parts += ["## Greedy exactness", markdown_table(greedy_identity(main))]
-    structured = structured_table(main)
-    if structured:
-        parts += ["## Structured output", STRUCTURED_NOTE, structured]
-    middles = fim_table(main, held_out_bodies()) if any(r.task == "fim" for r in main) else None
-    if middles:
-        parts += ["## Fill-in-the-middle", FIM_NOTE, middles]
     parts += run.sections
     if not plots:
         return RunSections(parts, table)

@@ -7,8 +7,6 @@ import platform
 from collections.abc import Callable
 from importlib import metadata
 
-from .fim_task import similarity
-from .records import Record
 from .stats import ModeSummary
 
 
@@ -47,64 +45,6 @@ def greedy_identity(records: list, answer: Callable = lambda r: r.token_ids,
     return [list(header)] + [[*cells, f"{a}/{n}"] for cells, (a, n) in counts.items()]
 
 
-def structured_table(records: list[Record]) -> str | None:
-    """Per task with a schema, setting and mode: answers valid under the schema, the
-    share of tokens the grammar forced, and the time spent in the grammar engine."""
-    groups: dict[tuple, list[Record]] = {}
-    for r in records:
-        if r.valid is not None:
-            groups.setdefault((r.task, r.setting, r.mode), []).append(r)
-    if not groups:
-        return None
-    rows = [["task", "setting", "mode", "valid answers", "ended by the grammar", "forced tokens",
-             "grammar ms/token", "grammar share of time"]]
-    for (task, setting, mode), group in groups.items():
-        stats = [r.stats for r in group]
-        tokens = sum(st.get("new_tokens", 0) for st in stats)
-        ours = all("forced_tokens" in st for st in stats)  # peers report neither
-        forced = sum(st["forced_tokens"] for st in stats) if ours else None
-        grammar = sum(st["constraint_seconds"] for st in stats) if ours else None
-        total = sum(st.get("total_seconds", 0.0) for st in stats)
-        rows.append([task, setting, mode, f"{sum(r.valid for r in group)}/{len(group)}",
-                     f"{sum(r.stop_reason in ('grammar', 'eos') for r in group)}/{len(group)}",
-                     cell(forced / tokens if ours and tokens else None, ".0%"),
-                     cell(1000 * grammar / tokens if ours and tokens else None, ".2f"),
-                     cell(grammar / total if ours and total else None, ".1%")])
-    return markdown_table(rows)
-
-
-def fim_table(records: list[Record], bodies: dict[str, str]) -> str | None:
-    """Per setting and mode of the fim task: middles that ended at the model's end of
-    text, middles equal to the held-out body, and how much of it they repeat."""
-    groups: dict[tuple, list[Record]] = {}
-    for r in records:
-        if r.task == "fim" and r.prompt_id in bodies:
-            groups.setdefault((r.setting, r.mode), []).append(r)
-    if not groups:
-        return None
-    rows = [["setting", "mode", "seqs", "ended by end of text", "equal to the held-out body", "mean similarity"]]
-    for (setting, mode), group in groups.items():
-        scores = [similarity(r.text, bodies[r.prompt_id]) for r in group]
-        rows.append([setting, mode, str(len(group)), f"{sum(r.stop_reason == 'eos' for r in group)}/{len(group)}",
-                     f"{sum(r.text.strip() == bodies[r.prompt_id].strip() for r in group)}/{len(group)}",
-                     f"{sum(scores) / len(scores):.2f}"])
-    return markdown_table(rows)
-
-
-FIM_NOTE = (
-    "Each middle against the function body it stands in for (bench/fim_task.py): equal after surrounding whitespace, "
-    "and difflib's similarity ratio, 0 to 1, averaged over the row's sequences. Speed is what the task measures; this "
-    "says the middles are real code, and llama-server's beside ours says the two read the same FIM prompt.")
-
-STRUCTURED_NOTE = (
-    "Every answer is parsed and validated against the task's JSON schema (tools: read back as calls, valid when it "
-    "holds one or more and each call's arguments follow its tool's schema). Forced tokens: the share of new tokens the "
-    "grammar allowed alone (braces, quotes, keys, separators); with a drafter they are drafted free and accepted "
-    "with probability 1, in plain decoding each still costs a target call. Grammar time: masks, forced tokens and "
-    "state moves in the grammar engine (llguidance), per new token and as a share of the mode's wall time. Peers "
-    "report neither (llama-server applies the same schema through its own grammar sampler).")
-
-
 def machine_description(dtype: str | None, threads: int | None) -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -137,10 +77,12 @@ THROUGHPUT_NOTE = (
     "Every figure in a row comes from its `seqs` sequences (one per prompt). tokens/s = all new tokens / all wall time "
     "of the mode (prompt prefill included); speedup is that over `ar` (our autoregressive loop) on the same prompts; "
     "ms/token is its inverse: both are whole requests, what a user waits for. TTFT s is the median time from the "
-    "request to its first token (our loops: the call to the first emitted token, the prefill included; -k auto's "
-    "calibration is made before the first request, as a server makes it at start; llama-server: its prompt time), and TTFT vs ar its ratio to `ar`'s. A task whose prompts have "
-    "kinds (chat, --prompts-file) has an overall row, then a row per kind (task/kind). P50/P90/P99 are per-sequence latencies over the row's sequences (with fewer than 100 "
-    "sequences P99 sits close to the slowest one). decode tokens/s and decode speedup leave out the target's prompt "
-    "prefill (modes that report it: our loops and llama-server; a model draft's own prefill stays in). Acceptance is "
-    "per draft token (research peers, benchmarks/peers.py: estimated from their call counts)."
+    "request to its first token (our loops: the call to the first emitted token, the prefill included, no "
+    "calibration: the loop takes -k auto's policy ready, made and calibrated before the first request as a server "
+    "makes it at start; llama-server: its prompt time), and TTFT vs ar its ratio to `ar`'s. A task whose prompts "
+    "have kinds (chat, --prompts-file) has an overall row, then a row per kind (task/kind). P50/P90/P99 are "
+    "per-sequence latencies over the row's sequences (with fewer than 100 sequences P99 sits close to the slowest "
+    "one). decode tokens/s and decode speedup leave out the target's prompt prefill (modes that report it: our loops "
+    "and llama-server; a model draft's own prefill stays in). Acceptance is per draft token (research peers, "
+    "benchmarks/peers.py: estimated from their call counts)."
 )

@@ -1,18 +1,22 @@
 """A short measurement of call costs, the priors of the planner's prices, cached
 per machine, engine, model file and thread count.
 
-Target: one call scoring n tokens for n = 1 .. max_tokens, on top of the real context
-(rolled back after each), and, where several sequences are decoded together, a few
-of the larger calls their batches make (wide_sizes; the cost of a call is taken to
-follow the tokens it scores, whoever they belong to). A cache measured for fewer
-sequences is extended with the sizes it lacks. Draft: a few 1-token steps in a row, a
-few right after a target call (as a round's first draft call runs, with its weights
-pushed out of the CPU caches), and its reading of unseen text in calls of read_chunk and
-read_long tokens on a short context (a catch-up chunk, a prompt). Each target size is
-the median of `reps` timed calls (the numbers are config.PLANNER's), after a warm-up of
-both a 1-token and a many-token call (llama.cpp runs 1 token and more on different
-kernels, and the first call of each pays one-off costs). These are the planner's priors
-only: every call of a run moves its prices (curve.Curve).
+Every call is timed as it runs in decoding (measure): a plain step (1 target token)
+back to back with the last one; a verify call (n = 2 .. max_tokens tokens, on top of
+the real context, rolled back after each) right after a draft step, as a round makes
+it, when there is a draft model (the draft's weights have then pushed the target's out
+of the CPU caches); and, where several sequences are decoded together, a few of the
+larger calls their batches make (wide_sizes; the cost of a call is taken to follow the
+tokens it scores, whoever they belong to), timed the same way. A cache measured for
+fewer sequences is extended with the sizes it lacks. Draft: a few 1-token steps in a
+row, a few right after a target call (as a round's first draft call runs, with its
+weights pushed out of the CPU caches), and its reading of unseen text in calls of
+read_chunk and read_long tokens on a short context (a catch-up chunk, a prompt). Each
+target size is the median of `reps` timed calls (the numbers are config.PLANNER's),
+after a warm-up of both a 1-token and a many-token call (llama.cpp runs 1 token and
+more on different kernels, and the first call of each pays one-off costs). These are
+the planner's priors only: every call of a run moves its prices (curve.Curve). The
+research bench's cost curve (benchmarks/costs.py) is this measurement too.
 
 What is built from a measurement lives here too: the planner's priors
 (measured_prices) and the server's default slot count (slots_that_pay). The policy
@@ -56,38 +60,62 @@ READ_CHUNK, READ_LONG = PLANNER.read_chunk, PLANNER.read_long
 
 
 def measure(target, draft, context: list[int], max_tokens: int, clock=time.perf_counter,
-            wide: list[int] = ()) -> dict:
+            wide: list[int] = (), reps: int = REPS) -> dict:
+    """Call costs on top of the target's cached context, the one measurement of them
+    (the planner's priors; the research bench's cost curve, benchmarks/costs.py).
+
+    Each cost is timed as the call runs in decoding. A plain step (1 token) runs back
+    to back with the last one. A verify call (2 tokens and more, `wide` too) runs right
+    after the draft's steps, whose weights have pushed the target's out of the CPU
+    caches: with a draft model each is timed right after a draft step (timed alone it
+    would find its weights still cached by its own previous call, and a round would
+    look cheaper than it is); without one (lookup drafts cost no call) back to back. A
+    round's first draft step runs right after the target's call (draft_first), its
+    later ones back to back (draft_step). Each size: the median of `reps` calls."""
     base = target.length
     sample = repeated(context, max([max_tokens, *wide]))
+    step = after_draft(draft, sample, clock)
     warm_up(target, sample, max_tokens, base, clock)
-    out = {"target": [median_call(target, sample[:n], base, clock) for n in range(1, max_tokens + 1)], "reps": REPS}
+    out = {"target": [median_call(target, sample[:n], base, clock, step if n > 1 else None, reps)
+                      for n in range(1, max_tokens + 1)], "reps": reps, "verify_after_draft": draft is not None}
     if wide:
-        out["target_wide"] = measure_wide(target, sample, wide, clock)
+        out["target_wide"] = measure_wide(target, sample, wide, clock, step, reps)
     if draft is not None:
-        draft.rollback(0)
-        draft.score(sample[:1], num_logits=1)
         draft_base = draft.length
-        steps = [timed_call(draft, [t], draft_base, clock) for t in sample[:REPS + 1]][1:]  # the first is cold
+        steps = [timed_call(draft, [t], draft_base, clock) for t in sample[:reps + 1]][1:]  # the first is cold
         out["draft_step"] = statistics.median(steps)
         firsts = []
-        for t in sample[:REPS]:
+        for t in sample[:reps]:
             timed_call(target, sample[:1], base, clock)
             firsts.append(timed_call(draft, [t], draft_base, clock))
         out["draft_first"] = statistics.median(firsts)
         reads = {n: statistics.median(timed_call(draft, repeated(sample, n), draft_base, clock, num_logits=1)
-                                      for _ in range(REPS)) for n in (READ_CHUNK, READ_LONG)}
+                                      for _ in range(reps)) for n in (READ_CHUNK, READ_LONG)}
         out["draft_token"] = max(0.0, (reads[READ_CHUNK] - out["draft_step"]) / (READ_CHUNK - 1))
         out["draft_long"] = reads[READ_LONG]
         draft.rollback(0)
     return out
 
 
-def measure_wide(target, sample: list[int], sizes: list[int], clock=time.perf_counter) -> dict[str, float]:
-    """{str(n): seconds of a call scoring n tokens} (string keys: as JSON stores them)."""
+def measure_wide(target, sample: list[int], sizes: list[int], clock=time.perf_counter, step=None,
+                 reps: int = REPS) -> dict[str, float]:
+    """{str(n): seconds of a call scoring n tokens} (string keys: as JSON stores them),
+    each right after step() (a draft step: measure's verify calls) when given."""
     base = target.length
     sample = repeated(sample, max(sizes))
     warm_up(target, sample, min(sizes), base, clock)  # as measure's: a cache is extended on a cold engine
-    return {str(n): median_call(target, sample[:n], base, clock) for n in sizes}
+    return {str(n): median_call(target, sample[:n], base, clock, step, reps) for n in sizes}
+
+
+def after_draft(draft, sample: list[int], clock):
+    """What runs before each timed verify call: a draft step (the draft holding
+    sample[:1], untimed), or None without a draft model."""
+    if draft is None:
+        return None
+    draft.rollback(0)
+    draft.score(sample[:1], num_logits=1)
+    base = draft.length
+    return lambda: timed_call(draft, sample[:1], base, clock)
 
 
 def warm_up(target, sample: list[int], many: int, base: int, clock) -> None:
@@ -96,8 +124,14 @@ def warm_up(target, sample: list[int], many: int, base: int, clock) -> None:
         timed_call(target, sample[:n], base, clock)
 
 
-def median_call(target, tokens: list[int], base: int, clock) -> float:
-    return statistics.median(timed_call(target, tokens, base, clock) for _ in range(REPS))
+def median_call(target, tokens: list[int], base: int, clock, before=None, reps: int = REPS) -> float:
+    """The median of `reps` timed calls scoring `tokens`, each right after before() (untimed) when given."""
+    times = []
+    for _ in range(reps):
+        if before is not None:
+            before()
+        times.append(timed_call(target, tokens, base, clock))
+    return statistics.median(times)
 
 
 def repeated(tokens: list[int], n: int) -> list[int]:
@@ -128,7 +162,10 @@ def cached_or_measured(cache: Path | None, target, draft, context: list[int], ma
             missing = [n for n in wide if str(n) not in known]
             if not missing:
                 return cached
-            cached["target_wide"] = dict(known, **measure_wide(target, context, missing, clock))
+            step = after_draft(draft, context, clock)
+            cached["target_wide"] = dict(known, **measure_wide(target, context, missing, clock, step))
+            if draft is not None:
+                draft.rollback(0)
             write_cached_json(cache, cached)
             return cached
         if problem != NOT_COVERED:
@@ -167,6 +204,9 @@ def cache_problem(cached, max_tokens: int, with_draft: bool) -> str | None:
     if len(cached["target"]) < max_tokens or with_draft and not DRAFT_COSTS <= cached.keys():
         return NOT_COVERED
     if not isinstance(cached.get("reps"), int) or cached["reps"] < REPS:
+        return NOT_COVERED
+    # Written before verify calls were timed after a draft step: priced as if back to back.
+    if with_draft and cached.get("verify_after_draft") is not True:
         return NOT_COVERED
     return None
 

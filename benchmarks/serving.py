@@ -1,4 +1,7 @@
-"""`specsample bench --serve`: the serving load measured against each server in turn.
+"""`python -m benchmarks.bench --serve`: the serving load measured against servers
+started here, each in turn (`specsample bench serve --url` loads endpoints the user
+runs; the loads, their rounds and their report are the bench's, load.py and
+serve_summary.py).
 
 For each slot count N of --slots every server is started (and gets one short warm-up
 request); then, for every client count C of --clients, every task and every decoding
@@ -34,16 +37,21 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
+from pathlib import Path
+
+from specsample.app.arguments import model_options
+from specsample.bench.load import Load, run_load, unanswered_notes
+from specsample.bench.modes import SETTINGS
+from specsample.bench.native import completion_request
+from specsample.bench.options import counts
+from specsample.bench.peer_sampling import peer_sampling
+from specsample.bench.records import ServedRecord
+from specsample.bench.servers import ServerProcess, ServerUnavailable
+
 from .calls import CallSplit
-from .load import run_load
-from .modes import SETTINGS
-from .native import completion_request
-from .peer_sampling import peer_sampling
-from .records import ServedRecord
-from .servers import ServerProcess, ServerUnavailable, specsample_server
 
 SERVE_FAMILIES = ("ar", "spec-auto", "spec", "llamacpp-server", "llamacpp-spec")
 DEFAULT_SERVE_FAMILIES = ("ar", "spec-auto", "llamacpp-server", "llamacpp-spec")
@@ -88,35 +96,6 @@ def our_server_flags(mode: ServedMode, slots: int) -> list[str]:
     always given: the server's own default is not one slot."""
     drafting = ["--autoregressive"] if mode.family == "ar" else ["-k", str(mode.k)]
     return [*drafting, "--parallel", str(slots)]
-
-
-@dataclass
-class Load:
-    """What every server is asked: the prompts of each task, sent under each setting
-    from each client count; `new_tokens(task)` is the answer limit."""
-
-    prompts: dict  # task -> [runner.PreparedPrompt]
-    settings: tuple[str, ...]
-    clients: tuple[int, ...]
-    new_tokens: Callable[[str], int]
-    repeats: int = 1  # times each load is sent to every server
-
-    def rounds(self, turns: list) -> list[tuple[int, tuple, list]]:
-        """(repeat, (clients, task, setting), turns in this round's order) for every
-        round: all loads once per pass, --repeats passes, the order rotating by one
-        from round to round."""
-        loads = [(clients, task, setting) for clients in self.clients for task in self.prompts
-                 for setting in self.settings]
-        return [(repeat, one, rotation(turns, repeat * len(loads) + i))
-                for repeat in range(self.repeats) for i, one in enumerate(loads)]
-
-
-def rotation(items: list, i: int) -> list:
-    """items started at position i (mod their number): [A, B, C] at 1 -> [B, C, A]."""
-    if not items:
-        return []
-    i %= len(items)
-    return items[i:] + items[:i]
 
 
 def run_serving(modes: list[ServedMode], load: Load, slots: tuple[int, ...], *, model_argv: list[str],
@@ -193,19 +172,30 @@ def _one_load(mode: ServedMode, server: ServerProcess, model: str, slots: int, c
             for t, p in zip(timings, group)]
 
 
-def unanswered_notes(records: list[ServedRecord]) -> list[str]:
-    """A note per load in which a request went unanswered: how many were refused (by
-    status) and lost, and the first error."""
-    loads: dict[tuple, list[ServedRecord]] = {}
-    for r in records:
-        loads.setdefault((r.mode, r.slots, r.clients, r.task, r.setting, r.repeat), []).append(r)
-    notes = []
-    for (mode, slots, clients, task, setting, repeat), group in loads.items():
-        failed = [r.timing for r in group if r.timing.outcome != "answered"]
-        if failed:
-            statuses = ", ".join(str(t.status) for t in failed if t.status is not None) or "none"
-            where = ", ".join([mode, *([f"{slots} slots"] if slots is not None else []), f"{clients} clients",
-                               f"{task} {setting}", *([f"repeat {repeat + 1}"] if repeat is not None else [])])
-            notes.append(f"{where}: {len(failed)} of {len(group)} requests not answered (statuses: {statuses}); "
-                         f"first: {failed[0].error}")
-    return notes
+def specsample_server(model_argv: list[str], extra: list[str], name: str, parallel: int = 1) -> ServerProcess:
+    """`specsample serve` with the bench's own model arguments, in a child process:
+    it loads its models as a user's server would, and its threads never share a
+    process with the load's client; `parallel`: its --parallel, the slots reset()
+    erases."""
+    return ServerProcess(lambda port, tmp: [sys.executable, "-m", "specsample", "serve", *model_argv, *extra,
+                                            "--host", "127.0.0.1", "--port", str(port)], name=name, parallel=parallel)
+
+
+def serve_argv(args, target_quant: str | None = None, n_ctx: int | None = None) -> list[str]:
+    """This run's model arguments for a `specsample serve` child process (the target
+    re-encoded as target_quant says, when given; each slot's context n_ctx, when given),
+    with a queue that holds every client and never times out."""
+    options = replace(model_options(args), target_quant=target_quant or args.target_quant,
+                      ctx_size=n_ctx or args.ctx_size)
+    queue = max(16, *counts(args.clients, "--clients"))
+    return options.argv() + ["--max-queue", str(queue), "--queue-timeout", "3600"]
+
+
+def target_file(args, quant: str) -> Path:
+    """The target file our servers load for a --target-quants type: the GGUF file as
+    given, or its re-encoding (made once, cached)."""
+    from specsample.backends.models import resolve
+    from specsample.backends.reencode import reencoded
+
+    gguf = resolve(args.target).gguf_path
+    return gguf if quant == "none" else reencoded(gguf, quant)

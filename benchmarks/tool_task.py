@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from ..output.tools import HERMES, Tool, ToolFormat, parse_tool_calls, tool_format
+from specsample.output.tools import HERMES, parse_tool_calls
 
 
 def _function(name: str, description: str, properties: dict, required: list[str]) -> dict:
@@ -77,18 +77,6 @@ def tool_requests() -> list[tuple[str, str, dict]]:
     return [(tool["function"]["name"], text, tool) for text, tool in REQUESTS]
 
 
-def library_tools(tools) -> list[Tool]:
-    return [Tool(t["function"]["name"], t["function"]["parameters"]) for t in tools]
-
-
-def target_format(target) -> ToolFormat:
-    fmt = tool_format(target.tokenizer.chat_template if target.tokenizer is not None else None)
-    if fmt is None:
-        raise ValueError(f"the tools task needs a model whose chat template shows a tool-call format; {target.name} "
-                         "has none that specsample reads")
-    return fmt
-
-
 def calls_valid(text: str, tools) -> bool:
     """At least one call, each finished, naming a tool and with arguments valid under its schema."""
     import jsonschema
@@ -103,16 +91,3 @@ def calls_valid(text: str, tools) -> bool:
     except (KeyError, ValueError, jsonschema.ValidationError):
         return False
     return bool(calls)
-
-
-def call_grammar(tools, fmt: ToolFormat = HERMES) -> str:
-    """GBNF for llama-server: one call in the format, its body under the tools'
-    schemas (llama-cpp-python's converter, the one llama.cpp's own follows)."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    bodies = {"anyOf": [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
-                                                          "arguments": t["function"]["parameters"]},
-                         "required": ["name", "arguments"], "additionalProperties": False} for t in tools]}
-    body = json_schema_to_gbnf(json.dumps(bodies), prop_order=["name", "arguments"])
-    body = body.replace("root ::=", "call-body ::=", 1)
-    return f"root ::= {json.dumps(fmt.trigger + fmt.opening)} call-body {json.dumps(fmt.closing)}\n{body}"

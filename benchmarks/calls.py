@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, fields
 
-from .tables import markdown_table
+from specsample.bench.tables import markdown_table
 
 _SAMPLE = re.compile(r'^specsample_model_call(s|_tokens|_seconds)_total\{([^}]*)\} (\S+)$')
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
