@@ -31,10 +31,11 @@ import json
 import re
 from dataclasses import dataclass, field
 
-AGENT_MODULES = ("colorsys", "bisect", "html", "quopri")
-TOOL_MODULES = ("quopri", "html", "bisect", "colorsys")
-FIM_MODULES = ("glob", "base64", "calendar", "gettext")
+AGENT_MODULES = ("bisect", "fnmatch", "base64", "quopri")  # two short functions or more in FILE_LINES
+TOOL_MODULES = ("html", "colorsys", "quopri", "string")
+FIM_MODULES = ("calendar", "base64", "glob", "gettext")  # the first two hold short bodies early on
 SHORT_FUNCTION = 14  # lines at most: a whole new function must fit the answer limit
+FILE_LINES = 80  # an agent's file: the module's start, cut after its last top-level statement within this
 FIM_SUFFIX_LINES = 20
 
 
@@ -47,8 +48,15 @@ class Reply:
     tool_calls: list[tuple[str, str]] = field(default_factory=list)
 
 
-def module_source(name: str) -> str:
-    return inspect.getsource(importlib.import_module(name))
+def module_source(name: str, lines: int | None = None) -> str:
+    """The module's source; with `lines`, its start up to the end of the last top-level
+    statement that ends within that many lines (a file of a size every turn can afford
+    to prefill on two cores)."""
+    source = inspect.getsource(importlib.import_module(name))
+    if lines is None:
+        return source
+    end = max(node.end_lineno for node in ast.parse(source).body if node.end_lineno <= lines)
+    return "".join(source.splitlines(keepends=True)[:end])
 
 
 def short_functions(source: str) -> list[ast.FunctionDef]:
@@ -135,7 +143,7 @@ class AgentSession:
 
     def __init__(self, module: str, whole_function: bool, max_tokens: int):
         self.id, self.path = f"agent-{module}", f"{module}.py"
-        self.source, self.whole_function, self.max_tokens = module_source(module), whole_function, max_tokens
+        self.source, self.whole_function, self.max_tokens = module_source(module, FILE_LINES), whole_function, max_tokens
         self.functions = [f.name for f in short_functions(self.source)]
         self.turn, self.applied = 0, []  # applied: per turn, whether the model's own edit was taken
 
@@ -211,7 +219,7 @@ class ToolSession:
 
     def __init__(self, module: str, max_tokens: int):
         self.id, self.path, self.module = f"tools-{module}", f"{module}.py", module
-        self.source, self.max_tokens, self.turn = module_source(module), max_tokens, 0
+        self.source, self.max_tokens, self.turn = module_source(module, FILE_LINES), max_tokens, 0
         self.function = short_functions(self.source)[0]
         self.applied = []  # per turn, whether the model's own call was taken
         self.messages = [

@@ -47,21 +47,22 @@ def test_each_scripted_edit_changes_only_its_function_and_still_parses(kind):
 
 
 def test_an_agent_turn_takes_the_models_edit_where_it_applies_else_the_scripted_one():
-    session = AgentSession("colorsys", False, 64)
+    session = AgentSession("bisect", False, 64)
     body = session.body()
-    assert session.source in body["messages"][1]["content"] and "rgb_to_yiq" in body["messages"][1]["content"]
-    own = ("<<<<<<< SEARCH\ndef rgb_to_yiq(r, g, b):\n=======\ndef rgb_to_yiq(r, g, b):\n    assert r is not None\n"
-           ">>>>>>> REPLACE")
+    assert session.source in body["messages"][1]["content"] and "insort_right" in body["messages"][1]["content"]
+    assert session.source == module_source("bisect")[:len(session.source)] and len(session.source.splitlines()) <= 80
+    head = "def insort_right(a, x, lo=0, hi=None, *, key=None):\n"
+    own = f"<<<<<<< SEARCH\n{head}=======\n{head}    assert a is not None\n>>>>>>> REPLACE"
     session.observe(Reply(own))
-    assert "    assert r is not None\n" in session.source and session.applied == [True]
+    assert head + "    assert a is not None\n" in session.source and session.applied == [True]
     before = session.source
-    session.observe(Reply("I cannot do that."))  # turn 2: the scripted rename of hls_to_rgb's first parameter
-    assert session.applied == [True, False] and session.source == scripted_edit(before, "rename", "hls_to_rgb", "h")
+    session.observe(Reply("I cannot do that."))  # turn 2: the scripted rename of insort_left's first parameter
+    assert session.applied == [True, False] and session.source == scripted_edit(before, "rename", "insort_left", "a")
     assert session.source in session.body()["messages"][1]["content"]  # the next turn sends the file as it is now
 
 
 def test_a_tool_loop_appends_the_models_call_or_the_scripted_one_and_the_tools_result():
-    session = ToolSession("quopri", 64)
+    session = ToolSession("quopri", 64)  # its file is quopri's first lines
     first = session.body()
     assert session.side_body() is None and [t["function"]["name"] for t in first["tools"]][0] == "search_code"
     session.observe(Reply(tool_calls=[("read_file", json.dumps({"path": "quopri.py", "start_line": 1,
@@ -79,12 +80,12 @@ def test_a_tool_loop_appends_the_models_call_or_the_scripted_one_and_the_tools_r
 
 
 def test_fim_prompts_grow_down_the_file_each_extending_the_last():
-    session = FimSession("glob", 64)
+    session = FimSession("calendar", 64)
     bodies = []
     for _ in range(3):
         bodies.append(session.body())
         session.observe(Reply("x"))
-    source = module_source("glob")
+    source = module_source("calendar")
     for a, b in zip(bodies, bodies[1:]):
         assert b["prompt"].startswith(a["prompt"]) and len(b["prompt"]) > len(a["prompt"])
     for body in bodies:
@@ -148,7 +149,7 @@ def test_the_summary_is_the_sums_of_the_turns_and_ratios_to_the_first_server():
     assert by["agent", "auto"]["tokens_per_call"] == pytest.approx(2.0)
     assert by["agent", "auto"]["acceptance"] == pytest.approx(5 / 8)
     # An append-only conversation: later turns prefill only what was added since.
-    assert by["tools", "auto"]["ttft_later_over_first_max"] < 0.3
+    assert by["tools", "auto"]["ttft_later_over_first_max"] < 0.5
     assert by["tools", "plain"]["sessions"] == 2 and by["tools", "plain"]["turns"] == 6  # side requests left out
     assert all(b["temperature"] == 0.8 for _, b in fake.sent if b["max_tokens"] == 32)
     assert len(table(rows)) == 2 + len(rows) and len(turn_table(records)) == 2 + 4 * 3
