@@ -1,19 +1,21 @@
 """The agent and editor sessions (benchmarks/sessions.py) and their runner and report
 (benchmarks/agents.py), against a fake endpoint: every turn follows from the answers
-before it, the same on every server, and the report's ratios are the turns' sums."""
+before it, the same on every server, and the report's ratios are the turns' sums
+(pure, a fake `send`); and `send` itself against a local OpenAI-style stream (system)."""
 
 import ast
 import json
 
 import pytest
 
-from benchmarks.agents import Server, Turn, run_sessions, summarise, table, turn_table
+from benchmarks.agents import Server, Turn, run_sessions, send, summarise, table, turn_table
 from benchmarks.sessions import (AgentSession, FimSession, Reply, ToolSession, apply_search_replace,
                                  apply_whole_function, find_function, make_sessions, module_source, scripted_edit)
 
-pytestmark = pytest.mark.pure
+from test_bench_endpoints import FIRST_TEXT_DELAY, OpenAIEndpoint, _Handler, serving
 
 
+@pytest.mark.pure
 def test_search_replace_applies_only_a_block_found_exactly_once():
     source = "def f(a):\n    return a\n\n\ndef g(a):\n    return a\n"
     block = "<<<<<<< SEARCH\ndef f(a):\n    return a\n=======\ndef f(a):\n    return a + 1\n>>>>>>> REPLACE"
@@ -24,6 +26,7 @@ def test_search_replace_applies_only_a_block_found_exactly_once():
     assert apply_search_replace(source, "no block here") is None
 
 
+@pytest.mark.pure
 def test_whole_function_replaces_the_named_function_and_nothing_else():
     source = "X = 1\n\n\ndef f(a):\n    return a\n\n\ndef g(b):\n    return b\n"
     new = apply_whole_function(source, "```python\ndef f(a):\n    if a is None:\n        raise TypeError\n"
@@ -34,6 +37,7 @@ def test_whole_function_replaces_the_named_function_and_nothing_else():
     assert apply_whole_function(source, "```python\ndef f(a:\n```", "f") is None  # not Python
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("kind", ["guard", "rename", "print"])
 def test_each_scripted_edit_changes_only_its_function_and_still_parses(kind):
     source = module_source("colorsys")
@@ -46,6 +50,7 @@ def test_each_scripted_edit_changes_only_its_function_and_still_parses(kind):
     assert ast.unparse(find_function(edited, "hls_to_rgb")) == ast.unparse(find_function(source, "hls_to_rgb"))
 
 
+@pytest.mark.pure
 def test_an_agent_turn_takes_the_models_edit_where_it_applies_else_the_scripted_one():
     session = AgentSession("bisect", False, 64)
     body = session.body()
@@ -61,6 +66,7 @@ def test_an_agent_turn_takes_the_models_edit_where_it_applies_else_the_scripted_
     assert session.source in session.body()["messages"][1]["content"]  # the next turn sends the file as it is now
 
 
+@pytest.mark.pure
 def test_a_tool_loop_appends_the_models_call_or_the_scripted_one_and_the_tools_result():
     session = ToolSession("quopri", 64)  # its file is quopri's first lines
     first = session.body()
@@ -79,6 +85,7 @@ def test_a_tool_loop_appends_the_models_call_or_the_scripted_one_and_the_tools_r
     assert session.result("search_code", "[1]") == "error: the arguments are not an object"
 
 
+@pytest.mark.pure
 def test_fim_prompts_grow_down_the_file_each_extending_the_last():
     session = FimSession("calendar", 64)
     bodies = []
@@ -117,6 +124,7 @@ class FakeEndpoint:
                         "accepted": 5, "suffix_rounds": 0}
 
 
+@pytest.mark.pure
 def test_every_session_runs_on_every_server_in_rotating_order_with_the_same_turns():
     servers = [Server(n, f"http://{n}/v1", "m") for n in ("plain", "auto", "suffix")]
     fake = FakeEndpoint({"plain": 10.0, "auto": 20.0, "suffix": 30.0})
@@ -132,6 +140,7 @@ def test_every_session_runs_on_every_server_in_rotating_order_with_the_same_turn
     assert all(b["temperature"] == 0.0 for _, b in fake.sent)
 
 
+@pytest.mark.pure
 def test_the_summary_is_the_sums_of_the_turns_and_ratios_to_the_first_server():
     servers = [Server(n, f"http://{n}/v1", "m") for n in ("plain", "auto")]
     fake = FakeEndpoint({"plain": 10.0, "auto": 25.0})
@@ -155,6 +164,7 @@ def test_the_summary_is_the_sums_of_the_turns_and_ratios_to_the_first_server():
     assert len(table(rows)) == 2 + len(rows) and len(turn_table(records)) == 2 + 4 * 3
 
 
+@pytest.mark.pure
 def test_side_requests_come_between_the_tool_loops_turns():
     """Negative control of the TTFT figure: a cache of one slot, which each side request
     takes over, leaves the later turns' TTFT near the first's."""
@@ -165,6 +175,7 @@ def test_side_requests_come_between_the_tool_loops_turns():
     assert summarise(records)[0]["ttft_later_over_first_max"] > 0.9
 
 
+@pytest.mark.pure
 def test_a_failed_turn_is_recorded_and_the_session_goes_on():
     def failing(server, body):
         raise ConnectionError("refused")
@@ -173,3 +184,46 @@ def test_a_failed_turn_is_recorded_and_the_session_goes_on():
                            send=failing, log=lambda msg: None)
     assert [r.error for r in records] == ["ConnectionError: refused"] * 2
     assert summarise(records) == [] and isinstance(records[0], Turn)
+
+
+class _ToolCalling(_Handler):
+    """The bare endpoint, answering every chat request with one tool call streamed in
+    pieces (its name first, then its arguments in two deltas), as OpenAI does, and a
+    usage with our `speculative` extension."""
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.log.append((self.server.name, self.path, body))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        call = {"index": 0, "id": "c0", "type": "function", "function": {"name": "search_code", "arguments": ""}}
+        for delta in ({"tool_calls": [call]}, {"tool_calls": [{"index": 0, "function": {"arguments": '{"pattern": '}}]},
+                      {"tool_calls": [{"index": 0, "function": {"arguments": '"def quote"}'}}]}):
+            self._send({"choices": [{"index": 0, "delta": delta}]}, True)
+        self._send({"choices": [{"index": 0, "finish_reason": "tool_calls", "delta": {}}]}, True)
+        self._send({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 7, "total_tokens": 16,
+                                             "speculative": {"target_calls": 3, "drafted": 6, "accepted": 4,
+                                                             "sources": {"suffix8": {"rounds": 2}}}}}, True)
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+@pytest.mark.system
+def test_send_streams_text_tool_calls_and_usage_from_an_openai_endpoint():
+    log = []
+    plain, tools = OpenAIEndpoint("plain", log, words=5), OpenAIEndpoint("tools", log)
+    tools.RequestHandlerClass = _ToolCalling
+    with serving(plain, tools):
+        server = Server("plain", plain.url + "/v1", "m")
+        reply, measured = send(server, {"model": "m", "prompt": "def f(", "suffix": "\n", "max_tokens": 8})
+        assert reply.text == " w0 w1 w2 w3 w4" and measured["completion_tokens"] == 5
+        assert measured["ttft"] >= FIRST_TEXT_DELAY and measured["seconds"] >= measured["ttft"]
+        assert measured["target_calls"] is None and measured["suffix_rounds"] is None  # an endpoint not ours
+        assert log[-1][1] == "/v1/completions" and log[-1][2]["suffix"] == "\n" and log[-1][2]["stream"] is True
+        session = ToolSession("quopri", 16)
+        reply, measured = send(Server("tools", tools.url + "/v1", "m"), {"model": "m", **session.body()})
+        assert reply.tool_calls == [("search_code", '{"pattern": "def quote"}')] and reply.text == ""
+        assert measured["ttft"] is not None and (measured["target_calls"], measured["accepted"]) == (3, 4)
+        assert measured["suffix_rounds"] == 2
+        session.observe(reply)
+        assert session.applied == [True] and session.messages[-1]["content"].startswith("quopri.py:")
