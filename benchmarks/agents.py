@@ -118,9 +118,11 @@ def usage_counts(usage) -> dict:
             "suffix_rounds": sum(v["rounds"] for k, v in sources.items() if k.startswith("suffix")) if spec else None}
 
 
-def run_sessions(servers: list[Server], sessions: list, turns: int, setting: str, send=send, log=None) -> list[Turn]:
+def run_sessions(servers: list[Server], sessions: list, turns: int, setting: str, send=send, log=None,
+                 keep=lambda records: None) -> list[Turn]:
     """Every session on every server, its turns in order; session i visits the servers
-    starting at the i-th (mod their number). Each server gets a fresh copy of the session."""
+    starting at the i-th (mod their number). Each server gets a fresh copy of the session.
+    `keep` sees the records so far after every turn (a run cut short keeps them)."""
     log = log or (lambda msg: print(f"agents: {msg}", file=sys.stderr, flush=True))
     records = []
     for i, template in enumerate(sessions):
@@ -135,6 +137,7 @@ def run_sessions(servers: list[Server], sessions: list, turns: int, setting: str
                 session.observe(reply)
                 turn.applied = session.applied[-1] if session.applied else None
                 records.append(turn)
+                keep(records)
                 log(f"{server.name} {session.id} turn {t + 1}: {turn.completion_tokens} tokens in {turn.seconds:.1f} s, "
                     f"TTFT {turn.ttft or 0:.2f} s, cached {turn.cached_tokens} of {turn.prompt_tokens}")
     return records
@@ -283,14 +286,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             servers = start_servers(args.servers.split(","), model_argv, args.suffix_tokens, args.trace, stack)
         started = time.time()
-        records = run_sessions(servers, sessions, args.turns, args.setting)
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem = f"sessions-{args.setting}-{'-'.join(kinds)}"
+        partial = args.out / f"{stem}.partial.json"  # the turns so far, replaced by the report at the end
+        records = run_sessions(servers, sessions, args.turns, args.setting, keep=lambda done: partial.write_text(
+            json.dumps({"command": command, "turns": [asdict(r) for r in done]}, indent=1)))
+    partial.unlink(missing_ok=True)
     rows = summarise(records)
     report = "\n".join([f"Command: `{command}`", "", f"{args.sessions} sessions of each kind x {args.turns} turns, "
                         f"{args.setting}, {args.max_tokens} tokens at most; servers {', '.join(s.name for s in servers)}"
                         f" (x plain: over the first); run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}.",
                         "", *table(rows), "", "Per turn:", "", *turn_table(records), ""])
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"sessions-{args.setting}-{'-'.join(kinds)}"
     (args.out / f"{stem}.md").write_text(report)
     (args.out / f"{stem}.json").write_text(json.dumps({"command": command, "rows": rows,
                                                        "turns": [asdict(r) for r in records]}, indent=1))

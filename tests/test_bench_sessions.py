@@ -180,9 +180,10 @@ def test_a_failed_turn_is_recorded_and_the_session_goes_on():
     def failing(server, body):
         raise ConnectionError("refused")
 
+    kept = []
     records = run_sessions([Server("a", "http://a/v1", "m")], make_sessions(["fim"], 1, 8), 2, "greedy",
-                           send=failing, log=lambda msg: None)
-    assert [r.error for r in records] == ["ConnectionError: refused"] * 2
+                           send=failing, log=lambda msg: None, keep=lambda done: kept.append(len(done)))
+    assert [r.error for r in records] == ["ConnectionError: refused"] * 2 and kept == [1, 2]
     assert summarise(records) == [] and isinstance(records[0], Turn)
 
 
