@@ -25,6 +25,8 @@ llama_server.py  builds the llama-server the bench compares with, once
               (python -m benchmarks.llama_server; `make demo` runs it)
 ttft.py       time to first token against llama-server (python -m benchmarks.ttft)
 soak.py       a mixed soak of a real `specsample serve` (python -m benchmarks.soak)
+sessions.py   multi-turn agent and editor sessions (file edits, a tool loop, FIM down a file)
+agents.py     those sessions against servers, turn by turn (python -m benchmarks.agents)
 studies/      one-question studies, each `python -m benchmarks.studies.<name>`
 scripts/      the shell and Python scripts behind some docs/results folders, one folder each
 """
