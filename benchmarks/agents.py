@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks.sessions import KINDS, Reply, make_sessions
-from specsample.bench.serving import rotation
+from specsample.bench.load import rotation
 
 SAMPLED = {"temperature": 0.8, "top_p": 0.95}  # the bench's "sample" setting (bench/modes.py)
 
@@ -238,7 +238,7 @@ def turn_table(records: list[Turn]) -> list[str]:
 # ---- the command ----
 
 def start_servers(names: list[str], model_argv: list[str], suffix_tokens: int, trace: Path | None, stack) -> list:
-    from specsample.bench.servers import specsample_server
+    from benchmarks.serving import specsample_server
 
     flags = {"plain": ["--autoregressive"], "auto": ["-k", "auto"],
              "suffix": ["-k", "auto", "--suffix-tokens", str(suffix_tokens)]}
