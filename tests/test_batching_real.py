@@ -51,12 +51,14 @@ def test_each_sequence_rolls_back_alone(batched):
 def test_greedy_and_seeded_answers_equal_each_request_alone_as_sequences_join_and_leave(batched):
     target, draft = batched
     prompts = [target.tokenizer.encode(t) for t in TEXTS]
+    # Five requests of different lengths on three sequences: the fourth and fifth join as
+    # the first ones leave, in the order they did with the 78 tokens before issue 53.
     configs = [GenerationConfig(max_new_tokens=n, sampling=s, seed=seed)
-               for n, s, seed in ((20, GREEDY, 0), (12, SAMPLED, 5), (24, GREEDY, 0), (6, SAMPLED, 9), (16, GREEDY, 0))]
+               for n, s, seed in ((12, GREEDY, 0), (7, SAMPLED, 5), (14, GREEDY, 0), (4, SAMPLED, 9), (10, GREEDY, 0))]
     queue = list(configs)
     results, stats = generate_many(target, prompts, configs, draft, lambda slot: drafter_for(queue.pop(0).sampling)(slot),
                                    FixedK(3))
-    assert stats.sequences_per_call[3] > 0  # three at once, then fewer as they leave and join
+    assert stats.sequences_per_call[3] > 0 and sum(stats.sequences_per_call[1:3]) > 0  # three at once, then fewer
     target_slot, draft_slot = slots(target)[0], slots(draft)[0]
     for prompt, config, result in zip(prompts, configs, results):
         alone = generate(target_slot, prompt, config, drafter_for(config.sampling)(draft_slot), FixedK(3))

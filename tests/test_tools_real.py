@@ -26,14 +26,18 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris right now,
 def url(real_pair):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     from specsample.app.assemble import Models
+    from specsample.backends import load_backend
     from specsample.serve.app import create_app
     from specsample.serve.settings import Settings
 
-    target, draft = real_pair.load("llamacpp")
-    models = Models(target, draft)
-    # The same request streamed and whole gives the same call token for token: fresh
-    # prefills, since default kernels score a reused prompt's rows in other calls.
-    settings = Settings(model_name="qwen", policy=3, cache_prompt=False)
+    # Batch-invariant kernels: a prompt's rows are bitwise the same whether scored
+    # fresh or after a start the slot's cache held (cache_prompt, the server's
+    # default), so the same request streamed after it is whole gives the same call
+    # token for token, and each later turn scores only what it adds to the one before
+    # (its tools' few hundred tokens of schema once).
+    target = load_backend(real_pair.target, "llamacpp", batch_invariant=True)
+    models = Models(target, load_backend(real_pair.draft, "llamacpp"))
+    settings = Settings(model_name="qwen", policy=3)
     app = create_app(target, models.drafter, models.drafter_name, settings)
     with running(app) as base:
         yield base
@@ -56,18 +60,21 @@ def test_the_openai_client_gets_a_call_streamed_or_not_then_an_answer_from_the_r
     assert call.function.name == "get_weather" and "paris" in arguments["city"].lower()
     assert whole.usage.model_dump()["speculative"]["forced_tokens"] > 0  # the call's layout came free
 
-    parts = list(client.chat.completions.create(**kw, stream=True))
+    parts = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    prompt = whole.usage.prompt_tokens  # streamed from the prompt the whole request left: its last token scored again
+    assert parts[-1].usage.prompt_tokens_details.cached_tokens == prompt - 1
     opened = [p.choices[0].delta.tool_calls[0] for p in parts if p.choices and p.choices[0].delta.tool_calls
               and p.choices[0].delta.tool_calls[0].id]
     assert [(o.function.name, o.index) for o in opened] == [("get_weather", 0)]
     streamed = "".join(p.choices[0].delta.tool_calls[0].function.arguments or "" for p in parts
                        if p.choices and p.choices[0].delta.tool_calls)
-    assert streamed == call.function.arguments and parts[-1].choices[0].finish_reason == "tool_calls"
+    assert streamed == call.function.arguments and parts[-2].choices[0].finish_reason == "tool_calls"
 
     turn = [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
             {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 21, "sky": "clear"})}]
     answer = client.chat.completions.create(**{**kw, "messages": QUESTION + turn})
     assert answer.choices[0].message.tool_calls is None and "21" in answer.choices[0].message.content
+    assert answer.usage.prompt_tokens_details.cached_tokens >= prompt  # the turn before it, not scored again
 
 
 def test_langchain_binds_tools_and_runs_a_tool_loop(url):
