@@ -13,7 +13,7 @@ from .admission import Admission
 from ..backends.base import Backend, check_cache, check_same_vocabulary, claim_cache, common_prefix_length
 from ..output.constraints import Constraint
 from ..output.constraints import start as start_grammar
-from .batching import PREFILL_CHUNK, BatchStats, Scheduler, slots
+from .batching import PREFILL_CHUNK, BatchStats, Scheduler, scheduled, slots
 from .context_fit import new_token_room
 from ..output.detokenize import TextTracker
 from ..output.text_stops import TextStop
@@ -426,7 +426,7 @@ def generate_many(target, prompts: list[list[int]], configs, draft=None,
 
     def one(i: int, seq: int) -> GenerationResult:
         drafter = None if make_drafter is None else make_drafter(draft_slots[seq])
-        return generate(target_slots[seq], prompts[i], configs[i], drafter, policy and policy.fork())
+        return generate(target_slots[seq], prompts[i], configs[i], drafter, scheduled(policy and policy.fork()))
 
     def admit(admission: Admission) -> bool:
         # The prompts in order, each on the slot free longest, until every one has run.

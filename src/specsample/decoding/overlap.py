@@ -55,7 +55,6 @@ import time
 import torch
 
 from ..backends.base import Backend
-from .batching import in_batch
 from .drafters import Draft, Drafter
 from .plans import MODEL, Offer, Plan, Policy
 from .rounds import Round, draft_step, judge, with_carried
@@ -66,10 +65,9 @@ from .verify import Verdict
 def stream_overlaps(target: Backend, drafter: Drafter | None, grammar) -> bool:
     """Whether a stream drafts during its target's calls: the target runs elsewhere
     (Backend.overlap), a draft model drafts, no grammar masks the drafts (the next
-    block would need the grammar moved past a block not yet accepted) and the stream
-    is not one sequence of a batch."""
-    return (target.overlap and drafter is not None and drafter.model_backend is not None and grammar is None
-            and not in_batch())
+    block would need the grammar moved past a block not yet accepted). A sequence of a
+    batch plays on a batching.Slot, whose calls are shared: it never overlaps."""
+    return target.overlap and drafter is not None and drafter.model_backend is not None and grammar is None
 
 
 class TargetCall:

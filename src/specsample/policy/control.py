@@ -17,9 +17,10 @@ accepted) expects E = 1 + a_1 + a_1 a_2 + ... tokens, and T prices the whole rou
         + the share of the draft's reading of unread text that this round carries
 
 The prices are curves over a call's size (estimates.Prices): the start-up
-calibration is their prior, and every call of the run moves them (the scheduler
-records each call once; alone, the round reports its own), so a busy neighbour or a
-slower clock is priced within a few calls. The search is coordinate ascent over the
+calibration is their prior, and every call of the run moves them (Planner.record,
+once per call: by the scheduler in a batch; alone, a batch of one, the seat records
+the calls its round reports), so a busy neighbour or a slower clock is priced within
+a few calls. The search is coordinate ascent over the
 sequences' options from all-plain, and, with several sequences, also from "every
 sequence drafts L" (a joint move no single sequence would make alone, since it
 would pay the draft's steps by itself). A realised-goodput guard (estimates.Goodput)
@@ -70,11 +71,10 @@ import copy
 import time
 from typing import NamedTuple
 
-from ..decoding.batching import in_batch, request_plan
 from .config import PLANNER, PlannerConfig
 from .curve import round_seconds
 from .estimates import Acceptance, AnswerLength, Goodput, Prices, ShadowLookup, SourceModel, kind_of
-from ..decoding.plans import MODEL, ModelCall, Offer, Plan, Policy, RoundReport, Source
+from ..decoding.plans import MODEL, ModelCall, Offer, Plan, RoundReport, Seated, Source
 
 
 class Option(NamedTuple):
@@ -215,6 +215,14 @@ class Planner:
         self.restart(ended)
         self._closed = closed
 
+    def record_round(self, report: RoundReport) -> None:
+        """The calls of a round played alone, as its own clock timed them (in a
+        scheduler, the scheduler records each shared call instead)."""
+        for d in report.draft_calls:
+            self.record(ModelCall(False, d.tokens_fed, 1, d.seconds, d.reads, d.hidden))
+        if report.target_tokens:
+            self.record(ModelCall(True, report.target_tokens, 1, report.target_seconds))
+
     def restart(self, now: float | None = None) -> None:
         """Hand the last closed window, with the tokens its round emitted, to the goodput
         guard, and open one `now` (by default: a sequence starts alone, its prompt
@@ -230,9 +238,11 @@ class Planner:
         self._tokens += tokens
 
 
-class Seat(Policy):
+class Seat(Seated):
     """One sequence's policy: its own acceptance, lookup and answer-length estimates,
-    and a place at its planner, which decides its rounds with everyone else's."""
+    and a place at its planner, which decides its rounds with everyone else's. Played
+    as it is, a stream is a batch of one; in a scheduler, batching.Scheduled plays it
+    (plans.Seated)."""
 
     def __init__(self, planner: Planner):
         self.planner, self.k_max = planner, planner.k_max
@@ -249,18 +259,24 @@ class Seat(Policy):
         return twin
 
     def begin(self, context, max_new_tokens) -> None:
+        self.start(max_new_tokens)
+        self.planner.restart()  # alone, its first round's window opens now, after its prompt
+
+    def start(self, max_new_tokens: int) -> None:
         self.length.begin(max_new_tokens)
         self.shadow.reset()
         if self.planner.trace is not None:
             self.planner.trace.begun(self)
-        if not in_batch():  # alone, its first round's window opens now, after its prompt
-            self.planner.restart()
 
     def plan(self, offer: Offer) -> Plan:
+        plan = self.offered(offer)
+        return plan if plan is not None else self.planner.plan({self: offer})[self]
+
+    def offered(self, offer: Offer) -> Plan | None:
         self.shadow.offered = offer.lookups
         if offer.free:  # a plain step that costs no call: no drafting round's rate comes near it
             return Plan(None, 0)
-        return request_plan(self, offer)  # the scheduler's, in a batch; else this seat's alone
+        return None
 
     def menu(self, offer: Offer, barred: set = frozenset()) -> list[Option]:
         """Its options this round: a plain step, then each source and length it offers
@@ -305,15 +321,13 @@ class Seat(Policy):
         return Plan(option.source, option.m, limit, extent if option.source == MODEL else None)
 
     def observe(self, report: RoundReport) -> None:
+        self.planner.record_round(report)  # alone, the round's own clock timed its calls
+        self.learn(report)
+
+    def learn(self, report: RoundReport) -> None:
         self.acceptance.observe(report)
         self.shadow.observe(report, self.acceptance)
         self.length.generated += len(report.emitted_tokens)
-        if not in_batch():  # alone, the round's own clock times its calls
-            reads = self.planner.config.fed_per_round  # a call feeding more reads text (prompt=True)
-            for d in report.draft_calls:
-                self.planner.record(ModelCall(False, d.tokens_fed, 1, d.seconds, d.tokens_fed > reads, d.hidden))
-            if report.target_tokens:
-                self.planner.record(ModelCall(True, report.target_tokens, 1, report.target_seconds))
         self.planner.emitted(len(report.emitted_tokens))
         if self.planner.trace is not None:
             self.planner.trace.reported(self, report)
