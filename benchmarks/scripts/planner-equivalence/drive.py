@@ -99,7 +99,8 @@ def batch(rng: random.Random, case: int) -> None:
         if not offers:
             continue
         load = rng.choice([0, 0, 0, 64])
-        plans = planner.plan(offers, load)
+        # The plans a round plays: since issue 52's pure plan(), decide() takes them as the round's.
+        plans = (planner.decide if hasattr(planner, "decide") else planner.plan)(offers, load)
         for i, (seat, plan) in enumerate(plans.items()):
             print(f"batch {case}.{r}.{i}: {describe(plan, rng)}")
         tokens = load + sum(p.length + 1 for p in plans.values())

@@ -275,7 +275,7 @@ class Scheduler:
         for group in by_planner.values():
             planner = next(iter(group.values())).seat.planner
             self.planners[id(planner)] = planner
-            plans = planner.plan({r.seat: r.offer for r in group.values()}, load)
+            plans = planner.decide({r.seat: r.offer for r in group.values()}, load)
             for sequence, request in group.items():
                 self._resume(sequence, plans[request.seat])
 

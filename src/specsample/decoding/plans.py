@@ -182,7 +182,7 @@ class Seated(Policy):
     and records each shared call once, and the seat only learns from its reports.
     What the scheduler needs of it:"""
 
-    planner: object  # plan(offers, load) -> {seat: Plan}; record(ModelCall, ended)
+    planner: object  # decide(offers, load) -> {seat: Plan}; record(ModelCall, ended)
 
     def start(self, max_new_tokens: int) -> None:
         """begin() without opening its planner's round window (the scheduler's calls close it)."""

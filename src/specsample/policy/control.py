@@ -112,14 +112,32 @@ class Planner:
 
     def plan(self, offers: dict[Seat, Offer], load: int = 0) -> dict[Seat, Plan]:
         """Every offering seat's plan for the coming round; `load`: tokens of other
-        sequences (prompts being read) in the same target call."""
+        sequences (prompts being read) in the same target call. A function of the
+        planner's state and the offers: it changes nothing, so it may be asked again
+        or on a copy (decide() takes its plans as the round's)."""
+        return self._choose(offers, load)[-1]
+
+    def decide(self, offers: dict[Seat, Offer], load: int = 0) -> dict[Seat, Plan]:
+        """plan(), taken as the coming round's plans: the round's window notes what it
+        drafts from (for the goodput guard: the model's if any sequence drafts from
+        it), each seat's sources left out drift back to their priors, and the trace
+        hears why. Whoever plays the round calls it: the scheduler, or a seat alone."""
+        barred, menus, chosen, plans = self._choose(offers, load)
+        self._window[2] = max((kind_of(o.source) for o in chosen if o.m), key=lambda k: k == "model", default=None)
+        for seat, plan in plans.items():
+            seat.acceptance.sat_out(plan.source)
+        if self.trace is not None:
+            self.trace.planned(self, offers, load, barred, menus, chosen, plans)
+        return plans
+
+    def _choose(self, offers: dict[Seat, Offer], load: int) -> tuple[set, list[list[Option]], list[Option], dict]:
+        """What plan() decides, and from what: the goodput kinds barred, each seat's
+        menu, the options chosen, and the plans."""
         seats, guard = list(offers), self.goodput
         size, drafting = len(seats) + (load > 0), guard.KINDS[1:]
         barred = set(drafting) if guard.probe(size) else {kind for kind in drafting if guard.barred(size, kind)}
         menus = [seat.menu(offers[seat], barred) for seat in seats]
         chosen = self._search(menus, load)
-        # What the coming round drafts from, for the goodput guard: the model's if any sequence drafts from it.
-        self._window[2] = max((kind_of(o.source) for o in chosen if o.m), key=lambda k: k == "model", default=None)
         rate, tokens = self._rate(chosen, load), load + sum(o.m + 1 for o in chosen)
         widths = [sum(o.steps > j for o in chosen) for j in range(self.k_max)]  # sequences drafting at step j
         reads = "model" not in barred  # no reading for a model that may not draft: its rounds would keep it barred
@@ -127,9 +145,7 @@ class Planner:
                                     [width - (option.steps > j) for j, width in enumerate(widths)],  # the others'
                                     self._catch_up(chosen, i, seat, offers[seat]) if reads else 0)
                  for i, (seat, option) in enumerate(zip(seats, chosen))}
-        if self.trace is not None:
-            self.trace.planned(self, offers, load, barred, menus, chosen, plans)
-        return plans
+        return barred, menus, chosen, plans
 
     def _catch_up(self, chosen: list[Option], i: int, seat: Seat, offer: Offer) -> int:
         """Tokens of unread text the draft reads for plain seat i this round: where that
@@ -270,7 +286,7 @@ class Seat(Seated):
 
     def plan(self, offer: Offer) -> Plan:
         plan = self.offered(offer)
-        return plan if plan is not None else self.planner.plan({self: offer})[self]
+        return plan if plan is not None else self.planner.decide({self: offer})[self]
 
     def offered(self, offer: Offer) -> Plan | None:
         self.shadow.offered = offer.lookups
@@ -313,7 +329,6 @@ class Seat(Seated):
         return max(drafted, min(self.k_max, fits))
 
     def to_plan(self, option: Option, offer: Offer, rate: float, others: int, widths: list[int], catch_up: int) -> Plan:
-        self.acceptance.sat_out(option.source)
         if option.source is None:
             return Plan(None, 0, catch_up=catch_up)
         limit = min(offer.available[option.source], self.k_max)
