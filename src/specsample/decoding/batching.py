@@ -63,7 +63,6 @@ class Slot(Backend):
         self.shared, self.seq = shared, seq
         self.name = shared.name if shared.sequences == 1 else f"{shared.name}[{seq}]"
         take_model_attributes(self, shared)
-        self.overlap = False  # its calls are the scheduler's, shared: nothing drafts during them (overlap.py)
 
     @property
     def length(self) -> int:

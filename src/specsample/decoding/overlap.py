@@ -42,7 +42,8 @@ The target's calls run on a thread of the stream's own (llama.cpp's calls releas
 touches the target meanwhile, and the draft and the sampler are touched by this
 thread alone, so a seeded run is reproducible. A worker lost mid-call parks the call's
 thread (rpc.guard_aborts), and this one waits on it for good, as the loop did inside
-the call. A batch (batching.py) never overlaps: its sequences share the calls.
+the call. A batch (batching.py) never overlaps: its sequences share the calls, and
+its streams are not told to.
 """
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ from .sampling import Sampler, SamplingConfig
 from .verify import Verdict
 
 
-def stream_overlaps(target: Backend, drafter: Drafter | None, grammar) -> bool:
-    """Whether a stream drafts during its target's calls: the target runs elsewhere
-    (Backend.overlap), a draft model drafts, no grammar masks the drafts (the next
-    block would need the grammar moved past a block not yet accepted). A sequence of a
-    batch plays on a batching.Slot, whose calls are shared: it never overlaps."""
-    return target.overlap and drafter is not None and drafter.model_backend is not None and grammar is None
+def stream_overlaps(overlap: bool, drafter: Drafter | None, grammar) -> bool:
+    """Whether a stream drafts during its target's calls: the pair is placed so
+    (`overlap`: target and draft compute apart, which assembly decides once:
+    assemble.pair_overlaps), a draft model drafts, and no grammar masks the drafts (the
+    next block would need the grammar moved past a block not yet accepted)."""
+    return overlap and drafter is not None and drafter.model_backend is not None and grammar is None
 
 
 class TargetCall:
