@@ -21,7 +21,7 @@ from .drafters import Drafter, finish, reuse_model_cache, tell
 from ..output.logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
 from .overlap import Overlap, stream_overlaps
 from .plans import Policy, ready_policy
-from .rounds import Round, play_round
+from .rounds import IN_ROUND, Round, play_round
 from .sampling import InvalidSetting, Sampler, SamplingConfig
 
 VERIFIERS = ("auto", "block", "rejection", "coupled")
@@ -302,14 +302,14 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, overlap
     out.stats.prefill_seconds = clock() - start
     if drafter is not None:
         policy.begin(out.context, config.max_new_tokens)
-    play = play_round if overlap is None else overlap.play
+    calls = IN_ROUND if overlap is None else overlap  # how each round calls the target (rounds.TargetCalls)
     try:
         while out.going:
             # The target must still hold this stream's text (all but the pending token):
             # another stream on the same backend may have run in between.
             check_cache(target, claim, len(out.context) - (carried is None))
-            played = play(target, drafter, policy, sampler, config.sampling, grammar, out.context, carried, out.room,
-                          clock)
+            played = play_round(target, drafter, policy, sampler, config.sampling, grammar, out.context, carried,
+                                out.room, clock, calls)
             carried = played.carry  # the row a kept block starts from (overlap.py); else None
             chunk = out.emit(played)
             if chunk.token_ids and out.stats.first_token_seconds is None:
