@@ -1,12 +1,12 @@
 """Drafting during the target's call (decoding/overlap.py): the output is still the
 target's.
 
-A trigram toy target marked as running elsewhere (Backend.overlap, as a target on
-RPC workers is) makes the loop take the overlapped path: each model round's call runs
-on a thread while the draft drafts the next block, and a round whose drafts were all
-accepted hands that block to the next round instead of a bonus token. (The checks of
-a fixed K make the call on the loop's thread instead, where it is handed over:
-CallsInline says why their outputs are the same.) The same
+A trigram toy pair placed apart (stream's `overlap`, as assembly places a target
+on RPC workers: assemble.pair_overlaps) makes the loop take the overlapped path:
+each model round's call runs on a thread while the draft drafts the next block, and
+a round whose drafts were all accepted hands that block to the next round instead
+of a bonus token. (The checks of a fixed K make the call on the loop's thread
+instead, where it is handed over: CallsInline says why their outputs are the same.) The same
 token-by-token check as tests/test_distribution.py (toy.assert_follows, SAMPLES
 sequences of LENGTH tokens, p < 1e-6 fails) runs on that path, with fixed K, -k auto
 and the coupled verifier; its negative controls keep the block in two wrong ways
@@ -49,12 +49,6 @@ DRAFTS = {
 }
 
 
-class Remote(TrigramBackend):
-    """The toy target as one on RPC workers: the loop drafts during its calls."""
-
-    overlap = True
-
-
 class CallsInline(CallThread):
     """Each target call run on the loop's own thread as it is handed over, before the
     drafting it overlaps. A fixed-K check draws the same outputs either way (the draft
@@ -75,7 +69,7 @@ def overlapped(kind, sampling, k, verifier="rejection", n=SAMPLES):
     config = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, verifier=verifier)
     drafter, stats = ModelDrafter(TrigramBackend(DRAFTS[kind], name=kind), sampling), []
     with unittest.mock.patch.object(overlap_module, "CallThread", CallsInline):
-        counts = empirical(n, Remote(TARGET), PROMPT, config, drafter, k, stats=stats)
+        counts = empirical(n, TrigramBackend(TARGET), PROMPT, config, drafter, k, stats=stats, overlap=True)
     return counts, sum(s.predrafted_rounds for s in stats)
 
 
@@ -87,7 +81,7 @@ def greedy(target, draft, k, tokens=10, prompt=PROMPT):
     planner timed on the pair and this prompt first, as the loop never times models."""
     policy = make_policy("auto", K_MAX, target, draft, context=prompt) if k == "auto" else k
     return generate(target, prompt, GenerationConfig(max_new_tokens=tokens, sampling=GREEDY),
-                    ModelDrafter(draft, GREEDY), policy)
+                    ModelDrafter(draft, GREEDY), policy, overlap=True)
 
 
 @pytest.mark.parametrize("kind,k,temperature,top_k,top_p,verifier", [
@@ -116,8 +110,7 @@ def test_the_adaptive_policy_on_the_overlapped_rounds_preserves_the_target_distr
                 return base + 0.1 * (m - 1)
         return tick
 
-    target = CostedBackend(Remote(target_table), clock, cost(1.0))
-    target.overlap = True
+    target = CostedBackend(TrigramBackend(target_table), clock, cost(1.0))
     draft = CostedBackend(TrigramBackend(draft_table), clock, cost(0.3))
     model = ModelDrafter(draft, sampling)
     model.clock = clock
@@ -125,7 +118,7 @@ def test_the_adaptive_policy_on_the_overlapped_rounds_preserves_the_target_distr
     prompt = [1, 4, 3, 2, 5, 3, 1, 2, 1, 4]
     policy = make_policy("auto", 4, target, draft, context=prompt, clock=clock)
     config, stats = GenerationConfig(max_new_tokens=LENGTH, sampling=sampling, verifier="rejection"), []
-    counts = empirical(SAMPLES, target, prompt, config, drafter, policy, clock=clock, stats=stats)
+    counts = empirical(SAMPLES, target, prompt, config, drafter, policy, clock=clock, stats=stats, overlap=True)
     # The path under test was taken: kept blocks. How many depends on the threads' order
     # (both move the one clock, so a call's timed seconds, the prices and the blocks'
     # lengths follow the scheduling): 200 and more alone, 67-98 on a loaded machine.
@@ -177,7 +170,7 @@ def test_negative_control_blocks_kept_the_wrong_way_fail_the_check(monkeypatch, 
 
 @pytest.mark.parametrize("k", [1, 2, 4, "auto"])
 def test_greedy_overlapped_speculation_equals_plain_greedy(k):
-    target, predrafted = Remote(TARGET), 0
+    target, predrafted = TrigramBackend(TARGET), 0
     for table in (DRAFTS["close"], TARGET):  # the target as its own draft: every block is kept
         for prompt in ([1, 2], [3, 3, 0], [5, 4, 1, 2]):
             plain = generate(TrigramBackend(TARGET), prompt, GenerationConfig(max_new_tokens=24, sampling=GREEDY))
@@ -190,7 +183,7 @@ def test_greedy_overlapped_speculation_equals_plain_greedy(k):
 def test_a_kept_block_costs_no_bonus_and_the_counts_add_up():
     """Every emitted token is counted once: kept blocks' drafts are drafted and
     accepted in the round that verifies them, and their target calls are counted."""
-    result = greedy(Remote(TARGET), TrigramBackend(TARGET), 3, 30)  # the target as its own draft: all accepted
+    result = greedy(TrigramBackend(TARGET), TrigramBackend(TARGET), 3, 30)  # the target as its own draft: all accepted
     stats = result.stats
     assert stats.accepted == stats.drafted and len(result.token_ids) == 30
     # Blocks of 3, each verified in a call of its own; only the last round draws a bonus.
@@ -199,7 +192,7 @@ def test_a_kept_block_costs_no_bonus_and_the_counts_add_up():
 
 
 def test_an_error_in_the_target_call_reaches_the_caller():
-    class Failing(Remote):
+    class Failing(TrigramBackend):
         def score(self, token_ids, num_logits):
             if self.length > len(PROMPT):
                 raise RuntimeError("the workers are gone")
@@ -212,12 +205,12 @@ def test_an_error_in_the_target_call_reaches_the_caller():
 def test_only_a_remote_target_with_a_draft_model_and_no_grammar_overlaps():
     sampling = SamplingConfig()
     model = ModelDrafter(TrigramBackend(DRAFTS["close"]), sampling)
-    assert stream_overlaps(Remote(TARGET), model, None)
-    assert stream_overlaps(Remote(TARGET), HybridDrafter(model), None)
-    assert not stream_overlaps(TrigramBackend(TARGET), model, None)  # local: the draft would take the target's cores
-    assert not stream_overlaps(Remote(TARGET), NgramDrafter(), None)  # lookups cost nothing to hide
-    assert not stream_overlaps(Remote(TARGET), None, None)
-    assert not stream_overlaps(Remote(TARGET), model, object())  # a grammar stands at the end of the accepted text
+    assert stream_overlaps(True, model, None)
+    assert stream_overlaps(True, HybridDrafter(model), None)
+    assert not stream_overlaps(False, model, None)  # placed together: the draft would take the target's cores
+    assert not stream_overlaps(True, NgramDrafter(), None)  # lookups cost nothing to hide
+    assert not stream_overlaps(True, None, None)
+    assert not stream_overlaps(True, model, object())  # a grammar stands at the end of the accepted text
 
 
 def test_the_next_block_has_the_drafts_the_policy_wants_within_k_and_the_budget():
@@ -243,8 +236,7 @@ def test_the_planner_drafts_ahead_what_the_call_holds_so_one_draft_does_not_chai
 
     assert FixedK(3).ahead(1, 2) == 1  # a fixed K drafts its K (its rounds have K drafts)
     clock = FakeClock()
-    target = CostedBackend(Remote(TARGET), clock, lambda m: 0.12 + 0.03 * (m - 1))
-    target.overlap = True
+    target = CostedBackend(TrigramBackend(TARGET), clock, lambda m: 0.12 + 0.03 * (m - 1))
     draft = CostedBackend(TrigramBackend(TARGET), clock, lambda m: 0.02)  # the target as its own draft
     policy = make_policy("auto", 8, target, draft, context=PROMPT, clock=clock)
     assert policy.ahead(1, 1) == 6  # 120 ms of call holds six 20 ms steps
@@ -252,7 +244,8 @@ def test_the_planner_drafts_ahead_what_the_call_holds_so_one_draft_does_not_chai
     assert policy.ahead(7, 1) == 7  # never fewer than this round's
     model = ModelDrafter(draft, GREEDY)
     model.clock = clock
-    result = generate(target, PROMPT, GenerationConfig(max_new_tokens=40, sampling=GREEDY), model, policy, clock)
+    result = generate(target, PROMPT, GenerationConfig(max_new_tokens=40, sampling=GREEDY), model, policy, clock,
+                      overlap=True)
     assert result.stats.predrafted_rounds > 0
     assert result.stats.mean_tokens_per_target_call > 3
 
@@ -275,7 +268,7 @@ def test_an_error_while_drafting_during_the_call_waits_for_the_call_first():
 
     finished = []
 
-    class Slow(Remote):
+    class Slow(TrigramBackend):
         def score(self, token_ids, num_logits):
             if self.length >= len(PROMPT):  # a call after the prefill
                 time.sleep(0.2)

@@ -53,8 +53,8 @@ def test_a_lookup_is_chosen_over_the_model_when_its_acceptance_is_higher():
     seat.begin([1] * 10, 200)
     source = lookup_source(3)
     for _ in range(30):  # a lookup that has always been right
-        seat.acceptance[source].at(0).update(True, 0.9)
-        seat.acceptance[source].at(1).update(True, 0.9)
+        seat.acceptance.held(source).held_at(0).update(True, 0.9)
+        seat.acceptance.held(source).held_at(1).update(True, 0.9)
     plan = seat.plan(Offer({MODEL: 6, source: 5}, 1))
     assert plan.source == source and plan.length == 5
 

@@ -128,8 +128,9 @@ def test_negative_control_a_drafter_that_peeks_at_the_verdict_fails_in_a_batch(m
     # (Offer.free), and drafting at the prompt, where every sequence shares one context,
     # is where N sequences show the bias plainest (from the second token on, spread over
     # the contexts the first token leads to, it is out of this N's reach).
-    plan = Seat.plan
-    monkeypatch.setattr(Seat, "plan", lambda self, offer: plan(self, dataclasses.replace(offer, free=False)))
+    # (Seat.offered: where a seat, alone or in a scheduler, answers a free offer itself.)
+    offered = Seat.offered
+    monkeypatch.setattr(Seat, "offered", lambda self, offer: offered(self, dataclasses.replace(offer, free=False)))
     counts, _ = adaptive_batches(CONTROL_N, wrap=keeps_only_drafts_it_predicts_rejected)
     exact = exact_distribution(TrigramBackend(MIXED_TARGET), MIXED_PROMPT, LENGTH, SAMPLED)
     p = assert_misfits(prefix(counts, 2), prefix(exact, 2), 2 * CONTROL_N)

@@ -131,15 +131,15 @@ def test_greedy_speculation_on_a_target_split_over_two_workers_equals_plain_gree
     target = load_backend(tiny, "llamacpp", threads=1, batch_invariant=True, workers=split, n_ctx=512)
     draft = load_backend(tiny, "llamacpp", threads=1, n_ctx=512)
     assert split.key in target.cost_key
-    # Local workers share this process's cores, where the overlap is off by default
-    # (rpc.apart): turned on here, its path is the one under test.
-    target.overlap = True
+    # Local workers share this process's cores, where assembly would not overlap
+    # (rpc.apart): placed apart here, its path is the one under test.
     from specsample.decoding.drafters import ModelDrafter
 
     greedy = SamplingConfig(temperature=0)
     prompt = target.tokenizer.encode("Write a Python function that reverses a string.")
     plain = generate(target, prompt, GenerationConfig(max_new_tokens=40, sampling=greedy))
-    spec = generate(target, prompt, GenerationConfig(max_new_tokens=40, sampling=greedy), ModelDrafter(draft, greedy), 4)
+    spec = generate(target, prompt, GenerationConfig(max_new_tokens=40, sampling=greedy), ModelDrafter(draft, greedy), 4,
+                    overlap=True)
     assert spec.stats.accepted > 0 and spec.stats.predrafted_rounds > 0  # blocks drafted during a call were kept
     assert spec.token_ids == plain.token_ids and len(plain.token_ids) == 40
 
@@ -158,15 +158,14 @@ def test_greedy_speculation_with_the_draft_on_a_worker_equals_plain_greedy(real_
                                    threads=1, ctx_size=512, batch_invariant=True))
     assert models.target.workers is None and models.draft.workers.endpoints == (endpoint,)
     assert endpoint in models.draft.cost_key
-    # The worker is pinned nowhere: it shares this process's cores, where the overlap
-    # is off (assemble.pair_overlaps); turned on here, its path is the one under test.
-    assert not models.target.overlap
-    models.target.overlap = True
+    # The worker is pinned nowhere: it shares this process's cores, where assembly does
+    # not overlap (assemble.pair_overlaps); placed apart here, its path is the one under test.
+    assert not models.overlap
     greedy = SamplingConfig(temperature=0)
     prompt = models.target.tokenizer.chat_prompt("Write a Python function that reverses a string.")
     config = GenerationConfig(max_new_tokens=40, sampling=greedy)
     plain = generate(models.target, prompt, config)
-    spec = generate(models.target, prompt, config, models.drafter(greedy), 4)
+    spec = generate(models.target, prompt, config, models.drafter(greedy), 4, overlap=True)
     assert spec.stats.accepted > 0 and spec.stats.predrafted_rounds > 0
     assert spec.token_ids == plain.token_ids
 

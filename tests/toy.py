@@ -134,19 +134,21 @@ REFUSED = ("refused",)  # empirical's one draw when the loop refuses an output: 
 
 def empirical(n: int, target: Backend, prompt: list[int], config: GenerationConfig, drafter=None, policy=None, *,
               clock=None, key=tuple, refused: tuple[type[Exception], ...] = (),
-              stats: list[GenerationStats] | None = None) -> dict[tuple, int]:
+              stats: list[GenerationStats] | None = None, overlap: bool = False) -> dict[tuple, int]:
     """How often each output comes out of `n` generations, as `key` reads the output's
     token ids: the i-th with `config` but seed i (a seed of its own for each output;
     a run is deterministic). `policy` is a Policy or K; `clock` times the calls (a
     FakeClock that costed backends move) where given. Each result's stats are
     appended to `stats` where given. A `refused` error (an output the loop will not
     emit, as a grammar's) ends the sample as one draw, REFUSED, that fits no
-    distribution, so a check fails whatever the rest."""
+    distribution, so a check fails whatever the rest. `overlap`: the pair placed
+    apart (stream's), drafting during the target's calls."""
     timing = () if clock is None else (clock,)
     counts: dict[tuple, int] = {}
     for i in range(n):
         try:
-            result = generate(target, prompt, dataclasses.replace(config, seed=i), drafter, policy, *timing)
+            result = generate(target, prompt, dataclasses.replace(config, seed=i), drafter, policy, *timing,
+                              overlap=overlap)
         except refused:
             return {REFUSED: 1}
         output = key(result.token_ids)

@@ -177,7 +177,7 @@ def cmd_generate(args) -> int:
     ids = prompt_ids(text, args.chat, target, suffix)
     policy = models.policy(args.k, args.k_max)
     with traced(policy, args.trace):
-        s = stream(target, ids, config, drafter, policy)
+        s = stream(target, ids, config, drafter, policy, overlap=models.overlap)
         for chunk in s:
             if not args.json:
                 sys.stdout.write(chunk.text)

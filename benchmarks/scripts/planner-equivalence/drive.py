@@ -39,13 +39,13 @@ def offer(rng: random.Random) -> Offer:
     available = {}
     if rng.random() < 0.8:
         available[MODEL] = rng.randint(1, 10)
-    lookup = None
+    lookups = ()  # Offer.lookups: the lookups found, one a kind (a tuple of them since the suffix index, d8af68f)
     if rng.random() < 0.5:
         source = lookup_source(rng.randint(1, 3))
         available[source] = rng.randint(1, 6)
-        lookup = (source, tuple(rng.randrange(50) for _ in range(available[source])))
+        lookups = ((source, tuple(rng.randrange(50) for _ in range(available[source]))),)
     lag = rng.choice([0, 1, 2, 3, 20, 300, 3000])
-    return Offer(available, lag, lookup, free=rng.random() < 0.05)
+    return Offer(available, lag, lookups, free=rng.random() < 0.05)
 
 
 def describe(plan, rng: random.Random) -> str:
@@ -99,7 +99,8 @@ def batch(rng: random.Random, case: int) -> None:
         if not offers:
             continue
         load = rng.choice([0, 0, 0, 64])
-        plans = planner.plan(offers, load)
+        # The plans a round plays: since issue 52's pure plan(), decide() takes them as the round's.
+        plans = (planner.decide if hasattr(planner, "decide") else planner.plan)(offers, load)
         for i, (seat, plan) in enumerate(plans.items()):
             print(f"batch {case}.{r}.{i}: {describe(plan, rng)}")
         tokens = load + sum(p.length + 1 for p in plans.values())

@@ -123,6 +123,10 @@ class Models:
     lookup: bool = False
     ngram_max: int = 3
     suffix: SuffixIndex | None = None  # kept as long as the models: every request's text goes in
+    # The pair's placement, decided here once (pair_overlaps): the draft model drafts
+    # during the target's calls (decoding/overlap.py). A stream is told it (stream's
+    # `overlap`); a batch's sequences share their calls and never overlap.
+    overlap: bool = False
 
     @property
     def drafts(self) -> bool:
@@ -184,8 +188,7 @@ def assemble(options: ModelOptions, drafting: bool = True, sequences: int = 1) -
     target_quant = None if options.target_quant == "none" else options.target_quant
     kw["sequences"] = sequences if target_engine == "llamacpp" else 1
     target = hold_sequences(load_backend(options.target, target_engine, quant=target_quant,
-                                         batch_invariant=options.batch_invariant, workers=on_workers,
-                                         overlap=pair_overlaps(options, draft_engine, on_workers, draft_on), **kw),
+                                         batch_invariant=options.batch_invariant, workers=on_workers, **kw),
                              sequences)
     if not drafting:
         return Models(target)
@@ -201,7 +204,7 @@ def assemble(options: ModelOptions, drafting: bool = True, sequences: int = 1) -
 
         restrict_draft_vocabulary(draft, options.draft_vocab, cache_dir())
     return Models(target, hold_sequences(draft, sequences), lookup=options.lookup, ngram_max=options.ngram_max,
-                  suffix=suffix)
+                  suffix=suffix, overlap=pair_overlaps(options, draft_engine, on_workers, draft_on))
 
 
 def context_size(options: ModelOptions, target_engine: str, draft_engine: str | None, sequences: int) -> int:

@@ -103,13 +103,13 @@ class CheckResult:
 
 def check(target: Backend, drafter: Drafter, prompts: list[list[int]], config: CheckConfig,
           progress: Callable[[int, int], None] | None = None, policy: PolicyLike = 2,
-          clock=time.perf_counter) -> CheckResult:
+          clock=time.perf_counter, overlap: bool = False) -> CheckResult:
     """Sample, compute the exact reference, compare. `progress(done, total)` is called
     after every sample. `policy`: the one to draw with, or K (a fixed K; 2 by default),
     or "auto": a new planner timed on the first prompt, which then learns across all
     the samples, as a server's does. A fixed K's call shapes are the reference's
     (exact_cells); any other policy's are not known in advance. `clock` times the
-    calls it prices."""
+    calls it prices. `overlap`: the pair's placement (assemble's Models.overlap)."""
     if not prompts:
         raise ValueError("check needs at least one prompt")
     draft = None if drafter is None else drafter.model_backend
@@ -120,7 +120,7 @@ def check(target: Backend, drafter: Drafter, prompts: list[list[int]], config: C
     for i, prompt in enumerate(prompts):
         done = (lambda j, start=i * n: progress(start + j, n * len(prompts))) if progress else None
         checks.append(check_prompt(target, drafter, prompt, n, config, generator, policy, seed_offset=i * n,
-                                   progress=done, clock=clock))
+                                   progress=done, clock=clock, overlap=overlap))
     exact = [torch.tensor([cell.exact for cell in c.cells], dtype=torch.float64) for c in checks]
     simulated = perfect_sampler_tv(exact, [n] * len(checks), config.simulations, generator)
     mean_tv = sum(c.tv for c in checks) / len(checks)
@@ -129,9 +129,10 @@ def check(target: Backend, drafter: Drafter, prompts: list[list[int]], config: C
 
 
 def check_prompt(target, drafter, prompt, n, config: CheckConfig, generator, policy: Policy, seed_offset=0,
-                 progress=None, clock=time.perf_counter) -> PromptCheck:
+                 progress=None, clock=time.perf_counter, overlap: bool = False) -> PromptCheck:
     cells = exact_cells(target, prompt, config, fixed_k(policy))
-    counts, acceptance = sample_pairs(target, drafter, prompt, n, config, policy, seed_offset, progress, clock)
+    counts, acceptance = sample_pairs(target, drafter, prompt, n, config, policy, seed_offset, progress, clock,
+                                      overlap)
     keys = [t for t, _ in cells] + [None]
     exact = torch.tensor([p for _, p in cells] + [0.0], dtype=torch.float64)  # [cells + 1]
     exact[-1] = (1.0 - exact.sum()).clamp_min(0.0)
@@ -176,7 +177,7 @@ def exact_cells(target: Backend, prompt: list[int], config: CheckConfig,
 
 
 def sample_pairs(target, drafter, prompt, n, config: CheckConfig, policy: Policy, seed_offset: int = 0,
-                 progress=None, clock=time.perf_counter):
+                 progress=None, clock=time.perf_counter, overlap: bool = False):
     """Counts of the first two tokens of n speculative samples, and the acceptance rate."""
     counts: dict[tuple[int, int], int] = {}
     drafted = accepted = 0
@@ -188,7 +189,7 @@ def sample_pairs(target, drafter, prompt, n, config: CheckConfig, policy: Policy
         run = GenerationConfig(max_new_tokens=length, sampling=config.sampling,
                                seed=config.seed * 1_000_003 + seed_offset + i, eos_token_ids=frozenset(),
                                verifier=config.verifier)
-        result = generate(target, prompt, run, drafter, policy, clock)
+        result = generate(target, prompt, run, drafter, policy, clock, overlap)
         pair = tuple(result.token_ids[:2])
         counts[pair] = counts.get(pair, 0) + 1
         drafted += result.stats.drafted

@@ -49,7 +49,7 @@ def cmd_check(args) -> int:
     prompts = [target.tokenizer.encode(text) for text in PROMPTS]
     start = time.perf_counter()
     result = check(target, drafter, prompts, config, progress=_progress_printer(start),
-                   policy=models.policy(args.k, args.k_max))
+                   policy=models.policy(args.k, args.k_max), overlap=models.overlap)
     print(f"specsample check: target {target.name}, draft {drafter.name}, k={args.k}, {_sampling(config.sampling)}")
     print(format_check(result, PROMPTS, target.tokenizer.decode, auto=args.k == "auto"))
     print(f"wall time {time.perf_counter() - start:.1f} s")

@@ -69,16 +69,15 @@ def model_context(name: str, backend: str = "auto", *, device: str = "cpu", dtyp
 
 def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype: str = "float32",
                  threads: int | None = None, quant: str | None = None, batch_invariant: bool = False,
-                 sequences: int = 1, n_ctx: int | None = None, workers=None, overlap: bool | None = None):
+                 sequences: int = 1, n_ctx: int | None = None, workers=None):
     """A ready backend for a model name: short name, .gguf path, directory or hub id.
     `quant` (llama.cpp only): re-encode the GGUF file to this type first (cached).
     `batch_invariant` (llama.cpp only): logits that do not depend on the call's size.
     `sequences` (llama.cpp): how many it holds at once, in one context (batching.py);
     an hf model gets its sequences from assemble.hold_sequences.
-    `workers` (llama.cpp only, rpc.RpcWorkers): the layers live on these RPC workers;
-    `overlap`: whether drafting runs during its calls (decoding/overlap.py), decided
-    by a caller that knows where the draft runs; None: where a draft in this process
-    has cores of its own (rpc.apart).
+    `workers` (llama.cpp only, rpc.RpcWorkers): the layers live on these RPC workers
+    (whether drafting runs during its calls is the pair's placement, which assembly
+    decides: assemble.pair_overlaps).
     `n_ctx`: each sequence's context, at most the trained one (assemble chooses it,
     context_size.py); None: 4096 on llama.cpp, which allocates its cache at load, the
     trained context on hf, whose cache grows with use."""
@@ -96,15 +95,13 @@ def load_backend(name: str, backend: str = "auto", *, device: str = "cpu", dtype
         if model.gguf_file:
             key = model.sha256[:16] if model.sha256 else f"{model.gguf_path.stat().st_size}-{int(model.gguf_path.stat().st_mtime)}"
             converted = cache_dir() / "converted" / f"{model.gguf_path.stem}-{key}-{dtype}"
-        loaded = load_hf(model.location, model.gguf_file, device=device, dtype=dtype, name=model.name,
-                         converted_dir=converted, n_ctx=n_ctx)
-        loaded.overlap = bool(overlap)
-        return loaded
+        return load_hf(model.location, model.gguf_file, device=device, dtype=dtype, name=model.name,
+                       converted_dir=converted, n_ctx=n_ctx)
     if backend == "llamacpp":
         from .llamacpp import LLAMACPP_CONTEXT, load_llamacpp
 
         kw = dict(threads=threads, batch_invariant=batch_invariant, sequences=sequences, n_ctx=n_ctx or LLAMACPP_CONTEXT,
-                  workers=workers, overlap=overlap)
+                  workers=workers)
         if quant:
             from .reencode import load_reencoded
 

@@ -59,9 +59,6 @@ class Backend(Protocol):
     cost_key: str | None = None
     # The model's fill-in-the-middle tokens, read from its vocabulary; None: it has none.
     fim: FimFormat | None = None
-    # Its calls compute elsewhere (RPC workers), leaving this process's cores idle while
-    # it waits: the loop drafts the next block meanwhile (decoding/overlap.py).
-    overlap: bool = False
     # save_sequence and restore_sequence work (the server's host prompt cache:
     # serve/prompt_cache.py); False: the engine cannot copy its cache out.
     saves_sequences: bool = False
@@ -133,7 +130,7 @@ class SavedSequence:
 # What describes the model rather than one sequence of it: a view of some of its
 # sequences (batching.Slot, SeparateSequences) takes these from the backend behind it.
 MODEL_ATTRIBUTES = ("vocab_size", "eos_token_ids", "context_length", "tokenizer", "engine", "supports_rollback",
-                    "cost_key", "fim", "overlap", "saves_sequences")
+                    "cost_key", "fim", "saves_sequences")
 
 
 def take_model_attributes(view: Backend, source: Backend) -> None:

@@ -73,12 +73,6 @@ class LoadedModel:
             self.lib.llama_model_free(self.pointer)
 
 
-def _apart(target, draft) -> bool:
-    from .rpc import apart
-
-    return apart(target, draft)
-
-
 def _workers_answer(workers) -> bool:
     """Whether a model's (or its context's) memory can be freed: always for one held
     here; for one on RPC workers, only while they are still connected. Freeing sends
@@ -231,7 +225,7 @@ class LlamaCppBackend(Backend):
 
     def __init__(self, path: Path, *, name: str | None = None, threads: int | None = None,
                  n_ctx: int = LLAMACPP_CONTEXT, n_batch: int = 512, share_cores: bool = True, batch_invariant: bool = False, sequences: int = 1,
-                 workers=None, overlap: bool | None = None):
+                 workers=None):
         lib = _llama()
         self._lib = lib
         self.name = name or Path(path).name
@@ -244,7 +238,6 @@ class LlamaCppBackend(Backend):
         self.batch_invariant = batch_invariant
         self.workers = workers
         self._loaded = LoadedModel(lib, path, repack=not batch_invariant, workers=workers)  # freed after the context (see __del__)
-        self.overlap = overlap if overlap is not None else workers is not None and _apart(workers, None)
         self._model, self._vocab = self._loaded.pointer, self._loaded.vocab
         threads = threads or os.cpu_count() or 1
         cparams = lib.llama_context_default_params()
@@ -408,6 +401,6 @@ class LlamaCppBackend(Backend):
 
 def load_llamacpp(path: Path, *, name: str | None = None, threads: int | None = None,
                   batch_invariant: bool = False, sequences: int = 1, n_ctx: int = LLAMACPP_CONTEXT,
-                  workers=None, overlap: bool | None = None) -> LlamaCppBackend:
+                  workers=None) -> LlamaCppBackend:
     return LlamaCppBackend(path, name=name, threads=threads, batch_invariant=batch_invariant, sequences=sequences,
-                           n_ctx=n_ctx, workers=workers, overlap=overlap)
+                           n_ctx=n_ctx, workers=workers)

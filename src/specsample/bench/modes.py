@@ -51,8 +51,8 @@ class OurMode:
     structured = True
 
     def __init__(self, name: str, family: str, target, k: int | str | None = None, draft=None, ngram_max: int = 3,
-                 k_max: int = K_MAX, verifier: str = "auto"):
-        self.name, self.family, self.k = name, family, k
+                 k_max: int = K_MAX, verifier: str = "auto", overlap: bool = False):
+        self.name, self.family, self.k, self.overlap = name, family, k, overlap  # overlap: the pair's placement
         self.target, self.draft, self.ngram_max = target, draft, ngram_max
         # GenerationConfig.verifier: "auto" is coupled here, as every prompt is seeded.
         self.verifier = "rejection" if family in TOKEN_FAMILIES else verifier
@@ -68,7 +68,7 @@ class OurMode:
         config = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                                   stop_strings=tuple(stop_strings), verifier=self.verifier,
                                   constraint=self._constraint(schema, tools))
-        result = generate(self.target, prompt_ids, config, drafter, self.policy)
+        result = generate(self.target, prompt_ids, config, drafter, self.policy, overlap=self.overlap)
         return Outcome(result.token_ids, result.text, result.stop_reason, result.stats.as_dict())
 
     def _constraint(self, schema, tools) -> Constraint | None:
@@ -98,18 +98,20 @@ class LlamaServerMode:
 
 
 def build_modes(families, ks, peer_ks, target, draft=None, *, ngram_max=3, k_max: int = K_MAX,
-                server: LlamaServer | None = None, no_server: str | None = None, verifier: str = "auto"):
+                server: LlamaServer | None = None, no_server: str | None = None, verifier: str = "auto",
+                overlap: bool = False):
     """The modes to run, and a note for every requested family that cannot run here.
 
     peer_ks: the draft lengths of ngram and llamacpp-spec (one mode per K).
     server: a running llama-server for the llamacpp-spec and llamacpp-server
     families; without one, no_server is the one-line reason why.
     verifier: how our drafting modes verify (GenerationConfig.verifier), but the
-    TOKEN_FAMILIES, which verify token by token."""
+    TOKEN_FAMILIES, which verify token by token. overlap: the pair's placement
+    (assemble's Models.overlap), for the modes that draft with the draft model."""
     modes, skipped = [], []
     for family in families:
         token = "-token" if family in TOKEN_FAMILIES else ""
-        ours = dict(target=target, verifier=verifier)
+        ours = dict(target=target, verifier=verifier, overlap=overlap)
         if family == "ar":
             modes.append(OurMode("ar", "ar", target))
         elif family in ("spec-auto", "spec-auto-token"):

@@ -47,7 +47,7 @@ def run(args, research=None) -> int:
     types = target_types(args)
     options = model_options(args)
     models = assemble(replace(options, target_quant=types[0][1]), drafting=args.draft != "ngram")
-    draft, target = models.draft, models.target
+    draft, target, overlap = models.draft, models.target, models.overlap  # overlap: the pair's placement, every type's
     del models  # each target type is loaded in turn; only the draft stays
     runs, notes = [], []
     engine = "gguf" if is_llamacpp(target) else args.dtype
@@ -62,7 +62,8 @@ def run(args, research=None) -> int:
         kept = partial(keep_partial, args.out, label)
         if trace is not None:
             trace.tag = label
-        records, run_notes = _bench_target(args, config, families, ks, peer_ks, target, draft, kept, research, trace)
+        records, run_notes = _bench_target(args, config, families, ks, peer_ks, target, draft, kept, research, trace,
+                                           overlap)
         sections = []
         if research:
             records, sections = research.after(label, target, draft, records)
@@ -81,7 +82,7 @@ def run(args, research=None) -> int:
 
 
 def _bench_target(args, config, families, ks, peer_ks, target, draft, keep, research,
-                  trace=None) -> tuple[list[Record], list[str]]:
+                  trace=None, overlap: bool = False) -> tuple[list[Record], list[str]]:
     """Every mode on one target type, its runs interleaved."""
     counts = {t: config.prompt_count(t) for t in config.tasks}
     prompts = prepare(target, config.tasks, counts)
@@ -99,7 +100,7 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, keep, rese
     try:
         ours = [f for f in families if f in FAMILIES]
         modes, skipped = build_modes(ours, ks, peer_ks, target, draft, ngram_max=args.ngram_max, k_max=args.k_max,
-                                     server=server, no_server=no_server, verifier=args.verifier)
+                                     server=server, no_server=no_server, verifier=args.verifier, overlap=overlap)
         if research:
             more, not_run = research.modes([f for f in families if f not in FAMILIES], peer_ks, target, draft,
                                            target_gguf=gguf, ngram_max=args.ngram_max, n_ctx=n_ctx)

@@ -16,10 +16,13 @@ Draft-model requests go first: a sequence that drafts reaches its target request
 few draft steps later, and the target call waits for every live sequence, so that
 one call serves them all (the slack of a memory-bound call is what batching and
 speculation both spend). Before that, a sequence about to play a round asks for its
-plan (request_plan), and the scheduler hands every such request to the planner at
-once (control.py), with the prompt chunks in the coming call as fixed load; it then
-records every call it makes to that planner, once. Sequences join and leave between calls: a newcomer's prompt is scored in
-chunks (`prefill_chunk` tokens per call), so it does not stall the others for long.
+plan (its seat, wrapped in `Scheduled`, sleeps on the request), and the scheduler
+hands every such request to the planner at once (control.py), with the prompt chunks
+in the coming call as fixed load; it then records every call it makes to that
+planner, once. This is the only place that knows a sequence runs in a batch: the
+planner and the loop never look at greenlets. Sequences join and leave between calls:
+a newcomer's prompt is scored in chunks (`prefill_chunk` tokens per call), so it does
+not stall the others for long.
 
 Why greenlets rather than a loop that steps every sequence: the loop's round (draft,
 score, verify, emit, with grammars, stop strings, log-probabilities and the
@@ -46,7 +49,7 @@ import greenlet
 import torch
 
 from ..backends.base import Backend, SavedSequence, take_model_attributes
-from .plans import ModelCall, Offer, Plan
+from .plans import ModelCall, Offer, Plan, Policy, RoundReport, Seated, reads_text
 
 PREFILL_CHUNK = 128  # prompt tokens a newcomer adds to one call while others decode
 
@@ -112,22 +115,44 @@ class _Request:
 
 @dataclass
 class _PlanRequest:
-    seat: object  # control.Seat
+    seat: Seated
     offer: Offer
 
 
-def request_plan(seat, offer: Offer) -> Plan:
-    """A seat's plan for its coming round: decided with every other sequence's at the
-    scheduler when it runs in one, else by its planner for it alone."""
-    current = greenlet.getcurrent()
-    if isinstance(current, _Sequence):
-        return current.parent.switch(_PlanRequest(seat, offer))
-    return seat.planner.plan({seat: offer})[seat]
+class Scheduled(Policy):
+    """A seat of a planner (plans.Seated) played in a scheduler's sequence. The
+    scheduler is the one boundary between a batch and its planner: the seat's round is
+    planned with every other sequence's (Scheduler._plan) and each shared call is
+    recorded once, by the scheduler (Scheduler._call), so the seat's reports only teach
+    it. Alone, the seat is a batch of one and does both itself."""
+
+    def __init__(self, seat: Seated):
+        self.seat, self.k_max = seat, seat.k_max
+
+    def begin(self, context: list[int], max_new_tokens: int) -> None:
+        self.seat.start(max_new_tokens)
+
+    def plan(self, offer: Offer) -> Plan:
+        plan = self.seat.offered(offer)
+        return plan if plan is not None else greenlet.getcurrent().parent.switch(_PlanRequest(self.seat, offer))
+
+    def observe(self, report: RoundReport) -> None:
+        self.seat.learn(report)
+
+    def ahead(self, drafted: int, call_tokens: int) -> int:
+        return self.seat.ahead(drafted, call_tokens)
+
+    def end(self) -> None:
+        self.seat.end()
+
+    def fork(self) -> Scheduled:
+        return Scheduled(self.seat.fork())
 
 
-def in_batch() -> bool:
-    """Whether the caller runs as a sequence of a scheduler (which times its calls)."""
-    return isinstance(greenlet.getcurrent(), _Sequence)
+def scheduled(policy: Policy | None) -> Policy | None:
+    """The policy a sequence of a scheduler plays: a seat of a planner goes through the
+    scheduler (Scheduled); any other policy (FixedK) plans alone."""
+    return Scheduled(policy) if isinstance(policy, Seated) else policy
 
 
 class Cancelled(Exception):
@@ -249,7 +274,7 @@ class Scheduler:
         for group in by_planner.values():
             planner = next(iter(group.values())).seat.planner
             self.planners[id(planner)] = planner
-            plans = planner.plan({r.seat: r.offer for r in group.values()}, load)
+            plans = planner.decide({r.seat: r.offer for r in group.values()}, load)
             for sequence, request in group.items():
                 self._resume(sequence, plans[request.seat])
 
@@ -287,14 +312,8 @@ class Scheduler:
 
 
 def prompt_work(requests: list[_Request], target: bool) -> bool:
-    """Whether a call feeds some sequence text that it takes in without scoring: a
-    prompt's chunk, or the draft model catching up on text it has not seen. A round
-    scores every token it feeds the target, and all but one of those it feeds the
-    draft (the token before its pending one, after an accepted run). Such calls cost
-    by their size, so an average over both kinds says nothing about either (bench
-    --serve splits them)."""
-    unscored = 0 if target else 1
-    return any(len(r.token_ids) - r.num_logits > unscored for r in requests)
+    """Whether a call feeds some sequence text that it takes in without scoring (plans.reads_text)."""
+    return any(reads_text(len(r.token_ids), r.num_logits, target) for r in requests)
 
 
 def _capture(job: Job) -> None:

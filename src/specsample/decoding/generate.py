@@ -13,7 +13,7 @@ from .admission import Admission
 from ..backends.base import Backend, check_cache, check_same_vocabulary, claim_cache, common_prefix_length
 from ..output.constraints import Constraint
 from ..output.constraints import start as start_grammar
-from .batching import PREFILL_CHUNK, BatchStats, Scheduler, slots
+from .batching import PREFILL_CHUNK, BatchStats, Scheduler, scheduled, slots
 from .context_fit import new_token_room
 from ..output.detokenize import TextTracker
 from ..output.text_stops import TextStop
@@ -21,7 +21,7 @@ from .drafters import Drafter, finish, reuse_model_cache, tell
 from ..output.logprobs import MAX_TOP, MODES, TokenLogprob, token_logprobs
 from .overlap import Overlap, stream_overlaps
 from .plans import Policy, ready_policy
-from .rounds import Round, play_round
+from .rounds import IN_ROUND, Round, play_round
 from .sampling import InvalidSetting, Sampler, SamplingConfig
 
 VERIFIERS = ("auto", "block", "rejection", "coupled")
@@ -211,12 +211,15 @@ def stream(
     drafter: Drafter | None = None,
     policy: Policy | int | None = None,
     clock=time.perf_counter,
+    overlap: bool = False,
 ) -> Stream:
     """Generation as an iterator of chunks. `policy` alone decides each round's drafts:
     a ready Policy, or K for a fixed K (plans.ready_policy); a planner (-k auto) is made
     and timed by whoever knows the models (policy/make.py), never here, and one
     planner's seat keeps its measurements across calls. Without a drafter it is not
-    needed. `clock` times the rounds."""
+    needed. `clock` times the rounds. `overlap`: the pair's placement, decided where
+    both models are known (assemble's Models.overlap): target and draft compute apart,
+    so the draft model drafts during the target's calls (overlap.py)."""
     check_prompt(prompt_ids)
     config.sampling.check_vocabulary(target.vocab_size)
     draft_backend = None if drafter is None else drafter.model_backend
@@ -246,7 +249,7 @@ def stream(
                 f"{backend.name}: {backend.context_length} tokens"
             )
     grammar = None if config.constraint is None else start_grammar(config.constraint, target, config.max_new_tokens)
-    return Stream(_rounds(target, prompt_ids, config, drafter, policy, clock, grammar))
+    return Stream(_rounds(target, prompt_ids, config, drafter, policy, clock, grammar, overlap))
 
 
 def reusable_prefix(cached: list[int] | None, prompt_ids: list[int]) -> int:
@@ -256,29 +259,31 @@ def reusable_prefix(cached: list[int] | None, prompt_ids: list[int]) -> int:
     return min(common_prefix_length(cached, prompt_ids), len(prompt_ids) - 1) if cached else 0
 
 
-def generate(target, prompt_ids, config, drafter=None, policy=None, clock=time.perf_counter) -> GenerationResult:
-    s = stream(target, prompt_ids, config, drafter, policy, clock)
+def generate(target, prompt_ids, config, drafter=None, policy=None, clock=time.perf_counter,
+             overlap: bool = False) -> GenerationResult:
+    s = stream(target, prompt_ids, config, drafter, policy, clock, overlap)
     for _ in s:
         pass
     return s.result
 
 
-def _prefill(target, prompt_ids, config, drafter, grammar, sampler) -> tuple[int, Overlap | None, torch.Tensor]:
+def _prefill(target, prompt_ids, config, drafter, grammar, sampler,
+             overlaps: bool) -> tuple[int, Overlap | None, torch.Tensor]:
     """The prompt's prefill, from the longest prefix the target's cache holds (where
     the config caches prompts): the tokens reused, the stream's Overlap where the
-    target runs elsewhere (the draft then reads the prompt during the prefill and
+    pair is placed apart (the draft then reads the prompt during the prefill and
     drafts each next block during a call: overlap.py), and the last row ([1, vocab])."""
     reused = reusable_prefix(target.cached_tokens(), prompt_ids) if config.cache_prompt else 0
     target.rollback(reused)
     if config.cache_prompt:
         reuse_model_cache(drafter)
-    overlap = Overlap() if stream_overlaps(target, drafter, grammar) else None
+    overlap = Overlap() if stream_overlaps(overlaps, drafter, grammar) else None
     if overlap is None:
         return reused, None, target.score(prompt_ids[reused:], num_logits=1)
     return reused, overlap, overlap.prefill(target, drafter, prompt_ids, reused, sampler)
 
 
-def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar) -> Iterator[Chunk]:
+def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar, overlaps) -> Iterator[Chunk]:
     generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
     coupled_seed = None
     if config.coupled:  # unseeded coupling still needs one seed for its noise
@@ -292,19 +297,19 @@ def _rounds(target, prompt_ids, config, drafter, policy, clock, grammar) -> Iter
     # every later round feeds the last emitted token ("pending", never scored yet)
     # plus the drafts. Either way a round gets one distribution per draft plus one.
     claim = claim_cache(target)
-    reused, overlap, carried = _prefill(target, prompt_ids, config, drafter, grammar, sampler)
+    reused, overlap, carried = _prefill(target, prompt_ids, config, drafter, grammar, sampler, overlaps)
     out.stats.cached_prompt_tokens = reused
     out.stats.prefill_seconds = clock() - start
     if drafter is not None:
         policy.begin(out.context, config.max_new_tokens)
-    play = play_round if overlap is None else overlap.play
+    calls = IN_ROUND if overlap is None else overlap  # how each round calls the target (rounds.TargetCalls)
     try:
         while out.going:
             # The target must still hold this stream's text (all but the pending token):
             # another stream on the same backend may have run in between.
             check_cache(target, claim, len(out.context) - (carried is None))
-            played = play(target, drafter, policy, sampler, config.sampling, grammar, out.context, carried, out.room,
-                          clock)
+            played = play_round(target, drafter, policy, sampler, config.sampling, grammar, out.context, carried,
+                                out.room, clock, calls)
             carried = played.carry  # the row a kept block starts from (overlap.py); else None
             chunk = out.emit(played)
             if chunk.token_ids and out.stats.first_token_seconds is None:
@@ -426,7 +431,7 @@ def generate_many(target, prompts: list[list[int]], configs, draft=None,
 
     def one(i: int, seq: int) -> GenerationResult:
         drafter = None if make_drafter is None else make_drafter(draft_slots[seq])
-        return generate(target_slots[seq], prompts[i], configs[i], drafter, policy and policy.fork())
+        return generate(target_slots[seq], prompts[i], configs[i], drafter, scheduled(policy and policy.fork()))
 
     def admit(admission: Admission) -> bool:
         # The prompts in order, each on the slot free longest, until every one has run.

@@ -42,7 +42,8 @@ The target's calls run on a thread of the stream's own (llama.cpp's calls releas
 touches the target meanwhile, and the draft and the sampler are touched by this
 thread alone, so a seeded run is reproducible. A worker lost mid-call parks the call's
 thread (rpc.guard_aborts), and this one waits on it for good, as the loop did inside
-the call. A batch (batching.py) never overlaps: its sequences share the calls.
+the call. A batch (batching.py) never overlaps: its sequences share the calls, and
+its streams are not told to.
 """
 
 from __future__ import annotations
@@ -55,21 +56,19 @@ import time
 import torch
 
 from ..backends.base import Backend
-from .batching import in_batch
 from .drafters import Draft, Drafter
 from .plans import MODEL, Offer, Plan, Policy
-from .rounds import Round, draft_step, judge, with_carried
-from .sampling import Sampler, SamplingConfig
+from .rounds import Called, TargetCalls
+from .sampling import Sampler
 from .verify import Verdict
 
 
-def stream_overlaps(target: Backend, drafter: Drafter | None, grammar) -> bool:
-    """Whether a stream drafts during its target's calls: the target runs elsewhere
-    (Backend.overlap), a draft model drafts, no grammar masks the drafts (the next
-    block would need the grammar moved past a block not yet accepted) and the stream
-    is not one sequence of a batch."""
-    return (target.overlap and drafter is not None and drafter.model_backend is not None and grammar is None
-            and not in_batch())
+def stream_overlaps(overlap: bool, drafter: Drafter | None, grammar) -> bool:
+    """Whether a stream drafts during its target's calls: the pair is placed so
+    (`overlap`: target and draft compute apart, which assembly decides once:
+    assemble.pair_overlaps), a draft model drafts, and no grammar masks the drafts (the
+    next block would need the grammar moved past a block not yet accepted)."""
+    return overlap and drafter is not None and drafter.model_backend is not None and grammar is None
 
 
 class TargetCall:
@@ -142,12 +141,14 @@ def meanwhile(call: TargetCall | None, work):
         raise
 
 
-class Overlap:
-    """One stream's rounds with drafting during the target's call; holds the block
-    drafted during the last call while it waits for its round."""
+class Overlap(TargetCalls):
+    """How one stream's rounds call the target when drafting runs during the call
+    (rounds.play_round's `calls`); holds the block drafted during the last call while
+    it waits for its round."""
 
     def __init__(self):
         self.block: Draft | None = None  # kept from the last round: its drafts are this round's
+        self.ahead: Draft | None = None  # drafted during this round's call, until its verdict
         self.calls = CallThread()
 
     def close(self) -> None:
@@ -167,38 +168,36 @@ class Overlap:
             self.close()
             raise
 
-    def play(self, target: Backend, drafter: Drafter, policy: Policy, sampler: Sampler, sampling: SamplingConfig,
-             grammar: None, context: list[int], carried: torch.Tensor | None, room: int, clock) -> Round:
-        """rounds.play_round, overlapped (never with a grammar: stream_overlaps). `carried`
-        ([1, vocab]) is the prefill's last row, or the row a kept block starts from
-        (Round.carry)."""
-        t0 = clock()
-        draft, draft_calls, predrafted = self.block, 0, self.block is not None
-        self.block = None
-        if draft is None:
-            draft, draft_calls = draft_step(drafter, policy, sampler, None, context, room, carried is not None)
-        else:  # the policy still plans the round (its books, its probes), and may cut the block short
-            plan = policy.plan(Offer({MODEL: len(draft)}))
-            draft = cut(draft, plan.length if plan.source == MODEL else 0)
+    def drafts(self, drafter: Drafter, policy: Policy, sampler: Sampler, grammar: None, context: list[int],
+               room: int, free: bool) -> tuple[Draft, int, bool]:
+        """The block kept from the last round, as far as the policy's plan keeps it: it
+        still plans the round (its books, its probes), and may cut the block short;
+        without one, the round's own drafts (never with a grammar: stream_overlaps)."""
+        block, self.block = self.block, None
+        if block is None:
+            return super().drafts(drafter, policy, sampler, grammar, context, room, free)
+        plan = policy.plan(Offer({MODEL: len(block)}))
+        return cut(block, plan.length if plan.source == MODEL else 0), 0, True
+
+    def score(self, target: Backend, fed: list[int], clock, drafter: Drafter, policy: Policy, sampler: Sampler,
+              context: list[int], draft: Draft, room: int) -> Called:
+        """The call on the stream's call thread, and meanwhile the next block, after
+        this one, as if all of it were accepted (settle keeps it or drops it)."""
         t1 = clock()
-        base = target.length
-        pending = [context[-1]] if carried is None else []
-        fed = pending + draft.tokens.tolist()
         call = TargetCall(self.calls, target, fed, clock) if fed else None
-        # Meanwhile: the next block, after this one, as if all of it were accepted.
         size = next_block_size(draft, policy.ahead(len(draft), len(fed)), policy.k_max, room)
         calls_before = drafter.calls
         ahead = context + draft.tokens.tolist()
-        block = meanwhile(call, lambda: drafter.draft(ahead, Plan(MODEL, size, size), sampler)) if size else None
+        self.ahead = meanwhile(call, lambda: drafter.draft(ahead, Plan(MODEL, size, size), sampler)) if size else None
         t2 = clock()
-        logits = with_carried(carried, call.result() if call else None)  # [m + 1, vocab]
+        rows = call.result() if call else None  # [len(fed), vocab]
         t3 = clock()
-        logits, target_probs, verdict = judge(target, sampler, sampling, None, context, draft, logits)
-        verdict, carry = self.keep(block, draft, verdict, logits)
-        target.rollback(base + len(pending) + verdict.num_accepted)
-        target_seconds = call.seconds if call else 0.0
-        return Round(draft, verdict, fed, logits, target_probs, draft_calls + drafter.calls - calls_before, t0,
-                     (t1 - t0) + (t2 - t1), target_seconds, max(0.0, target_seconds - (t3 - t2)), carry, predrafted)
+        seconds = call.seconds if call else 0.0
+        return Called(rows, seconds, max(0.0, seconds - (t3 - t2)), t2 - t1, drafter.calls - calls_before)
+
+    def settle(self, draft: Draft, verdict: Verdict, logits: torch.Tensor) -> tuple[Verdict, torch.Tensor | None]:
+        block, self.ahead = self.ahead, None
+        return self.keep(block, draft, verdict, logits)
 
     def keep(self, block: Draft | None, draft: Draft, verdict: Verdict,
              logits: torch.Tensor) -> tuple[Verdict, torch.Tensor | None]:

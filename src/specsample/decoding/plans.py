@@ -89,11 +89,27 @@ class Plan:
 NO_DRAFTS = Plan(None, 0)
 
 
+def reads_text(fed: int, scored: int, target: bool) -> bool:
+    """Whether a call feeding `fed` tokens and asking rows for `scored` of them takes
+    in text without scoring it: a prompt's chunk, or the draft model catching up on
+    text it has not seen. A round scores every token it feeds the target, and all but
+    one of those it feeds the draft (the token before its pending one, after an
+    accepted run). Such calls cost by their size, so an average over both kinds says
+    nothing about either: the planner keeps them out of a round's window, and bench
+    --serve splits them. The one rule for the scheduler's calls and a round's own."""
+    return fed - scored > (0 if target else 1)
+
+
 @dataclass
 class DraftCall:
     tokens_fed: int  # tokens the draft model consumed in this call
     seconds: float  # by the clock around it (alone: the call; in a batch, also the wait)
     hidden: bool = False  # made during the target's previous call, which it cost nothing beside (overlap.py)
+
+    @property
+    def reads(self) -> bool:
+        """It read text (reads_text): a draft call asks for one row (drafters.py)."""
+        return reads_text(self.tokens_fed, 1, target=False)
 
 
 @dataclass(frozen=True)
@@ -155,6 +171,29 @@ class Policy(Protocol):
     def fork(self) -> Policy:
         """The policy of another sequence decoded beside this one (control.py says
         what they share)."""
+        ...
+
+
+class Seated(Policy):
+    """A policy whose rounds one planner decides together with other sequences' (a
+    seat of control.Planner). Played as it is, it is a batch of one: it asks its
+    planner for its own plan and records its round's calls. In a scheduler
+    (batching.Scheduled) the scheduler asks the planner with every sequence's offers
+    and records each shared call once, and the seat only learns from its reports.
+    What the scheduler needs of it:"""
+
+    planner: object  # decide(offers, load) -> {seat: Plan}; record(ModelCall, ended)
+
+    def start(self, max_new_tokens: int) -> None:
+        """begin() without opening its planner's round window (the scheduler's calls close it)."""
+        ...
+
+    def offered(self, offer: Offer) -> Plan | None:
+        """Its plan when the offer needs none from the planner (a free first token); else None."""
+        ...
+
+    def learn(self, report: RoundReport) -> None:
+        """observe() without recording the round's calls (the scheduler recorded them)."""
         ...
 
 

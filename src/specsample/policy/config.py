@@ -48,9 +48,9 @@ class PlannerConfig:
     # are what a user waits for (b3e2531, issue 51's first-token work).
     catch_up_after: int = 2
     # Structural. A draft call feeds the last emitted token and, after a full accept,
-    # the last draft (which it never consumed): more than this is reading unread text,
-    # both for the offer's lag that is priced as reading and for a call recorded as one
-    # that read (ModelCall.prompt).
+    # the last draft (which it never consumed): an offer's lag beyond this is unread
+    # text, priced as reading (the same rule as plans.reads_text, which marks a call
+    # that read: ModelCall.prompt).
     fed_per_round: int = 2
 
     # -- Acceptance (estimates.Acceptance, SourceModel, Rate) ----------------------------

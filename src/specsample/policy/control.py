@@ -17,9 +17,10 @@ accepted) expects E = 1 + a_1 + a_1 a_2 + ... tokens, and T prices the whole rou
         + the share of the draft's reading of unread text that this round carries
 
 The prices are curves over a call's size (estimates.Prices): the start-up
-calibration is their prior, and every call of the run moves them (the scheduler
-records each call once; alone, the round reports its own), so a busy neighbour or a
-slower clock is priced within a few calls. The search is coordinate ascent over the
+calibration is their prior, and every call of the run moves them (Planner.record,
+once per call: by the scheduler in a batch; alone, a batch of one, the seat records
+the calls its round reports), so a busy neighbour or a slower clock is priced within
+a few calls. The search is coordinate ascent over the
 sequences' options from all-plain, and, with several sequences, also from "every
 sequence drafts L" (a joint move no single sequence would make alone, since it
 would pay the draft's steps by itself). A realised-goodput guard (estimates.Goodput)
@@ -70,11 +71,10 @@ import copy
 import time
 from typing import NamedTuple
 
-from ..decoding.batching import in_batch, request_plan
 from .config import PLANNER, PlannerConfig
 from .curve import round_seconds
 from .estimates import Acceptance, AnswerLength, Goodput, Prices, ShadowLookup, SourceModel, kind_of
-from ..decoding.plans import MODEL, ModelCall, Offer, Plan, Policy, RoundReport, Source
+from ..decoding.plans import MODEL, ModelCall, Offer, Plan, RoundReport, Seated, Source
 
 
 class Option(NamedTuple):
@@ -112,14 +112,32 @@ class Planner:
 
     def plan(self, offers: dict[Seat, Offer], load: int = 0) -> dict[Seat, Plan]:
         """Every offering seat's plan for the coming round; `load`: tokens of other
-        sequences (prompts being read) in the same target call."""
+        sequences (prompts being read) in the same target call. A function of the
+        planner's state and the offers: it changes nothing, so it may be asked again
+        or on a copy (decide() takes its plans as the round's)."""
+        return self._choose(offers, load)[-1]
+
+    def decide(self, offers: dict[Seat, Offer], load: int = 0) -> dict[Seat, Plan]:
+        """plan(), taken as the coming round's plans: the round's window notes what it
+        drafts from (for the goodput guard: the model's if any sequence drafts from
+        it), each seat's sources left out drift back to their priors, and the trace
+        hears why. Whoever plays the round calls it: the scheduler, or a seat alone."""
+        barred, menus, chosen, plans = self._choose(offers, load)
+        self._window[2] = max((kind_of(o.source) for o in chosen if o.m), key=lambda k: k == "model", default=None)
+        for seat, plan in plans.items():
+            seat.acceptance.sat_out(plan.source)
+        if self.trace is not None:
+            self.trace.planned(self, offers, load, barred, menus, chosen, plans)
+        return plans
+
+    def _choose(self, offers: dict[Seat, Offer], load: int) -> tuple[set, list[list[Option]], list[Option], dict]:
+        """What plan() decides, and from what: the goodput kinds barred, each seat's
+        menu, the options chosen, and the plans."""
         seats, guard = list(offers), self.goodput
         size, drafting = len(seats) + (load > 0), guard.KINDS[1:]
         barred = set(drafting) if guard.probe(size) else {kind for kind in drafting if guard.barred(size, kind)}
         menus = [seat.menu(offers[seat], barred) for seat in seats]
         chosen = self._search(menus, load)
-        # What the coming round drafts from, for the goodput guard: the model's if any sequence drafts from it.
-        self._window[2] = max((kind_of(o.source) for o in chosen if o.m), key=lambda k: k == "model", default=None)
         rate, tokens = self._rate(chosen, load), load + sum(o.m + 1 for o in chosen)
         widths = [sum(o.steps > j for o in chosen) for j in range(self.k_max)]  # sequences drafting at step j
         reads = "model" not in barred  # no reading for a model that may not draft: its rounds would keep it barred
@@ -127,9 +145,7 @@ class Planner:
                                     [width - (option.steps > j) for j, width in enumerate(widths)],  # the others'
                                     self._catch_up(chosen, i, seat, offers[seat]) if reads else 0)
                  for i, (seat, option) in enumerate(zip(seats, chosen))}
-        if self.trace is not None:
-            self.trace.planned(self, offers, load, barred, menus, chosen, plans)
-        return plans
+        return barred, menus, chosen, plans
 
     def _catch_up(self, chosen: list[Option], i: int, seat: Seat, offer: Offer) -> int:
         """Tokens of unread text the draft reads for plain seat i this round: where that
@@ -215,6 +231,14 @@ class Planner:
         self.restart(ended)
         self._closed = closed
 
+    def record_round(self, report: RoundReport) -> None:
+        """The calls of a round played alone, as its own clock timed them (in a
+        scheduler, the scheduler records each shared call instead)."""
+        for d in report.draft_calls:
+            self.record(ModelCall(False, d.tokens_fed, 1, d.seconds, d.reads, d.hidden))
+        if report.target_tokens:
+            self.record(ModelCall(True, report.target_tokens, 1, report.target_seconds))
+
     def restart(self, now: float | None = None) -> None:
         """Hand the last closed window, with the tokens its round emitted, to the goodput
         guard, and open one `now` (by default: a sequence starts alone, its prompt
@@ -230,9 +254,11 @@ class Planner:
         self._tokens += tokens
 
 
-class Seat(Policy):
+class Seat(Seated):
     """One sequence's policy: its own acceptance, lookup and answer-length estimates,
-    and a place at its planner, which decides its rounds with everyone else's."""
+    and a place at its planner, which decides its rounds with everyone else's. Played
+    as it is, a stream is a batch of one; in a scheduler, batching.Scheduled plays it
+    (plans.Seated)."""
 
     def __init__(self, planner: Planner):
         self.planner, self.k_max = planner, planner.k_max
@@ -249,18 +275,24 @@ class Seat(Policy):
         return twin
 
     def begin(self, context, max_new_tokens) -> None:
+        self.start(max_new_tokens)
+        self.planner.restart()  # alone, its first round's window opens now, after its prompt
+
+    def start(self, max_new_tokens: int) -> None:
         self.length.begin(max_new_tokens)
         self.shadow.reset()
         if self.planner.trace is not None:
             self.planner.trace.begun(self)
-        if not in_batch():  # alone, its first round's window opens now, after its prompt
-            self.planner.restart()
 
     def plan(self, offer: Offer) -> Plan:
+        plan = self.offered(offer)
+        return plan if plan is not None else self.planner.decide({self: offer})[self]
+
+    def offered(self, offer: Offer) -> Plan | None:
         self.shadow.offered = offer.lookups
         if offer.free:  # a plain step that costs no call: no drafting round's rate comes near it
             return Plan(None, 0)
-        return request_plan(self, offer)  # the scheduler's, in a batch; else this seat's alone
+        return None
 
     def menu(self, offer: Offer, barred: set = frozenset()) -> list[Option]:
         """Its options this round: a plain step, then each source and length it offers
@@ -297,7 +329,6 @@ class Seat(Policy):
         return max(drafted, min(self.k_max, fits))
 
     def to_plan(self, option: Option, offer: Offer, rate: float, others: int, widths: list[int], catch_up: int) -> Plan:
-        self.acceptance.sat_out(option.source)
         if option.source is None:
             return Plan(None, 0, catch_up=catch_up)
         limit = min(offer.available[option.source], self.k_max)
@@ -305,15 +336,13 @@ class Seat(Policy):
         return Plan(option.source, option.m, limit, extent if option.source == MODEL else None)
 
     def observe(self, report: RoundReport) -> None:
+        self.planner.record_round(report)  # alone, the round's own clock timed its calls
+        self.learn(report)
+
+    def learn(self, report: RoundReport) -> None:
         self.acceptance.observe(report)
         self.shadow.observe(report, self.acceptance)
         self.length.generated += len(report.emitted_tokens)
-        if not in_batch():  # alone, the round's own clock times its calls
-            reads = self.planner.config.fed_per_round  # a call feeding more reads text (prompt=True)
-            for d in report.draft_calls:
-                self.planner.record(ModelCall(False, d.tokens_fed, 1, d.seconds, d.tokens_fed > reads, d.hidden))
-            if report.target_tokens:
-                self.planner.record(ModelCall(True, report.target_tokens, 1, report.target_seconds))
         self.planner.emitted(len(report.emitted_tokens))
         if self.planner.trace is not None:
             self.planner.trace.reported(self, report)

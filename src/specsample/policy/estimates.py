@@ -64,18 +64,31 @@ class SourceModel:
     positions: list[Rate] = field(default_factory=list)
     by_confidence: list[Rate] = field(default_factory=list)
 
+    # Reading a rate that was never observed gives its prior and keeps nothing (the
+    # planner reads while it plans, which changes nothing); held_at and held_given keep
+    # it, to be updated. A kept rate never observed stays at its prior (Rate.forget
+    # leaves zero counts at zero), so when it is kept changes no estimate.
     def at(self, i: int) -> Rate:
+        i = min(i, 1) if self.pooled else i
+        return self.positions[i] if i < len(self.positions) else Rate(self.prior[min(1, i)], self.strength)
+
+    def held_at(self, i: int) -> Rate:
         i = min(i, 1) if self.pooled else i
         while len(self.positions) <= i:
             self.positions.append(Rate(self.prior[min(1, len(self.positions))], self.strength))
         return self.positions[i]
 
     def given_confidence(self, confidence: float) -> Rate:
-        if not self.by_confidence:
-            # Prior: a draft that is sure of its token is usually right.
-            self.by_confidence = [Rate((b + 0.5) / self.bins, self.strength) for b in range(self.bins)]
         b = min(self.bins - 1, max(0, int(confidence * self.bins)))
-        return self.by_confidence[b]
+        return self.by_confidence[b] if self.by_confidence else self._bin_prior(b)
+
+    def held_given(self, confidence: float) -> Rate:
+        if not self.by_confidence:
+            self.by_confidence = [self._bin_prior(b) for b in range(self.bins)]
+        return self.given_confidence(confidence)
+
+    def _bin_prior(self, b: int) -> Rate:
+        return Rate((b + 0.5) / self.bins, self.strength)  # a draft that is sure of its token is usually right
 
 
 @dataclass
@@ -202,11 +215,17 @@ class Acceptance:
         self.sources: dict[Source, SourceModel] = {}
 
     def __getitem__(self, source: Source) -> SourceModel:
-        if source not in self.sources:
+        """The source's model to read: a source never observed reads as its priors, kept nowhere."""
+        model = self.sources.get(source)
+        if model is None:
             config = self.config
-            self.sources[source] = SourceModel(prior(source, config), pooled=source.is_lookup,
-                                               strength=config.prior_strength, bins=config.confidence_bins)
-        return self.sources[source]
+            model = SourceModel(prior(source, config), pooled=source.is_lookup, strength=config.prior_strength,
+                                bins=config.confidence_bins)
+        return model
+
+    def held(self, source: Source) -> SourceModel:
+        """The source's model to update, kept from now on."""
+        return self.sources.setdefault(source, self[source])
 
     def sat_out(self, chosen: Source | None) -> None:
         """Sources left out this round drift back towards their prior (probing)."""
@@ -220,11 +239,11 @@ class Acceptance:
         reached = report.sources[:report.num_accepted + 1]  # past the first rejection, none was reached
         for i, (source, confidence) in enumerate(zip(reached, report.confidences)):
             accepted = i < report.num_accepted
-            model = self[source]
+            model = self.held(source)
             j = position[source] = position.get(source, -1) + 1
-            model.at(j).update(accepted, self.decay)
+            model.held_at(j).update(accepted, self.decay)
             if confidence is not None:
-                model.given_confidence(confidence).update(accepted, self.decay)
+                model.held_given(confidence).update(accepted, self.decay)
 
 
 class ShadowLookup:
@@ -267,7 +286,7 @@ class ShadowLookup:
         """Score one lookup on the round's rows; where it is still followed after them."""
         source, tokens, i = followed
         for row, token in zip(report.target_probs, report.emitted_tokens):
-            acceptance[source].at(i).update(float(row[tokens[i]]), acceptance.decay)
+            acceptance.held(source).held_at(i).update(float(row[tokens[i]]), acceptance.decay)
             if token != tokens[i] or i + 1 == len(tokens):
                 return None
             i += 1

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from ..backends.base import Backend, common_prefix_length
 from ..decoding.admission import Admission
-from ..decoding.batching import Cancelled, Scheduler, slots
+from ..decoding.batching import Cancelled, Scheduler, scheduled, slots
 from ..decoding.drafters import Drafter
 from ..decoding.generate import GenerationConfig, GenerationResult, GenerationStats, stream
 from ..output.logprobs import score_prompt
@@ -133,9 +133,10 @@ class Worker:
         self.slots = slots(target)[:parallel]
         self.draft_slots = slots(draft)[:parallel] if draft is not None else [None] * parallel
         if policy is None or isinstance(policy, int) or parallel == 1:
-            self.policies = [policy] * parallel
+            policies = [policy] * parallel
         else:
-            self.policies = [policy.fork() for _ in range(parallel)]
+            policies = [policy.fork() for _ in range(parallel)]
+        self.policies = [scheduled(p) for p in policies]  # a planner's seats plan through the scheduler
         self.max_queue = max_queue
         self.scheduler = Scheduler(target, on_call=on_call)
         self.admission = Admission(self.scheduler, parallel)  # its free slots: only the worker thread changes them
