@@ -1,26 +1,17 @@
 """The same question through `specsample serve`: a turn that reuses a cached start after a
 side request (the host prompt cache restores the start, the draft's copy with it), plain
 against -k auto, one server at a time. Prints each turn's time to its first streamed text."""
-import inspect, json, socket, statistics, subprocess, sys, time
+import inspect, json, statistics, sys, time
 import httpx
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+from specsample.bench.servers import ServerProcess
 
 base = "Read this module, then answer.\n\n" + inspect.getsource(statistics)[:2400]
-results = {}
 for name, extra in (("plain", ["--autoregressive"]), ("auto", []), ("plain2", ["--autoregressive"]), ("auto2", [])):
-    port = free_port(); url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "specsample", "serve", "--threads", "2", "--parallel", "1",
-                               "--port", str(port), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(240):
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200: break
-            except httpx.TransportError: pass
-            time.sleep(0.5)
-        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+    with ServerProcess(lambda port, tmp: [sys.executable, "-m", "specsample", "serve", "--threads", "2",
+                                          "--parallel", "1", "--host", "127.0.0.1", "--port", str(port), *extra],
+                       name) as server:
+        url = server.url
+        model = server.request("/v1/models")["data"][0]["id"]
         post = lambda body: httpx.post(url + "/v1/completions", json={"model": model, "temperature": 0, **body}, timeout=300)
         post({"prompt": base, "max_tokens": 1})  # the shared start, prefilled once
         times = []
@@ -34,7 +25,4 @@ for name, extra in (("plain", ["--autoregressive"]), ("auto", []), ("plain2", ["
                     if line.startswith("data: {") and first is None and json.loads(line[6:])["choices"][0]["text"]:
                         first = time.perf_counter() - t0
             times.append(first)
-        results[name] = times
         print(name, " ".join("%.3f" % t for t in times), "median %.3f" % statistics.median(times), flush=True)
-    finally:
-        server.terminate(); server.wait(30)
