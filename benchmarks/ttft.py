@@ -11,6 +11,7 @@ prompt size is asked of the three in a rotating order, so drift and the order it
 hit each alike. A prompt is a streamed chat of about N tokens (the README's text)
 asking for a one-sentence summary, opened with a nonce so that no prompt cache can
 help; TTFT is the time to the first content delta, the whole request runs to 8 tokens.
+--servers ls,auto starts only those (ls is always started: every ratio is to it).
 Writes ttft.json and ttft.md under --out; sends to 127.0.0.1 only.
 """
 
@@ -88,12 +89,19 @@ def main() -> int:
     p.add_argument("--ctx", type=int, default=8192)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--out", type=Path, default=Path("results/ttft"))
+    p.add_argument("--servers", default="ls,plain,auto",
+                   help="which of ls, plain, auto to start (ls, the base of every ratio, always)")
     args = p.parse_args()
+    wanted = {"ls", *args.servers.split(",")}
+    if not wanted <= {"ls", "plain", "auto"}:
+        p.error(f"--servers: unknown {sorted(wanted - {'ls', 'plain', 'auto'})}")
     args.out.mkdir(parents=True, exist_ok=True)
     words = (ROOT / "README.md").read_text().split() * 4
     procs, urls = {}, {}
     try:
         for name, argv in servers(args).items():
+            if name not in wanted:
+                continue
             port = free_port()
             urls[name] = f"http://127.0.0.1:{port}"
             procs[name] = subprocess.Popen(argv + ["--host", "127.0.0.1", "--port", str(port)],
