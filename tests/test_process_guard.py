@@ -59,7 +59,9 @@ def test_a_stopped_run_leaves_nothing_behind(tmp_path, how, workers):
     pidfile = tmp_path / "child.pid"
     (tmp_path / "test_inner.py").write_text(f"PIDFILE = {str(pidfile)!r}\n" + INNER)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+    # Outside this checkout no pyproject.toml turns langsmith's plugin off (1.4 s a process).
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:langsmith_plugin",
+            "--rootdir", str(tmp_path),
             str(tmp_path / "test_inner.py")] + (["-n", str(workers)] if workers else [])
     # SIGINT as a terminal gives it: a shell ignores it in the jobs it starts in the
     # background (make test &, CI runners), and Python then never raises KeyboardInterrupt.
