@@ -13,9 +13,8 @@ from functools import partial
 from specsample.app.arguments import UsageError, model_options
 from specsample.app.assemble import assemble
 from specsample.bench.load import Load, LoadSummary
-from specsample.bench.options import (bench_config, check_remote_modes, command_line, counts, draft_lengths,
-                                      is_llamacpp, machine_line, names, serve_clients, start_server, target_label,
-                                      target_types)
+from specsample.bench.options import (bench_config, command_line, counts, draft_lengths, is_llamacpp, machine_line,
+                                      names, serve_clients, target_label, target_types)
 from specsample.bench.records import ServedRecord
 from specsample.bench.report import keep_partial, start_partial, write_serve_report
 from specsample.bench.runner import prepare
@@ -24,6 +23,8 @@ from specsample.bench.tables import cell, markdown_table
 from specsample.bench.tasks import TASKS
 
 from .calls import SPLIT_NOTE, split_table
+from .native import start_server
+from .peers import check_remote_modes
 from .serving import DEFAULT_SERVE_FAMILIES, SERVE_FAMILIES, run_serving, serve_argv, served_modes, target_file
 
 

@@ -5,7 +5,7 @@ import pytest
 from specsample.app.arguments import UsageError, model_options
 from specsample.app.assemble import ModelOptions
 from specsample.bench import cli as bench_cli
-from specsample.bench.options import bench_config, parse_prompts, resolve_options, start_server, target_types
+from specsample.bench.options import bench_config, parse_prompts, resolve_options, target_types
 from specsample.cli import build_parser
 
 from test_assemble import other_value
@@ -17,8 +17,14 @@ def _args(*argv):
     return resolve_options(build_parser().parse_args(["bench", *argv]))
 
 
+def _research_args(*argv):
+    from benchmarks.bench import parser, resolve
+
+    return resolve(parser().parse_args(list(argv)))
+
+
 def test_demo_preset_and_an_explicit_override():
-    args = _args("--preset", "demo", "--prompts", "2")
+    args = _research_args("--preset", "demo", "--prompts", "2")
     config = bench_config(args)
     assert config.tasks == ("humaneval", "chat") and config.settings == ("greedy",)
     assert config.prompt_count("humaneval") == 2  # explicit option beats the preset
@@ -105,14 +111,14 @@ def test_unknown_task_is_a_usage_error():
         bench_config(_args("--tasks", "humaneval,nope"))
 
 
-def test_help_lists_the_tasks_and_the_native_peer(capsys):
+def test_help_lists_the_tasks_and_leaves_the_peers_to_the_research_bench(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for name in ("humaneval", "explain", "chat", "llamacpp-spec", "--prompts-file"):
+    for name in ("humaneval", "explain", "chat", "--prompts-file", "--url"):
         assert name in text
     for research in ("--budget-minutes", "--neighbour", "--rpc-delay-ms", "--no-parity", "--cost-reps", "hf-assisted",
-                     "--slots"):
+                     "--slots", "llamacpp-spec", "--llama-server", "--preset"):
         assert research not in text  # benchmarks/bench.py's, not the installed bench's
 
 
@@ -124,7 +130,7 @@ def test_the_research_bench_offers_the_bench_and_its_own_options(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for name in ("--prompts-file", "--target-quants", "--budget-minutes", "--neighbour", "--rpc-delay-ms",
                  "--no-parity", "--cost-reps", "hf-assisted", "llamacpp-lookup", "--slots", "summarize", "structured",
-                 "fim"):
+                 "fim", "llamacpp-spec", "--llama-server", "--preset"):
         assert name in text
 
 
@@ -168,17 +174,18 @@ def test_bench_serve_without_an_endpoint_says_where_started_servers_went(capsys)
 
 
 def test_no_native_server_is_none_when_unasked_and_a_reason_when_it_cannot_run():
-    from specsample.bench.servers import ServerUnavailable
+    from benchmarks.native import start_server
+    from benchmarks.servers import ServerUnavailable
 
-    args = _args("--draft", "ngram")
+    args = _research_args("--draft", "ngram")
     assert start_server(args, ["ar", "spec-auto"], 512, 4, None) is None
     with pytest.raises(ServerUnavailable, match="needs a draft model"):
         start_server(args, ["ar", "llamacpp-spec"], 512, 4, None)
 
 
 def test_the_llama_server_binary_is_the_one_named_or_the_pinned_build(monkeypatch, tmp_path):
-    from specsample.bench.native import llama_server_binary, server_path
-    from specsample.bench.servers import ServerUnavailable
+    from benchmarks.native import llama_server_binary, server_path
+    from benchmarks.servers import ServerUnavailable
 
     monkeypatch.setenv("SPECSAMPLE_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ServerUnavailable, match="python -m benchmarks.llama_server builds it"):
@@ -189,7 +196,7 @@ def test_the_llama_server_binary_is_the_one_named_or_the_pinned_build(monkeypatc
     assert llama_server_binary(tmp_path / "mine") == tmp_path / "mine"
     server_path().parent.mkdir(parents=True)
     server_path().write_bytes(b"\x7fELF")
-    assert llama_server_binary() == server_path() and _args().llama_server is None
+    assert llama_server_binary() == server_path() and _research_args().llama_server is None
 
 
 # Every model option away from its default, so that one dropped on the way shows.

@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from specsample.bench.modes import SETTINGS, LlamaServerMode, OurMode
-from specsample.bench.native import completion_request
+from specsample.bench.modes import SETTINGS, OurMode
 from specsample.bench.report import write_report
 from specsample.bench.runner import BenchConfig, PreparedPrompt, run_bench, total_steps
 from specsample.bench.summary import TargetRun
 from specsample.bench.tasks import TASKS, Prompt, Task, load_task
 
+from benchmarks.native import LlamaServerMode, completion_request
 from benchmarks.structured import SCHEMA, is_valid
 from benchmarks.tasks import task_sections
 
