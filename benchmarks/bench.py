@@ -6,10 +6,10 @@
     python -m benchmarks.bench --target-rpc HOST:PORT --rpc-delay-ms 5 --modes ar,spec-auto
 
 Everything `specsample bench` takes, and: the peers' modes (llama-server plain and -md,
-native.py; transformers and llama-cpp-python, peers.py), the demo's preset, the cost curve
-and the analytic prediction beside the measured speedups (costs.py), the read
-bandwidth ceiling (bandwidth.py), HumanEval pass@1 of ar against spec (parity.py, on
-the first target type), --budget-minutes (budget.py), --neighbour and --rpc-delay-ms
+native.py; transformers and llama-cpp-python, peers.py), the demo's preset, the cost
+curve and the analytic prediction beside the measured speedups (costs.py), the read
+bandwidth ceiling (bandwidth.py), the plots (plots.py), HumanEval pass@1 of ar against
+spec (parity.py, on the first target type), --budget-minutes (budget.py), --neighbour and --rpc-delay-ms
 around the whole run (neighbour.py, relay.py), and --serve without --url: the servers
 started here, each in turn, per --slots count (serving.py, serve_run.py; calls.py:
 where our servers' time went). A --serve run takes the last two only.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shlex
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -41,15 +42,18 @@ from .native import build_llama_server_modes, start_server
 from .neighbour import busy_neighbours
 from .parity import PARITY_NOTE, parity_table, pass_rates, run_parity
 from .peers import PEER_FAMILIES, build_peer_modes, check_remote_modes
+from .plots import plot_section
 from .relay import DelayRelay
 from .rounds import round_sections
 from .servers import ServerUnavailable
+from .targets import by_target_section, target_types
 from .tasks import task_sections
 
 # A research run's defaults, beside the bench's: 40 HumanEval problems per mode for parity.
 DEFAULTS = dict(parity=True, parity_prompts=40, parity_k=3)
-# Over the bench's: `make bench` runs every task of both (tasks.py: the research ones), both settings.
-BENCH_DEFAULTS = dict(tasks="humaneval,summarize,humaneval-chat,copy,structured")
+# Over the bench's: `make bench` runs every task of both (tasks.py: the research ones), both settings,
+# and draws its plots.
+BENCH_DEFAULTS = dict(tasks="humaneval,summarize,humaneval-chat,copy,structured", plots=True, target_quants=None)
 PRESETS = {
     # `make demo`: HumanEval completions to the end of the function on the llama.cpp
     # backend, on the default target as shipped (Q4_K_M: compute-bound calls) and on
@@ -71,6 +75,11 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--preset", choices=list(PRESETS),
                    help="demo: humaneval and chat, 4 prompts each, greedy, ar/spec-auto/spec-k4/llamacpp-server/"
                         "llamacpp-spec-k4, on the target as given (q4_k_m) and on its bf16 re-encoding")
+    b.add_argument("--target-quants",
+                   help="run every mode on each of these target types in turn, each against its own ar, with a "
+                        "table by type: the GGUF file's own type (e.g. q4_k_m) and any of bf16, f16, q8_0 "
+                        "(re-encoded once, cached); e.g. q4_k_m,bf16")
+    b.add_argument("--no-plots", dest="plots", action="store_false", default=None, help="skip the PNG plots")
     b.add_argument("--llama-server", type=Path, metavar="PATH",
                    help="the llama-server binary of the llamacpp-server and llamacpp-spec modes (default: the build "
                         "of llama.cpp our backend runs, made by python -m benchmarks.llama_server)")
@@ -95,6 +104,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = resolve(parser().parse_args(argv))
+        args.command = shlex.join(["python", "-m", "benchmarks.bench", *(sys.argv[1:] if argv is None else argv)])
         if args.neighbour < 0:
             raise UsageError(f"--neighbour must be >= 0, got {args.neighbour}")
         with delayed_workers(args), busy_neighbours(args.neighbour):
@@ -167,10 +177,18 @@ class Research:
             self.notes.append(f"{args.neighbour} busy neighbour process(es) spun beside the run (--neighbour)")
         self.parity_left = args.parity_prompts if args.parity else 0  # the first target type's
         self.curve = self.parity_modes = self.server = None
+        self.types = []
         self.parity_prompts = []
 
     def check(self, families) -> None:
         check_remote_modes(self.args, families)
+
+    def target_types(self) -> list[tuple[str | None, str]]:
+        self.types = target_types(self.args)
+        return self.types
+
+    def overview(self, runs) -> str | None:
+        return by_target_section(runs) if len(runs) > 1 else None
 
     def modes(self, families, peer_ks, target, draft, *, target_gguf, n_ctx, k_max, **where):
         """The peers' modes; llama-server's on a server started on this target type's file."""
@@ -240,7 +258,10 @@ class Research:
             records = records + run_parity(self.parity_modes, self.parity_prompts, self.config)
         self.curves[label] = self.curve
         weights = weight_bytes(target, getattr(target, "path", None))
-        return records, research_sections(records, self.curve, weights, self.read_bandwidth)
+        sections = research_sections(records, self.curve, weights, self.read_bandwidth)
+        if self.args.plots:  # a file per figure and target type, when there are several
+            sections += plot_section(self.args.out, records, f"-{label}" if len(self.types) > 1 else "")
+        return records, sections
 
     def files(self) -> dict[str, str]:
         return {"cost_curve.json": json.dumps({label: asdict(c) for label, c in self.curves.items()}) + "\n"}

@@ -11,7 +11,6 @@ import torch
 from specsample.app.arguments import UsageError
 from specsample.bench.modes import FAMILIES as OUR_FAMILIES
 from specsample.bench.modes import Outcome
-from specsample.bench.tasks import first_stop
 
 from .peer_sampling import peer_sampling
 
@@ -21,6 +20,14 @@ PEER_FAMILIES = ("hf-generate", "hf-assisted", "hf-assisted-default", "llamacpp-
 # it tunes as it goes (and keeps across calls).
 HF_ASSISTANT_DEFAULTS = dict(num_assistant_tokens=20, num_assistant_tokens_schedule="constant",
                              assistant_confidence_threshold=0.4)
+
+
+def first_stop(text: str, stop_strings: tuple[str, ...]) -> int | None:
+    """Index of the earliest stop string in text, or None.
+
+    "    return x\n\ndef g():" with the HumanEval stops -> 12 (the "\n" before "def")."""
+    hits = [i for i in (text.find(s) for s in stop_strings) if i != -1]
+    return min(hits) if hits else None
 
 
 class HFGenerateMode:

@@ -20,8 +20,7 @@ records.py    Record: one timed generation, a line of records.jsonl; ServedRecor
 stats.py      percentiles and per-mode aggregates
 tables.py     the reports' tables and notes, as markdown
 summary.py    summary.md's sections for one target type; targets.py: the overview by type
-plots.py      the report's figures (matplotlib Agg)
-report.py     the one writer of the output folder: records, markdown, plots
+report.py     the one writer of the output folder: records and markdown
 load.py       a serving load: its clients, rounds and figures; serve_summary.py: serve.md's
               tables; endpoints.py: the loads sent to endpoints the user runs
 """

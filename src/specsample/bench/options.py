@@ -1,5 +1,5 @@
 """The `bench` subcommand's options: defaults, the parser's arguments, their checks, and
-what they name (target types, draft lengths, the report's command and machine lines),
+what they name (the target's type, draft lengths, the report's command and machine lines),
 shared by the per-sequence run (sequence_run.py), bench serve (serve_run.py) and the
 research bench (benchmarks/bench.py: its presets, peers and llama-server on top)."""
 
@@ -21,8 +21,7 @@ from .tasks import TASKS
 
 # HumanEval completions and general chat, both settings, 8 prompts each, answers to their
 # task's limit (the research bench, `make bench`, has defaults and presets of its own).
-DEFAULTS = dict(tasks="humaneval,chat", settings="greedy,sample", modes="auto", ks="2,3,4", peer_k="3", prompts="8",
-                plots=True, target_quants=None)
+DEFAULTS = dict(tasks="humaneval,chat", settings="greedy,sample", modes="auto", ks="2,3,4", peer_k="3", prompts="8")
 # serve: short HumanEval completions and long explanations (decoding dominates), both
 # settings, 8 requests from 4 clients per endpoint (--clients).
 SERVE_DEFAULTS = dict(tasks="humaneval,explain", modes="auto", prompts="8")
@@ -50,10 +49,6 @@ def add_bench_arguments(b, defaults: dict | None = None) -> None:
     b.add_argument("--modes", help=f"'auto' or a comma list of {', '.join(FAMILIES)} (auto: all that fit the backends "
                                    "but spec-token and spec-auto-token, spec and spec-auto verified token by token; "
                                    "the research bench, python -m benchmarks.bench, adds llama-server and other peers)")
-    b.add_argument("--target-quants",
-                   help="run every mode on each of these target types in turn, each against its own ar, with a "
-                        "table by type: the GGUF file's own type (e.g. q4_k_m) and any of bf16, f16, q8_0 "
-                        "(re-encoded once, cached); e.g. q4_k_m,bf16")
     b.add_argument("--ks", help="draft lengths K of the spec sweep (default 2,3,4)")
     b.add_argument("--k-max", type=int, default=K_MAX,
                    help=f"the most drafts spec-auto (-k auto) proposes in a round (default {K_MAX}, as generate's "
@@ -66,7 +61,6 @@ def add_bench_arguments(b, defaults: dict | None = None) -> None:
                    help="how our drafting modes verify, as generate's --verifier (auto, the default: coupled, as "
                         "every prompt is seeded); spec-token and spec-auto-token verify token by token whatever it "
                         "says, e.g. beside spec and spec-auto under --verifier block (docs/verification.md)")
-    b.add_argument("--no-plots", dest="plots", action="store_false", default=None, help="skip the PNG plots")
     b.add_argument("--serve", action="store_true",
                    help="measure serving instead (the same as the word serve): each --url endpoint in turn gets each "
                         "task's prompts from each --clients count of concurrent streaming clients (tasks default "
@@ -114,7 +108,10 @@ def resolve_options(args, defaults: dict | None = None, preset: dict | None = No
 
 
 def bench_config(args) -> BenchConfig:
+    """The run's tasks, settings, prompt counts and answer cap, each checked."""
     tasks = names(args.tasks, TASKS, "task")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     default, counts = parse_prompts(args.prompts, tasks)
     if "prompts" in tasks and "prompts" not in counts:  # a prompts file runs whole unless told otherwise
         counts["prompts"] = len(TASKS["prompts"].load())
@@ -127,13 +124,15 @@ def parse_prompts(text: str, tasks: tuple[str, ...]) -> tuple[int, dict[str, int
     task not named gets the largest count given."""
     counts = {}
     try:
-        if "=" not in text:
-            return int(text), {}
-        for item in text.split(","):
+        for item in text.split(",") if "=" in text else [f"={text}"]:
             task, n = item.split("=")
             counts[task.strip()] = int(n)
     except ValueError:
         raise UsageError(f"--prompts takes N or task=N,...; got {text!r}") from None
+    if min(counts.values()) < 1:
+        raise UsageError(f"--prompts must be >= 1; got {text!r}")
+    if "" in counts:
+        return counts[""], {}
     unknown = set(counts) - set(tasks)
     if unknown:
         raise UsageError(f"--prompts names tasks not being run: {', '.join(sorted(unknown))}")
@@ -174,26 +173,6 @@ def counts(text, flag: str) -> tuple[int, ...]:
     return counts
 
 
-def target_types(args) -> list[tuple[str | None, str]]:
-    """(label, --target-quant value) for each target type to run: one, or each of
-    --target-quants, where the target file's own type means the file as given."""
-    if not args.target_quants:
-        return [(None, args.target_quant)]
-    if args.target_quant != "none":
-        raise UsageError("give --target-quant or --target-quants, not both")
-    from ..backends.models import resolve
-    from ..backends.reencode import TARGET_QUANTS, file_type
-
-    gguf = resolve(args.target).gguf_path
-    if gguf is None:
-        raise UsageError("--target-quants re-encodes a GGUF target file; this target is not one")
-    own = file_type(gguf)
-    types = []
-    for name in names(args.target_quants, [own, *TARGET_QUANTS], "--target-quants type"):
-        types.append((name, "none" if name == own else name))
-    return types
-
-
 def target_label(target, args) -> str:
     """What the target's weights are: the GGUF file's own type, or the hf dtype."""
     path = getattr(target, "path", None)
@@ -204,7 +183,10 @@ def target_label(target, args) -> str:
     return args.dtype
 
 
-def command_line() -> str:
+def command_line(args) -> str:
+    """The report's command: the research bench's own (args.command), or this one's."""
+    if getattr(args, "command", None):
+        return args.command
     return shlex.join(["specsample"] + sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "specsample bench (library call)"
 
 

@@ -3,6 +3,9 @@ type in turn, every mode's runs interleaved, then the report.
 
 A research run (benchmarks/bench.py) passes `research`, an object with:
     families                        the mode families it adds to FAMILIES (its peers)
+    target_types() -> [(label, --target-quant value)]
+                                    the target types to run in turn (--target-quants)
+    overview(runs) -> str | None    the summary's table by target type
     check(families)                 refuses the families it cannot run with these options
     modes(families, peer_ks, target, draft, target_gguf=, ngram_max=, n_ctx=, k_max=)
                                     (modes, notes on those that cannot run) of its families,
@@ -27,8 +30,7 @@ from ..app.arguments import UsageError, model_options
 from ..app.assemble import assemble
 from .modes import AUTO_FAMILIES, FAMILIES, build_modes
 from ..policy.trace import Trace
-from .options import (bench_config, command_line, draft_lengths, is_llamacpp, machine_line, names, target_label,
-                      target_types)
+from .options import bench_config, command_line, draft_lengths, is_llamacpp, machine_line, names, target_label
 from .records import Record
 from .report import keep_partial, start_partial, write_report
 from .runner import prepare, run_bench, total_steps
@@ -46,7 +48,7 @@ def run(args, research=None) -> int:
     if args.trace is not None and "spec-auto" not in families:
         raise UsageError("--trace follows the spec-auto mode's decisions: run it (--modes)")
     ks, peer_ks = draft_lengths(args)
-    types = target_types(args)
+    types = research.target_types() if research else [(None, args.target_quant)]
     options = model_options(args)
     models = assemble(replace(options, target_quant=types[0][1]), drafting=args.draft != "ngram")
     draft, target, overlap = models.draft, models.target, models.overlap  # overlap: the pair's placement, every type's
@@ -75,9 +77,10 @@ def run(args, research=None) -> int:
     if trace is not None:
         trace.close()
     machine = machine_line(engine, args, load_at_start)
-    table = write_report(args.out, runs, command=command_line(), machine=machine,
-                         notes=notes + (research.notes if research else []), plots=args.plots,
-                         extra=research.files() if research else None)
+    table = write_report(args.out, runs, command=command_line(args), machine=machine,
+                         notes=notes + (research.notes if research else []),
+                         extra=research.files() if research else None,
+                         overview=research.overview(runs) if research else None)
     print(table)
     print(f"specsample: wrote {args.out}/records.jsonl and {args.out}/summary.md", file=sys.stderr)
     return 0
