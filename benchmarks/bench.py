@@ -104,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = resolve(parser().parse_args(argv))
-        args.command = shlex.join(["python", "-m", "benchmarks.bench", *(sys.argv[1:] if argv is None else argv)])
+        args.report_command = shlex.join(["python", "-m", "benchmarks.bench", *(sys.argv[1:] if argv is None else argv)])
         if args.neighbour < 0:
             raise UsageError(f"--neighbour must be >= 0, got {args.neighbour}")
         with delayed_workers(args), busy_neighbours(args.neighbour):

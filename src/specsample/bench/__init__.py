@@ -6,9 +6,9 @@ the repository root, which imports this package; the names below are what its st
 may use without reaching into the modules (tests/test_imports.py holds them to it).
 
 cli.py        the `bench` subcommand: its parser, and the run its options ask for
-options.py    its options, and what they name: target types, draft lengths, the
+options.py    its options, and what they name: the target's type, draft lengths, the
               report's command and machine lines
-sequence_run.py  the per-sequence run: every mode on each target type (research hooks)
+sequence_run.py  the per-sequence run: every mode, on each target type a research run names
 serve_run.py  bench serve --url: each endpoint in turn under concurrent clients
 tasks.py      tasks: prompts, chat or raw, token limit and stop strings each; chat_task.py:
               general chat; prompts_file.py: --prompts-file, the user's own prompts as a
@@ -19,7 +19,7 @@ records.py    Record: one timed generation, a line of records.jsonl; ServedRecor
               request of a --serve load, a line of serve.jsonl
 stats.py      percentiles and per-mode aggregates
 tables.py     the reports' tables and notes, as markdown
-summary.py    summary.md's sections for one target type; targets.py: the overview by type
+summary.py    summary.md's sections for one target type
 report.py     the one writer of the output folder: records and markdown
 load.py       a serving load: its clients, rounds and figures; serve_summary.py: serve.md's
               tables; endpoints.py: the loads sent to endpoints the user runs

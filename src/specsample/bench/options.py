@@ -184,9 +184,9 @@ def target_label(target, args) -> str:
 
 
 def command_line(args) -> str:
-    """The report's command: the research bench's own (args.command), or this one's."""
-    if getattr(args, "command", None):
-        return args.command
+    """The report's command: the research bench's own (args.report_command), or this one's."""
+    if getattr(args, "report_command", None):
+        return args.report_command
     return shlex.join(["specsample"] + sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "specsample bench (library call)"
 
 
