@@ -26,11 +26,13 @@ $(STAMP): pyproject.toml Makefile
 fetch: $(STAMP)
 	$(BIN)/specsample fetch
 
-# llama-server, built once from the llama.cpp our backend runs (benchmarks/llama_server.py);
-# without cmake the demo goes on, its llama-server rows noted as not run.
+# llama-server, built once from the llama.cpp our backend runs (benchmarks/llama_server.py),
+# then the bench beside it (benchmarks/bench.py --preset demo: specsample bench, with
+# plain llama-server and llama-server -md as peers on the same files); without cmake the
+# demo goes on, its llama-server rows noted as not run.
 demo: fetch
 	-$(BIN)/python -m benchmarks.llama_server
-	$(BIN)/specsample bench --preset demo --backend llamacpp --out results/demo
+	$(BIN)/python -m benchmarks.bench --preset demo --backend llamacpp --out results/demo
 
 # Every test is marked pure, system or real (tests/conftest.py refuses one that is not).
 # The pure ones (toy and tiny models, no clock, process or real model) run on every core

@@ -3,9 +3,14 @@
 (tests/test_imports.py holds both to it).
 
 bench.py      python -m benchmarks.bench: `specsample bench` with the research options on
-              top: --modes with the peers below, --cost-reps (the cost curve and the
-              analytic prediction), --parity-*, --budget-minutes, --neighbour, --rpc-delay-ms,
-              --slots
+              top: --modes with the peers below, --preset demo (`make demo`),
+              --target-quants (targets.py: the types in turn, a table by type), plots
+              (plots.py), --cost-reps (the cost curve and the analytic prediction),
+              --parity-*, --budget-minutes, --neighbour, --rpc-delay-ms, --slots
+native.py     llama-server as a peer, plain and -md (llamacpp-server, llamacpp-spec): the
+              build llama_server.py makes, or --llama-server PATH; peer_sampling.py: our
+              sampling settings in each peer's request; servers.py: servers run as child
+              processes (llama-server, specsample serve)
 peers.py      transformers' generate (plain, assisted) and llama-cpp-python's Llama (plain,
               prompt lookup) behind the bench's mode interface
 costs.py      the measured cost curve and the analytic speedup model of Chen et al. (2023)

@@ -1,13 +1,15 @@
 """The research bench: `specsample bench` with the research options on top.
 
     python -m benchmarks.bench --out results/bench                  # as `make bench`
+    python -m benchmarks.bench --preset demo --backend llamacpp     # as `make demo`
     python -m benchmarks.bench --modes ar,spec,hf-generate,hf-assisted --backend hf
     python -m benchmarks.bench --target-rpc HOST:PORT --rpc-delay-ms 5 --modes ar,spec-auto
 
-Everything `specsample bench` takes, and: the peers' modes (peers.py), the cost curve
-and the analytic prediction beside the measured speedups (costs.py), the read
-bandwidth ceiling (bandwidth.py), HumanEval pass@1 of ar against spec (parity.py, on
-the first target type), --budget-minutes (budget.py), --neighbour and --rpc-delay-ms
+Everything `specsample bench` takes, and: the peers' modes (llama-server plain and -md,
+native.py; transformers and llama-cpp-python, peers.py), the demo's preset, the cost
+curve and the analytic prediction beside the measured speedups (costs.py), the read
+bandwidth ceiling (bandwidth.py), the plots (plots.py), HumanEval pass@1 of ar against
+spec (parity.py, on the first target type), --budget-minutes (budget.py), --neighbour and --rpc-delay-ms
 around the whole run (neighbour.py, relay.py), and --serve without --url: the servers
 started here, each in turn, per --slots count (serving.py, serve_run.py; calls.py:
 where our servers' time went). A --serve run takes the last two only.
@@ -18,8 +20,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shlex
 import sys
 from dataclasses import asdict, replace
+from pathlib import Path
 
 from specsample.app.arguments import UsageError
 from specsample.bench import sequence_run
@@ -33,24 +37,52 @@ from . import serve_run
 from .bandwidth import bandwidth_table, measure_read_bandwidth, weight_bytes
 from .budget import TaskLoad, estimate_seconds, format_duration, trim_to_budget
 from .costs import PREDICTION_NOTE, cost_section, measure_cost_curve, prediction_section, predictions_by_group
+from .native import FAMILIES as LLAMA_SERVER_FAMILIES
+from .native import build_llama_server_modes, start_server
 from .neighbour import busy_neighbours
 from .parity import PARITY_NOTE, parity_table, pass_rates, run_parity
-from .peers import PEER_FAMILIES, build_peer_modes
+from .peers import PEER_FAMILIES, build_peer_modes, check_remote_modes
+from .plots import plot_section
 from .relay import DelayRelay
 from .rounds import round_sections
+from .servers import ServerUnavailable
+from .targets import by_target_section, target_types
 from .tasks import task_sections
 
 # A research run's defaults, beside the bench's: 40 HumanEval problems per mode for parity.
 DEFAULTS = dict(parity=True, parity_prompts=40, parity_k=3)
-# Over the bench's: `make bench` runs every task of both (tasks.py: the research ones), both settings.
-BENCH_DEFAULTS = dict(tasks="humaneval,summarize,humaneval-chat,copy,structured")
+# Over the bench's: `make bench` runs every task of both (tasks.py: the research ones), both settings,
+# and draws its plots.
+BENCH_DEFAULTS = dict(tasks="humaneval,summarize,humaneval-chat,copy,structured", plots=True, target_quants=None)
+PRESETS = {
+    # `make demo`: HumanEval completions to the end of the function on the llama.cpp
+    # backend, on the default target as shipped (Q4_K_M: compute-bound calls) and on
+    # its BF16 re-encoding (memory-bound: the regime speculation is for), each beside
+    # llama.cpp's own speculative decoding and plain llama-server on the same files; and
+    # four general chat prompts (writing, translation, roleplay, a summary), where drafts
+    # are seldom right; short enough for a first look (docs/benchmarks.md: its time here).
+    "demo": dict(tasks="humaneval,chat", settings="greedy", modes="ar,spec-auto,spec,llamacpp-server,llamacpp-spec",
+                 ks="4", peer_k="4", prompts="4", plots=False, target_quants="q4_k_m,bf16"),
+}
 
 
 def parser() -> argparse.ArgumentParser:
     b = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.split("\n\n")[0])
     add_bench_arguments(b, BENCH_DEFAULTS)
     b.set_defaults(ctx_size=BENCH_CONTEXT)
-    b.epilog = f"--modes also takes the peers {', '.join(PEER_FAMILIES)} here, and 'auto' runs them too."
+    b.epilog = (f"--modes also takes the peers {', '.join(LLAMA_SERVER_FAMILIES + PEER_FAMILIES)} here, and 'auto' "
+                "runs them too (llamacpp-spec is llama.cpp's own speculative decoding, llama-server -md).")
+    b.add_argument("--preset", choices=list(PRESETS),
+                   help="demo: humaneval and chat, 4 prompts each, greedy, ar/spec-auto/spec-k4/llamacpp-server/"
+                        "llamacpp-spec-k4, on the target as given (q4_k_m) and on its bf16 re-encoding")
+    b.add_argument("--target-quants",
+                   help="run every mode on each of these target types in turn, each against its own ar, with a "
+                        "table by type: the GGUF file's own type (e.g. q4_k_m) and any of bf16, f16, q8_0 "
+                        "(re-encoded once, cached); e.g. q4_k_m,bf16")
+    b.add_argument("--no-plots", dest="plots", action="store_false", default=None, help="skip the PNG plots")
+    b.add_argument("--llama-server", type=Path, metavar="PATH",
+                   help="the llama-server binary of the llamacpp-server and llamacpp-spec modes (default: the build "
+                        "of llama.cpp our backend runs, made by python -m benchmarks.llama_server)")
     b.add_argument("--budget-minutes", type=float, help="trim prompts (never tokens) so the estimated run fits")
     b.add_argument("--no-parity", dest="parity", action="store_false", default=None, help="skip the HumanEval pass@1 check")
     b.add_argument("--parity-prompts", type=int, help="HumanEval problems sampled per mode for pass@1 (default 40)")
@@ -72,12 +104,14 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = resolve(parser().parse_args(argv))
+        args.report_command = shlex.join(["python", "-m", "benchmarks.bench", *(sys.argv[1:] if argv is None else argv)])
         if args.neighbour < 0:
             raise UsageError(f"--neighbour must be >= 0, got {args.neighbour}")
         with delayed_workers(args), busy_neighbours(args.neighbour):
             if args.serve:
                 return url_run.run(args) if args.url else serve_run.run(args)
-            return sequence_run.run(args, Research(args))
+            with contextlib.closing(Research(args)) as research:
+                return sequence_run.run(args, research)
     except UsageError as e:
         print(f"python -m benchmarks.bench: error: {e}", file=sys.stderr)
         return 2
@@ -86,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 def resolve(args) -> argparse.Namespace:
     """The bench's own resolution (resolve_options), then the research defaults: parity
     runs unless a preset or a prompts file is run, or --no-parity says otherwise."""
-    args = resolve_options(args, BENCH_DEFAULTS)
+    args = resolve_options(args, BENCH_DEFAULTS, PRESETS.get(args.preset))
     if args.parity is None:
         args.parity = args.prompts_file is None and args.preset is None
     for name, default in DEFAULTS.items():
@@ -129,10 +163,11 @@ def delayed_workers(args):
 
 
 class Research:
-    """sequence_run's research hooks (its docstring): the peers' modes, a cost curve per
-    target type, the budget, parity on the first type, and their sections."""
+    """sequence_run's research hooks (its docstring): the peers' modes (llama-server
+    started per target type, closed after it), a cost curve per target type, the budget,
+    parity on the first type, and their sections."""
 
-    families = PEER_FAMILIES
+    families = LLAMA_SERVER_FAMILIES + PEER_FAMILIES
 
     def __init__(self, args):
         self.args = args
@@ -141,11 +176,37 @@ class Research:
         if args.neighbour:
             self.notes.append(f"{args.neighbour} busy neighbour process(es) spun beside the run (--neighbour)")
         self.parity_left = args.parity_prompts if args.parity else 0  # the first target type's
-        self.curve = self.parity_modes = None
+        self.curve = self.parity_modes = self.server = None
+        self.types = []
         self.parity_prompts = []
 
-    def modes(self, families, peer_ks, target, draft, **where):
-        return build_peer_modes(families, peer_ks, target, draft, **where)
+    def check(self, families) -> None:
+        check_remote_modes(self.args, families)
+
+    def target_types(self) -> list[tuple[str | None, str]]:
+        self.types = target_types(self.args)
+        return self.types
+
+    def overview(self, runs) -> str | None:
+        return by_target_section(runs) if len(runs) > 1 else None
+
+    def modes(self, families, peer_ks, target, draft, *, target_gguf, n_ctx, k_max, **where):
+        """The peers' modes; llama-server's on a server started on this target type's file."""
+        native = [f for f in families if f in LLAMA_SERVER_FAMILIES]
+        try:
+            self.server, no_server = start_server(self.args, native, n_ctx, k_max, target_gguf, loaded_draft=draft), None
+        except ServerUnavailable as e:
+            no_server = str(e)
+        modes, skipped = build_llama_server_modes(native, peer_ks, self.server, no_server)
+        more, not_run = build_peer_modes([f for f in families if f not in native], peer_ks, target, draft,
+                                         target_gguf=target_gguf, n_ctx=n_ctx, **where)
+        return modes + more, skipped + not_run
+
+    def close(self) -> None:
+        """Stop the target type's llama-server, if one runs."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
 
     def before(self, target, draft, prompts, modes, config, notes):
         """The cost curve, then parity's prompts and modes, then the estimate (and trim)."""
@@ -191,12 +252,16 @@ class Research:
         return prompts
 
     def after(self, label, target, draft, records):
-        """Parity's samples, then this target's research sections."""
+        """llama-server stopped, then parity's samples, then this target's research sections."""
+        self.close()
         if self.parity_modes and self.parity_prompts:
             records = records + run_parity(self.parity_modes, self.parity_prompts, self.config)
         self.curves[label] = self.curve
         weights = weight_bytes(target, getattr(target, "path", None))
-        return records, research_sections(records, self.curve, weights, self.read_bandwidth)
+        sections = research_sections(records, self.curve, weights, self.read_bandwidth)
+        if self.args.plots:  # a file per figure and target type, when there are several
+            sections += plot_section(self.args.out, records, f"-{label}" if len(self.types) > 1 else "")
+        return records, sections
 
     def files(self) -> dict[str, str]:
         return {"cost_curve.json": json.dumps({label: asdict(c) for label, c in self.curves.items()}) + "\n"}

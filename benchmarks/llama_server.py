@@ -1,8 +1,8 @@
 """Builds the llama-server the bench compares with, once: python -m benchmarks.llama_server
 
-The pinned llama-cpp-python sdist (specsample.bench.native's version) vendors the
+The pinned llama-cpp-python sdist (native.py's version) vendors the
 llama.cpp tree our llama.cpp backend runs; only its `llama-server` target is built, with
-CMake, static, and the binary is cached where `specsample bench` looks for it
+CMake, static, and the binary is cached where the research bench looks for it
 (native.server_path). `make demo` runs this first; benchmarks/ttft.py calls it.
 """
 
@@ -17,8 +17,9 @@ import tempfile
 from pathlib import Path
 
 from specsample import processes
-from specsample.bench.native import LLAMA_CPP_PYTHON_VERSION, NativeUnavailable, server_path
 from specsample.files import build_once
+
+from .native import LLAMA_CPP_PYTHON_VERSION, NativeUnavailable, server_path
 
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", "-DGGML_NATIVE=ON")

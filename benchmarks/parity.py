@@ -23,8 +23,9 @@ import sys
 import tempfile
 from dataclasses import dataclass, replace
 
+from specsample.bench.load import rotation
 from specsample.bench.records import Record
-from specsample.bench.runner import rotated, run_one
+from specsample.bench.runner import run_one
 from specsample.bench.tables import cell, markdown_table
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -186,7 +187,7 @@ def run_parity(modes, prompts, config, setting: str = "sample", timeout: float =
     as the bench's runs are."""
     records = []
     for i, prepared in enumerate(prompts):
-        for mode in rotated(modes, i):
+        for mode in rotation(modes, i):
             record = run_one(mode, prepared, setting, i, config.new_tokens(prepared.task.name),
                              config.seed + i, phase="parity")
             program = build_program(prepared.prompt.problem, record.text)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import torch
 
+from specsample.app.arguments import UsageError
+from specsample.bench.modes import FAMILIES as OUR_FAMILIES
 from specsample.bench.modes import Outcome
-from specsample.bench.peer_sampling import peer_sampling
-from specsample.bench.tasks import first_stop
+
+from .peer_sampling import peer_sampling
 
 PEER_FAMILIES = ("hf-generate", "hf-assisted", "hf-assisted-default", "llamacpp-ar", "llamacpp-lookup")
 # transformers' own defaults for an assistant model (GenerationConfig in 5.x): up to
@@ -18,6 +20,14 @@ PEER_FAMILIES = ("hf-generate", "hf-assisted", "hf-assisted-default", "llamacpp-
 # it tunes as it goes (and keeps across calls).
 HF_ASSISTANT_DEFAULTS = dict(num_assistant_tokens=20, num_assistant_tokens_schedule="constant",
                              assistant_confidence_threshold=0.4)
+
+
+def first_stop(text: str, stop_strings: tuple[str, ...]) -> int | None:
+    """Index of the earliest stop string in text, or None.
+
+    "    return x\n\ndef g():" with the HumanEval stops -> 12 (the "\n" before "def")."""
+    hits = [i for i in (text.find(s) for s in stop_strings) if i != -1]
+    return min(hits) if hits else None
 
 
 class HFGenerateMode:
@@ -209,3 +219,14 @@ def build_peer_modes(families, peer_ks, target, draft=None, *, target_gguf=None,
         else:
             raise ValueError(f"unknown peer {family!r}; choose from {', '.join(PEER_FAMILIES)}")
     return modes, skipped
+
+
+def check_remote_modes(args, families) -> None:
+    """With --target-rpc or --draft-rpc, only our own modes: a peer (transformers,
+    llama-server) would run the model on this machine, and its row would compare a
+    local model with ours."""
+    local = [f for f in families if f not in OUR_FAMILIES]
+    for flag in ("target_rpc", "draft_rpc"):
+        if getattr(args, flag, None) and local:
+            raise UsageError(f"--{flag.replace('_', '-')} runs the {flag.split('_')[0]} on its workers in "
+                             f"{', '.join(OUR_FAMILIES)} only; {', '.join(local)} would run it here (pass --modes)")

@@ -13,17 +13,19 @@ from functools import partial
 from specsample.app.arguments import UsageError, model_options
 from specsample.app.assemble import assemble
 from specsample.bench.load import Load, LoadSummary
-from specsample.bench.options import (bench_config, check_remote_modes, command_line, counts, draft_lengths,
-                                      is_llamacpp, machine_line, names, serve_clients, start_server, target_label,
-                                      target_types)
+from specsample.bench.options import (bench_config, command_line, counts, draft_lengths, is_llamacpp, machine_line,
+                                      names, serve_clients, target_label)
 from specsample.bench.records import ServedRecord
-from specsample.bench.report import keep_partial, start_partial, write_serve_report
+from specsample.bench.report import keep_partial, start_partial, write_records, write_serve_report
 from specsample.bench.runner import prepare
 from specsample.bench.serve_summary import RATES, paired, pooled, serve_sections, spread, summaries
 from specsample.bench.tables import cell, markdown_table
 from specsample.bench.tasks import TASKS
 
 from .calls import SPLIT_NOTE, split_table
+from .native import start_server
+from .peers import check_remote_modes
+from .targets import target_types
 from .serving import DEFAULT_SERVE_FAMILIES, SERVE_FAMILIES, run_serving, serve_argv, served_modes, target_file
 
 
@@ -67,8 +69,9 @@ def run(args) -> int:
         notes += [f"{label}: {n}" if len(types) > 1 else n for n in run_notes]
     machine = machine_line("gguf" if files[0] else args.dtype, args, load_at_start)
     sections, printed = started_sections(records, splits)
-    write_serve_report(args.out, records, sections, command=command_line(), machine=machine, notes=notes,
-                       splits=splits)
+    write_serve_report(args.out, records, sections, command=command_line(args), machine=machine, notes=notes)
+    if splits:  # calls.CallSplit, a line per load of our servers
+        write_records(args.out / "calls.jsonl", splits)
     print(printed)
     print(f"benchmarks: wrote {args.out}/serve.jsonl, calls.jsonl and serve.md", file=sys.stderr)
     return 0

@@ -45,13 +45,13 @@ from pathlib import Path
 from specsample.app.arguments import model_options
 from specsample.bench.load import Load, run_load, unanswered_notes
 from specsample.bench.modes import SETTINGS
-from specsample.bench.native import completion_request
 from specsample.bench.options import counts
-from specsample.bench.peer_sampling import peer_sampling
 from specsample.bench.records import ServedRecord
-from specsample.bench.servers import ServerProcess, ServerUnavailable
 
 from .calls import CallSplit
+from .native import completion_request
+from .peer_sampling import peer_sampling
+from .servers import ServerProcess, ServerUnavailable
 
 SERVE_FAMILIES = ("ar", "spec-auto", "spec", "llamacpp-server", "llamacpp-spec")
 DEFAULT_SERVE_FAMILIES = ("ar", "spec-auto", "llamacpp-server", "llamacpp-spec")

@@ -5,7 +5,7 @@ import pytest
 from specsample.app.arguments import UsageError, model_options
 from specsample.app.assemble import ModelOptions
 from specsample.bench import cli as bench_cli
-from specsample.bench.options import bench_config, parse_prompts, resolve_options, start_server, target_types
+from specsample.bench.options import bench_config, parse_prompts, resolve_options
 from specsample.cli import build_parser
 
 from test_assemble import other_value
@@ -17,8 +17,14 @@ def _args(*argv):
     return resolve_options(build_parser().parse_args(["bench", *argv]))
 
 
+def _research_args(*argv):
+    from benchmarks.bench import parser, resolve
+
+    return resolve(parser().parse_args(list(argv)))
+
+
 def test_demo_preset_and_an_explicit_override():
-    args = _args("--preset", "demo", "--prompts", "2")
+    args = _research_args("--preset", "demo", "--prompts", "2")
     config = bench_config(args)
     assert config.tasks == ("humaneval", "chat") and config.settings == ("greedy",)
     assert config.prompt_count("humaneval") == 2  # explicit option beats the preset
@@ -92,9 +98,11 @@ def test_per_task_prompt_counts_and_a_token_cap():
     config = bench_config(_args("--tasks", "humaneval,chat", "--prompts", "humaneval=8,chat=4", "--max-new-tokens", "16"))
     assert (config.prompt_count("humaneval"), config.prompt_count("chat")) == (8, 4)
     assert config.new_tokens("chat") == 16
+    with pytest.raises(UsageError, match="--max-new-tokens must be >= 1"):
+        bench_config(_args("--max-new-tokens", "0"))
 
 
-@pytest.mark.parametrize("text", ["eight", "humaneval=x", "nope=3"])
+@pytest.mark.parametrize("text", ["eight", "humaneval=x", "nope=3", "0", "humaneval=0", "8,4"])
 def test_bad_prompt_counts_are_usage_errors(text):
     with pytest.raises(UsageError):
         parse_prompts(text, ("humaneval",))
@@ -105,14 +113,14 @@ def test_unknown_task_is_a_usage_error():
         bench_config(_args("--tasks", "humaneval,nope"))
 
 
-def test_help_lists_the_tasks_and_the_native_peer(capsys):
+def test_help_lists_the_tasks_and_leaves_the_peers_to_the_research_bench(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for name in ("humaneval", "explain", "chat", "llamacpp-spec", "--prompts-file"):
+    for name in ("humaneval", "explain", "chat", "--prompts-file", "--url"):
         assert name in text
     for research in ("--budget-minutes", "--neighbour", "--rpc-delay-ms", "--no-parity", "--cost-reps", "hf-assisted",
-                     "--slots"):
+                     "--slots", "llamacpp-spec", "--llama-server", "--preset", "--target-quants", "--no-plots"):
         assert research not in text  # benchmarks/bench.py's, not the installed bench's
 
 
@@ -124,7 +132,7 @@ def test_the_research_bench_offers_the_bench_and_its_own_options(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for name in ("--prompts-file", "--target-quants", "--budget-minutes", "--neighbour", "--rpc-delay-ms",
                  "--no-parity", "--cost-reps", "hf-assisted", "llamacpp-lookup", "--slots", "summarize", "structured",
-                 "fim"):
+                 "fim", "llamacpp-spec", "--llama-server", "--preset", "--no-plots"):
         assert name in text
 
 
@@ -139,9 +147,11 @@ def q4_k_m_file(monkeypatch, tmp_path):
 
 
 def test_target_types_name_the_file_by_its_own_type(q4_k_m_file):
-    assert target_types(_args("--target", q4_k_m_file)) == [(None, "none")]
-    assert target_types(_args("--target", q4_k_m_file, "--target-quant", "f16")) == [(None, "f16")]
-    got = target_types(_args("--target", q4_k_m_file, "--target-quants", "q4_k_m,bf16"))
+    from benchmarks.targets import target_types
+
+    assert target_types(_research_args("--target", q4_k_m_file)) == [(None, "none")]
+    assert target_types(_research_args("--target", q4_k_m_file, "--target-quant", "f16")) == [(None, "f16")]
+    got = target_types(_research_args("--target", q4_k_m_file, "--target-quants", "q4_k_m,bf16"))
     assert got == [("q4_k_m", "none"), ("bf16", "bf16")]
 
 
@@ -150,13 +160,19 @@ def test_target_types_name_the_file_by_its_own_type(q4_k_m_file):
     (["--target-quants", "bf16", "--target-quant", "f16"], "not both"),
 ])
 def test_bad_target_types_are_usage_errors(q4_k_m_file, argv, message):
+    from benchmarks.targets import target_types
+
     with pytest.raises(UsageError, match=message):
-        target_types(_args("--target", q4_k_m_file, *argv))
+        target_types(_research_args("--target", q4_k_m_file, *argv))
 
 
 def test_target_quants_go_with_serve_to_the_serving_run(q4_k_m_file, monkeypatch):
+    from benchmarks import bench
+
+    monkeypatch.setattr(bench.serve_run, "run", lambda args: args.target_quants)
+    assert bench.main(["--target", q4_k_m_file, "--serve", "--target-quants", "q4_k_m,bf16"]) == "q4_k_m,bf16"
     monkeypatch.setattr("specsample.bench.serve_run.run", lambda args: "served")
-    assert bench_cli.cmd_bench(_args("--target", q4_k_m_file, "--serve", "--target-quants", "q4_k_m,bf16")) == "served"
+    assert bench_cli.cmd_bench(_args("--target", q4_k_m_file, "--serve")) == "served"
 
 
 def test_bench_serve_without_an_endpoint_says_where_started_servers_went(capsys):
@@ -168,17 +184,18 @@ def test_bench_serve_without_an_endpoint_says_where_started_servers_went(capsys)
 
 
 def test_no_native_server_is_none_when_unasked_and_a_reason_when_it_cannot_run():
-    from specsample.bench.servers import ServerUnavailable
+    from benchmarks.native import start_server
+    from benchmarks.servers import ServerUnavailable
 
-    args = _args("--draft", "ngram")
+    args = _research_args("--draft", "ngram")
     assert start_server(args, ["ar", "spec-auto"], 512, 4, None) is None
     with pytest.raises(ServerUnavailable, match="needs a draft model"):
         start_server(args, ["ar", "llamacpp-spec"], 512, 4, None)
 
 
 def test_the_llama_server_binary_is_the_one_named_or_the_pinned_build(monkeypatch, tmp_path):
-    from specsample.bench.native import llama_server_binary, server_path
-    from specsample.bench.servers import ServerUnavailable
+    from benchmarks.native import llama_server_binary, server_path
+    from benchmarks.servers import ServerUnavailable
 
     monkeypatch.setenv("SPECSAMPLE_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ServerUnavailable, match="python -m benchmarks.llama_server builds it"):
@@ -189,7 +206,7 @@ def test_the_llama_server_binary_is_the_one_named_or_the_pinned_build(monkeypatc
     assert llama_server_binary(tmp_path / "mine") == tmp_path / "mine"
     server_path().parent.mkdir(parents=True)
     server_path().write_bytes(b"\x7fELF")
-    assert llama_server_binary() == server_path() and _args().llama_server is None
+    assert llama_server_binary() == server_path() and _research_args().llama_server is None
 
 
 # Every model option away from its default, so that one dropped on the way shows.
@@ -263,3 +280,23 @@ def test_threads_are_the_flag_or_torchs_own_count():
 
     assert threads(_args("--threads", "3")) == 3
     assert threads(_args()) == torch.get_num_threads()
+
+
+def test_the_research_bench_reports_its_own_command_and_the_bench_its_own(monkeypatch):
+    from benchmarks import bench
+    from specsample.bench.options import command_line
+
+    class Research:  # no bandwidth probe: only the command is looked at
+        def __init__(self, args):
+            pass
+
+        def close(self):
+            pass
+
+    seen = []
+    monkeypatch.setattr(bench, "Research", Research)
+    monkeypatch.setattr(bench.sequence_run, "run", lambda args, research: seen.append(command_line(args)) or 0)
+    assert bench.main(["--preset", "demo", "--prompts", "1"]) == 0
+    assert seen == ["python -m benchmarks.bench --preset demo --prompts 1"]
+    monkeypatch.setattr("sys.argv", ["specsample", "bench", "--prompts", "1"])
+    assert command_line(_args("--prompts", "1")) == "specsample bench --prompts 1"

@@ -15,7 +15,7 @@ from specsample.app.arguments import UsageError
 from specsample.bench import endpoints as endpoints_module
 from specsample.bench.endpoints import Endpoint, api_base, check_tasks, parse_endpoints, request_body, run_endpoints
 from specsample.bench.records import RequestTiming, ServedRecord
-from specsample.bench.servers import free_port
+from benchmarks.servers import free_port
 from specsample.bench.load import Load
 from specsample.bench.tasks import TASKS, Prompt
 from specsample.cli import main

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from specsample.bench.modes import SETTINGS, LlamaServerMode, build_modes
-from specsample.bench.native import LlamaServer, completion_request, llama_server_argv, parse_completion
+from specsample.bench.modes import SETTINGS
 from specsample.bench.tasks import HUMANEVAL_STOPS
+
+from benchmarks.native import (LlamaServer, LlamaServerMode, build_llama_server_modes, completion_request,
+                               llama_server_argv, parse_completion)
 
 from bench_helpers import FakeServer
 
@@ -66,9 +68,9 @@ def test_server_mode_runs_through_the_parser():
 
 
 def test_build_modes_skips_the_native_peer_with_its_reason():
-    modes, skipped = build_modes(["llamacpp-spec"], [3], [3], target=object(), no_server="cmake not found")
+    modes, skipped = build_llama_server_modes(["llamacpp-spec"], [3], None, no_server="cmake not found")
     assert modes == [] and skipped == ["llamacpp-spec: cmake not found"]
-    modes, _ = build_modes(["llamacpp-server", "llamacpp-spec"], [3], [3], target=object(), server=FakeServer(answer=_captured("greedy")))
+    modes, _ = build_llama_server_modes(["llamacpp-server", "llamacpp-spec"], [3], FakeServer(answer=_captured("greedy")))
     assert [m.name for m in modes] == ["llamacpp-server", "llamacpp-spec-k3"]
     assert [m.family for m in modes] == ["llamacpp-server", "llamacpp-spec"]
 

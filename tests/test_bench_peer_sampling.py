@@ -9,8 +9,8 @@ import torch
 
 from benchmarks.peers import HFGenerateMode
 from specsample.bench.modes import SETTINGS
-from specsample.bench.native import completion_request
-from specsample.bench.peer_sampling import FIELDS, INFILL_ONLY, PEERS, peer_sampling
+from benchmarks.native import completion_request
+from benchmarks.peer_sampling import FIELDS, INFILL_ONLY, PEERS, peer_sampling
 from benchmarks.serving import ServedMode
 from specsample.decoding.sampling import SamplingConfig
 

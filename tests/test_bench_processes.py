@@ -17,7 +17,7 @@ import pytest
 import specsample
 from benchmarks import llama_server as native
 from benchmarks.studies import contention
-from specsample.bench.servers import ServerProcess
+from benchmarks.servers import ServerProcess
 
 pytestmark = pytest.mark.system
 
@@ -130,7 +130,7 @@ def start_parent(script: str) -> tuple[subprocess.Popen, int, str]:
 def test_a_server_dies_with_the_bench_however_the_bench_dies():
     script = textwrap.dedent(f"""
         import sys, time
-        from specsample.bench.servers import ServerProcess
+        from benchmarks.servers import ServerProcess
         server = ServerProcess(lambda port, tmp: [sys.executable, "-c", {HEALTHY!r}, str(port)], name="child")
         print(server.process.pid, server.log_path.parent, flush=True)
         time.sleep(60)
@@ -150,7 +150,7 @@ def test_sigterm_to_the_command_line_runs_its_cleanup():
     script = textwrap.dedent(f"""
         import sys, time
         from specsample import cli
-        from specsample.bench.servers import ServerProcess
+        from benchmarks.servers import ServerProcess
 
         def fetch_default(spec):  # stands in for a long bench run
             with ServerProcess(lambda port, tmp: [sys.executable, "-c", {HEALTHY!r}, str(port)], name="s") as server:

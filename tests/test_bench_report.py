@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks.bench import research_sections
 from benchmarks.costs import measure_cost_curve
+from benchmarks.plots import plot_section
 from benchmarks.tasks import RESEARCH_TASKS  # noqa: F401 (registers the copy task)
 from specsample.bench.modes import SETTINGS, OurMode
 from specsample.bench.report import write_report
@@ -55,7 +56,7 @@ def test_small_run_writes_records_summary_and_plots(tmp_path):
     assert len(curve.target_cost) == 3 and curve.draft_first > 0
     assert curve.plain > 0 and curve.draft_step > 0
     assert target.length == 0 and draft.length == 0  # both rolled back after measuring
-    sections = research_sections(records, curve, 2_000_000_000, 10e9)
+    sections = research_sections(records, curve, 2_000_000_000, 10e9) + plot_section(tmp_path, records)
     table = write_report(tmp_path, [TargetRun("toy", records, sections)], command="specsample bench --test",
                          machine="toy")
 
@@ -85,7 +86,7 @@ def test_small_run_writes_records_summary_and_plots(tmp_path):
     cells = [c.strip() for c in auto_row.split("|")[1:-1]]
     assert int(cells[3]) == sum(int(x) for x in cells[5].split(", "))
     for png in ("speedup_vs_k.png", "tokens_per_call_vs_k.png", "latency.png"):
-        assert (tmp_path / png).stat().st_size > 1000
+        assert (tmp_path / png).stat().st_size > 1000 and f"]({png})" in summary.split("## Plots")[1]
 
 
 def test_toy_speculation_accepts_with_an_identical_draft():
@@ -107,6 +108,7 @@ def test_parity_table_has_intervals_and_a_z_test():
 
 def test_two_target_types_get_an_overview_and_a_section_each(tmp_path):
     from benchmarks.costs import CostCurve
+    from benchmarks.targets import by_target_section
 
     target, draft = _backend(0, "target"), _backend(0, "draft")
     modes = [OurMode("ar", "ar", target), OurMode("spec-k2", "spec", target, 2, draft),
@@ -120,7 +122,7 @@ def test_two_target_types_get_an_overview_and_a_section_each(tmp_path):
         runs.append(TargetRun(label, records, research_sections(records, curve, 1_000_000_000, 10e9)))
         curves[label] = curve.target_cost
     write_report(tmp_path, runs, command="specsample bench --target-quants q4_k_m,bf16", machine="toy",
-                 plots=False, extra={"cost_curve.json": json.dumps(curves)})
+                 extra={"cost_curve.json": json.dumps(curves)}, overview=by_target_section(runs))
     summary = (tmp_path / "summary.md").read_text()
     assert "## By target type" in summary and "## Target q4_k_m" in summary and "## Target bf16" in summary
     assert "### Throughput and latency (target bf16)" in summary
@@ -182,5 +184,5 @@ def test_a_run_keeps_each_record_as_it_is_made_and_the_report_clears_them(tmp_pa
     assert seen == list(range(1, len(records) + 1))
     assert [r.to_json() for r in read_records(tmp_path / PARTIAL)] == [replace(r, target="toy").to_json()
                                                                         for r in records]
-    write_report(tmp_path, [TargetRun("toy", records)], command="c", machine="m", plots=False)
+    write_report(tmp_path, [TargetRun("toy", records)], command="c", machine="m")
     assert not (tmp_path / PARTIAL).exists() and (tmp_path / "records.jsonl").exists()

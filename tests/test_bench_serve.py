@@ -11,7 +11,7 @@ from specsample.app.arguments import model_options
 from specsample.bench.load import run_load, summarise_load
 from specsample.bench.modes import SETTINGS
 from specsample.bench.options import BENCH_CONTEXT
-from specsample.bench.servers import ServerProcess, ServerUnavailable, free_port
+from benchmarks.servers import ServerProcess, ServerUnavailable, free_port
 from specsample.cli import build_parser
 
 from benchmarks.bench import parser, resolve

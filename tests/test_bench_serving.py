@@ -11,7 +11,7 @@ from specsample.bench.load import Load, rotation
 from specsample.bench.options import counts, draft_lengths, resolve_options, serve_clients
 from specsample.bench.records import RequestTiming
 from specsample.bench.runner import PreparedPrompt
-from specsample.bench.servers import ServerUnavailable
+from benchmarks.servers import ServerUnavailable
 from specsample.bench.tasks import TASKS, Prompt
 from specsample.cli import build_parser
 

@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from specsample.bench.modes import SETTINGS, LlamaServerMode, OurMode
-from specsample.bench.native import completion_request
+from specsample.bench.modes import SETTINGS, OurMode
 from specsample.bench.report import write_report
 from specsample.bench.runner import BenchConfig, PreparedPrompt, run_bench, total_steps
 from specsample.bench.summary import TargetRun
 from specsample.bench.tasks import TASKS, Prompt, Task, load_task
 
+from benchmarks.native import LlamaServerMode, completion_request
 from benchmarks.structured import SCHEMA, is_valid
 from benchmarks.tasks import task_sections
 
@@ -57,7 +57,7 @@ def test_structured_runs_hold_every_answer_to_the_schema_and_report_it(tmp_path)
     assert greedy["ar"] == greedy["spec-k2"] == greedy["spec-auto"]
 
     write_report(tmp_path, [TargetRun("toy", records, task_sections(records))], command="specsample bench --test",
-                 machine="toy", plots=False)
+                 machine="toy")
     summary = (tmp_path / "summary.md").read_text()
     section = summary.split("## Structured output")[1].split("##")[0]
     rows = {row.split("|")[3].strip(): [c.strip() for c in row.split("|")[1:-1]]

@@ -1,7 +1,8 @@
 import pytest
 
-from specsample.bench.tasks import HUMANEVAL_STOPS, TASKS, first_stop, load_task, stdlib_docstrings
+from specsample.bench.tasks import HUMANEVAL_STOPS, TASKS, load_task, stdlib_docstrings
 
+from benchmarks.peers import first_stop
 from benchmarks.tasks import RESEARCH_TASKS  # noqa: F401 (registers the research bench's tasks: humaneval-chat ...)
 
 pytestmark = pytest.mark.pure

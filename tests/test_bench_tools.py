@@ -4,11 +4,12 @@ the same calls."""
 
 import pytest
 
-from specsample.bench.modes import LlamaServerMode, OurMode, call_grammar, library_tools
+from specsample.bench.modes import OurMode, library_tools
 from specsample.bench.runner import BenchConfig, PreparedPrompt, prompt_ids, run_bench
 from specsample.bench.tasks import TASKS, load_task
 from specsample.output.constraints import Constraint
 
+from benchmarks.native import LlamaServerMode, call_grammar
 from benchmarks.tasks import RESEARCH_TASKS  # noqa: F401 (registers the tools task)
 from benchmarks.tool_task import calls_valid
 

@@ -49,7 +49,7 @@ def test_the_bench_on_workers_runs_only_our_modes_never_a_peer_that_would_load_t
     from argparse import Namespace
 
     from specsample.app.arguments import UsageError
-    from specsample.bench.options import check_remote_modes
+    from benchmarks.peers import check_remote_modes
 
     check_remote_modes(Namespace(target_rpc="h:1"), ["ar", "spec-auto"])
     check_remote_modes(Namespace(target_rpc=None), ["llamacpp-spec"])

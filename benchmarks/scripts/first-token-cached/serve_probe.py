@@ -3,7 +3,7 @@ side request (the host prompt cache restores the start, the draft's copy with it
 against -k auto, one server at a time. Prints each turn's time to its first streamed text."""
 import inspect, json, statistics, sys, time
 import httpx
-from specsample.bench.servers import ServerProcess
+from benchmarks.servers import ServerProcess
 
 base = "Read this module, then answer.\n\n" + inspect.getsource(statistics)[:2400]
 for name, extra in (("plain", ["--autoregressive"]), ("auto", []), ("plain2", ["--autoregressive"]), ("auto2", [])):

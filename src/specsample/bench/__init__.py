@@ -1,30 +1,26 @@
 """`specsample bench`: speculative decoding timed on the user's models, hardware and
-prompts, against plain decoding and llama-server. Research measurements (peers,
-parity, cost curves, relays, studies) live in benchmarks/ at the repository root,
-which imports this package; the names below are what it may use without reaching
-into the modules (tests/test_imports.py holds benchmarks/studies to them).
+prompts, against plain decoding; `bench serve --url`: any OpenAI-compatible endpoints
+(llama-server, vLLM, ours) under load. Research measurements (llama-server and other
+peers run here, the demo, parity, cost curves, relays, studies) live in benchmarks/ at
+the repository root, which imports this package; the names below are what its studies
+may use without reaching into the modules (tests/test_imports.py holds them to it).
 
 cli.py        the `bench` subcommand: its parser, and the run its options ask for
-options.py    its options, and what they name: target types, draft lengths, files, the
-              native server, the report's command and machine lines
-sequence_run.py  the per-sequence run: every mode on each target type (research hooks)
+options.py    its options, and what they name: the target's type, draft lengths, the
+              report's command and machine lines
+sequence_run.py  the per-sequence run: every mode, on each target type a research run names
 serve_run.py  bench serve --url: each endpoint in turn under concurrent clients
 tasks.py      tasks: prompts, chat or raw, token limit and stop strings each; chat_task.py:
               general chat; prompts_file.py: --prompts-file, the user's own prompts as a
               task (benchmarks/tasks.py registers the research tasks)
-modes.py      what is timed: our loops and llama-server, one interface
-peer_sampling.py  our sampling settings in each peer's request, one table
-native.py     llama-server as a peer (plain and -md): the pinned build that
-              benchmarks/llama_server.py makes, or --llama-server PATH
-servers.py    servers run as child processes (llama-server, specsample serve)
+modes.py      what is timed: our loops, behind the interface the research peers share
 runner.py     interleaved runs -> one Record per prompt x mode x setting x task
 records.py    Record: one timed generation, a line of records.jsonl; ServedRecord: one
               request of a --serve load, a line of serve.jsonl
 stats.py      percentiles and per-mode aggregates
 tables.py     the reports' tables and notes, as markdown
-summary.py    summary.md's sections for one target type; targets.py: the overview by type
-plots.py      the report's figures (matplotlib Agg)
-report.py     the one writer of the output folder: records, markdown, plots
+summary.py    summary.md's sections for one target type
+report.py     the one writer of the output folder: records and markdown
 load.py       a serving load: its clients, rounds and figures; serve_summary.py: serve.md's
               tables; endpoints.py: the loads sent to endpoints the user runs
 """

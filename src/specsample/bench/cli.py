@@ -10,7 +10,7 @@ from .options import BENCH_CONTEXT, add_bench_arguments, resolve_options
 
 
 def add_bench_parser(subparsers) -> None:
-    b = subparsers.add_parser("bench", help="measure speedups and acceptance against plain decoding and llama-server",
+    b = subparsers.add_parser("bench", help="measure speedups against plain decoding, or endpoints under load",
                               description="Time speculative decoding on your models, hardware and prompts.")
     add_bench_arguments(b)
     b.set_defaults(func=cmd_bench, ctx_size=BENCH_CONTEXT)

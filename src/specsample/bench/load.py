@@ -2,40 +2,20 @@
 OpenAI-compatible server, and we time what each client sees.
 
 The client is the official `openai` package, as a user's would be. The servers the
-bench starts get token ids as the prompt of /v1/completions (both our server and
-llama-server accept them), so every server decodes the very same tokens; an
-endpoint of `bench serve --url` gets text, on /v1/chat/completions (a body with
-`messages`) or /v1/completions. Every figure below comes from the client's clock
-alone, so it means the same for every server: neither our `usage` nor
-llama-server's `timings` can split the time of a call that served several requests
-between them. Only the token count is the server's: the stream's closing `usage`
-(stream_options.include_usage), which every server we measure sends; a stream
-without one is counted lost, not guessed at.
-
-Per request:
-- TTFT: from sending the request to the first streamed text (a chat stream's first
-  content; its opening chunk with the role alone is not text). Under load it includes
-  the time spent waiting in the server's queue: that is what a user waits.
-- TPOT (time per output token): (last text - first text) / (tokens - 1), the
-  decode pace of that request once it started. tokens is the server's own count
-  (`usage.completion_tokens`).
-- ITL: gaps between successive streamed chunks. A speculative round streams several
-  tokens in one chunk, so its gaps are longer and fewer than plain decoding's; ITL
-  is how jerky the stream looks, TPOT how fast it goes.
-- outcome: answered (the stream ended with a finish reason), refused (the server
-  answered an HTTP status instead: 429 or 503 under load), or lost (neither).
-
-Per load, over its answered requests:
-- tokens/s (prefill included): completion tokens / wall time of the whole load, from
-  the first request sent to the last answer.
-- decode tokens/s (prefill left out): tokens after each answer's first / the decode
-  span, the time during which at least one answer was streaming (the union of the
-  requests' first-text-to-last-text intervals). An answer's first token comes out of
-  its prompt's prefill, so it and the time before it (queue, prefill) count in TTFT,
-  not here. With one request at a time this is sum(tokens - 1) / sum(last - first),
-  the decode rate of the per-sequence bench; with several at once, a newcomer's
-  prefill that runs while others stream stays inside the span (it slows them, a cost
-  batching pays), and only the stretches when nothing streams are left out.
+research bench starts get token ids as the prompt of /v1/completions, so every server
+decodes the very same tokens; an endpoint of `bench serve --url` gets text, on
+/v1/chat/completions (a body with `messages`) or /v1/completions. Every figure comes
+from the client's clock alone, so it means the same for every server: neither our
+`usage` nor llama-server's `timings` can split the time of a call that served several
+requests between them. Only the token count is the server's: the stream's closing
+`usage` (stream_options.include_usage); a stream without one is counted lost, not
+guessed at. The figures (TTFT, TPOT, ITL, tokens/s, decode tokens/s, outcomes) are
+defined where the report states them, serve_summary.SERVE_NOTE. Why decode tokens/s
+divides by the decode span (decode_span): an answer's first token comes out of its
+prompt's prefill, so it and the wait before it count in TTFT; with one request at a
+time the span is sum(last - first), the per-sequence bench's decode time, and with
+several a newcomer's prefill that runs while others stream stays in (it slows them, a
+cost batching pays).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What the benchmark times: our loops and peer implementations behind one call.
+"""What the benchmark times: our loops, behind the one call that the research bench's
+peers (benchmarks/: llama-server, transformers, llama-cpp-python) answer too.
 
 Every mode takes the same prompt token ids and decoding setting and returns an
 Outcome whose stats use GenerationStats.as_dict() keys (peers fill what they can).
@@ -8,29 +9,26 @@ the others sit out tasks that ask for one.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from ..app.assemble import make_drafter
 from ..decoding.generate import GenerationConfig, generate
 from ..decoding.sampling import SamplingConfig
 from ..output.constraints import Constraint
-from ..output.tools import HERMES, Tool, ToolFormat, special_markers, tool_constraint, tool_format
+from ..output.tools import Tool, ToolFormat, special_markers, tool_constraint, tool_format
 from ..policy.make import K_MAX, make_policy
-from .native import LlamaServer, completion_request, parse_completion
 
 SETTINGS = {
     "greedy": SamplingConfig(temperature=0.0),
     "sample": SamplingConfig(temperature=0.8, top_k=0, top_p=0.95),
 }
-# Our own loop's modes (OurMode, on the target assemble loaded), then llama-server's
-# (plain and with its draft model); research peers (transformers, llama-cpp-python)
-# are benchmarks/peers.py's. spec-token and spec-auto-token are spec and spec-auto
-# verified token by token (verifier "rejection"), rows to set beside those modes under
-# --verifier block; run when named, never by --modes auto.
+# Our own loop's modes (OurMode, on the target assemble loaded); the peers (llama-server,
+# transformers, llama-cpp-python) are the research bench's (benchmarks/native.py,
+# peers.py). spec-token and spec-auto-token are spec and spec-auto verified token by
+# token (verifier "rejection"), rows to set beside those modes under --verifier block;
+# run when named, never by --modes auto.
 TOKEN_FAMILIES = {"spec-token": "spec", "spec-auto-token": "spec-auto"}
-OUR_FAMILIES = ("ar", "spec-auto", "spec", "ngram", *TOKEN_FAMILIES)
-FAMILIES = OUR_FAMILIES + ("llamacpp-server", "llamacpp-spec")
+FAMILIES = ("ar", "spec-auto", "spec", "ngram", *TOKEN_FAMILIES)
 AUTO_FAMILIES = tuple(f for f in FAMILIES if f not in TOKEN_FAMILIES)
 
 
@@ -78,33 +76,11 @@ class OurMode:
         return None if schema is None else Constraint.json_schema(schema)
 
 
-class LlamaServerMode:
-    """llama.cpp's own speculative decoding (llama-server with a draft model), or the
-    same server decoding plainly (k None): see native.py for what it measures. A
-    schema goes in its `json_schema` field (llama.cpp turns it into a grammar), tools
-    in its `grammar` field as GBNF of the same calls."""
-
-    structured = True
-
-    def __init__(self, name: str, server, k: int | None = None):
-        self.name, self.server, self.k = name, server, k
-        self.family = "llamacpp-spec" if k else "llamacpp-server"
-
-    def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=(), schema=None, tools=()) -> Outcome:
-        body = completion_request(prompt_ids, max_new_tokens, sampling, seed, stop_strings, self.k, schema,
-                                  call_grammar(tools) if tools else None)
-        parsed = parse_completion(self.server.complete(body))
-        return Outcome(parsed["token_ids"], parsed["text"], parsed["stop_reason"], parsed["stats"])
-
-
 def build_modes(families, ks, peer_ks, target, draft=None, *, ngram_max=3, k_max: int = K_MAX,
-                server: LlamaServer | None = None, no_server: str | None = None, verifier: str = "auto",
-                overlap: bool = False):
+                verifier: str = "auto", overlap: bool = False):
     """The modes to run, and a note for every requested family that cannot run here.
 
-    peer_ks: the draft lengths of ngram and llamacpp-spec (one mode per K).
-    server: a running llama-server for the llamacpp-spec and llamacpp-server
-    families; without one, no_server is the one-line reason why.
+    peer_ks: the draft lengths of ngram (one mode per K).
     verifier: how our drafting modes verify (GenerationConfig.verifier), but the
     TOKEN_FAMILIES, which verify token by token. overlap: the pair's placement
     (assemble's Models.overlap), for the modes that draft with the draft model."""
@@ -123,12 +99,6 @@ def build_modes(families, ks, peer_ks, target, draft=None, *, ngram_max=3, k_max
             modes += [OurMode(f"spec-k{k}{token}", family, k=k, draft=draft, **ours) for k in ks]
         elif family == "ngram":
             modes += [OurMode(f"ngram-k{k}", "ngram", k=k, ngram_max=ngram_max, **ours) for k in peer_ks]
-        elif family in ("llamacpp-server", "llamacpp-spec"):
-            if server is None:
-                skipped.append(f"{family}: {no_server or 'needs GGUF files for target and draft'}")
-                continue
-            for k in peer_ks if family == "llamacpp-spec" else [None]:
-                modes.append(LlamaServerMode(f"llamacpp-spec-k{k}" if k else family, server, k))
         else:
             raise ValueError(f"unknown mode {family!r}; choose from {', '.join(FAMILIES)}")
     return modes, skipped
@@ -144,16 +114,3 @@ def target_format(target) -> ToolFormat:
         raise ValueError(f"an answer held to tools needs a model whose chat template shows a tool-call format; {target.name} "
                          "has none that specsample reads")
     return fmt
-
-
-def call_grammar(tools, fmt: ToolFormat = HERMES) -> str:
-    """GBNF for llama-server: one call in the format, its body under the tools'
-    schemas (llama-cpp-python's converter, the one llama.cpp's own follows)."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    bodies = {"anyOf": [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
-                                                          "arguments": t["function"]["parameters"]},
-                         "required": ["name", "arguments"], "additionalProperties": False} for t in tools]}
-    body = json_schema_to_gbnf(json.dumps(bodies), prop_order=["name", "arguments"])
-    body = body.replace("root ::=", "call-body ::=", 1)
-    return f"root ::= {json.dumps(fmt.trigger + fmt.opening)} call-body {json.dumps(fmt.closing)}\n{body}"

@@ -1,7 +1,7 @@
-"""The `bench` subcommand's options: defaults, presets, the parser's arguments, their
-checks, and what they name (target types, draft lengths, the files and the native
-server of a run, the report's command and machine lines), shared by the per-sequence
-run (sequence_run.py) and --serve (serve_run.py)."""
+"""The `bench` subcommand's options: defaults, the parser's arguments, their checks, and
+what they name (the target's type, draft lengths, the report's command and machine lines),
+shared by the per-sequence run (sequence_run.py), bench serve (serve_run.py) and the
+research bench (benchmarks/bench.py: its presets, peers and llama-server on top)."""
 
 from __future__ import annotations
 
@@ -14,28 +14,14 @@ from pathlib import Path
 from ..app.arguments import UsageError, add_model_arguments, add_trace_argument
 from ..decoding.generate import VERIFIERS
 from ..policy.make import K_MAX
-from .modes import FAMILIES, OUR_FAMILIES, SETTINGS
-from .native import LlamaServer, llama_server_binary
+from .modes import FAMILIES, SETTINGS
 from .runner import BenchConfig
-from .servers import ServerUnavailable
 from .tables import machine_description
 from .tasks import TASKS
 
 # HumanEval completions and general chat, both settings, 8 prompts each, answers to their
-# task's limit (the research bench, `make bench`, has defaults of its own). A preset
-# replaces the defaults it names.
-DEFAULTS = dict(tasks="humaneval,chat", settings="greedy,sample", modes="auto", ks="2,3,4", peer_k="3", prompts="8",
-                plots=True, target_quants=None)
-PRESETS = {
-    # `make demo`: HumanEval completions to the end of the function on the llama.cpp
-    # backend, on the default target as shipped (Q4_K_M: compute-bound calls) and on
-    # its BF16 re-encoding (memory-bound: the regime speculation is for), each beside
-    # llama.cpp's own speculative decoding and plain llama-server on the same files; and
-    # four general chat prompts (writing, translation, roleplay, a summary), where drafts
-    # are seldom right; short enough for a first look (docs/benchmarks.md: its time here).
-    "demo": dict(tasks="humaneval,chat", settings="greedy", modes="ar,spec-auto,spec,llamacpp-server,llamacpp-spec",
-                 ks="4", peer_k="4", prompts="4", plots=False, target_quants="q4_k_m,bf16"),
-}
+# task's limit (the research bench, `make bench`, has defaults and presets of its own).
+DEFAULTS = dict(tasks="humaneval,chat", settings="greedy,sample", modes="auto", ks="2,3,4", peer_k="3", prompts="8")
 # serve: short HumanEval completions and long explanations (decoding dominates), both
 # settings, 8 requests from 4 clients per endpoint (--clients).
 SERVE_DEFAULTS = dict(tasks="humaneval,explain", modes="auto", prompts="8")
@@ -52,9 +38,6 @@ def add_bench_arguments(b, defaults: dict | None = None) -> None:
     """The bench subcommand's options, model options included; `defaults` over DEFAULTS
     in their help (the research bench's, as resolve_options takes them)."""
     add_model_arguments(b)
-    b.add_argument("--preset", choices=list(PRESETS),
-                   help="demo: humaneval and chat, 4 prompts each, greedy, ar/spec-auto/spec-k4/llamacpp-server/"
-                        "llamacpp-spec-k4, on the target as given (q4_k_m) and on its bf16 re-encoding")
     b.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory (default results/bench)")
     tasks = ", ".join(f"{t.name} ({'chat' if t.chat else 'raw prompt'}, <= {t.max_new_tokens} tokens)" for t in TASKS.values())
     b.add_argument("--tasks", help=f"comma list of {tasks} (default {({**DEFAULTS, **(defaults or {})})['tasks']})")
@@ -65,16 +48,12 @@ def add_bench_arguments(b, defaults: dict | None = None) -> None:
     b.add_argument("--settings", help=f"comma list of {', '.join(SETTINGS)} (default both; sample = T 0.8, top-p 0.95)")
     b.add_argument("--modes", help=f"'auto' or a comma list of {', '.join(FAMILIES)} (auto: all that fit the backends "
                                    "but spec-token and spec-auto-token, spec and spec-auto verified token by token; "
-                                   "llamacpp-spec is llama.cpp's own speculative decoding, llama-server -md, built once)")
-    b.add_argument("--target-quants",
-                   help="run every mode on each of these target types in turn, each against its own ar, with a "
-                        "table by type: the GGUF file's own type (e.g. q4_k_m) and any of bf16, f16, q8_0 "
-                        "(re-encoded once, cached); e.g. q4_k_m,bf16")
+                                   "the research bench, python -m benchmarks.bench, adds llama-server and other peers)")
     b.add_argument("--ks", help="draft lengths K of the spec sweep (default 2,3,4)")
     b.add_argument("--k-max", type=int, default=K_MAX,
                    help=f"the most drafts spec-auto (-k auto) proposes in a round (default {K_MAX}, as generate's "
                         f"and serve's --k-max)")
-    b.add_argument("--peer-k", help="K of ngram and llamacpp-spec, or a comma list for a mode per K (default 3)")
+    b.add_argument("--peer-k", help="K of ngram (and the research bench's peers), or a comma list for a mode per K (default 3)")
     b.add_argument("--prompts", help="prompts per task: N, or task=N,... (default 8)")
     b.add_argument("--max-new-tokens", type=int, help="cap every task's answer length (default: each task's own; for smoke runs)")
     b.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i in every mode")
@@ -82,10 +61,6 @@ def add_bench_arguments(b, defaults: dict | None = None) -> None:
                    help="how our drafting modes verify, as generate's --verifier (auto, the default: coupled, as "
                         "every prompt is seeded); spec-token and spec-auto-token verify token by token whatever it "
                         "says, e.g. beside spec and spec-auto under --verifier block (docs/verification.md)")
-    b.add_argument("--llama-server", type=Path, metavar="PATH",
-                   help="the llama-server binary of the llamacpp-server and llamacpp-spec modes (default: the build "
-                        "of llama.cpp our backend runs, made by python -m benchmarks.llama_server)")
-    b.add_argument("--no-plots", dest="plots", action="store_false", default=None, help="skip the PNG plots")
     b.add_argument("--serve", action="store_true",
                    help="measure serving instead (the same as the word serve): each --url endpoint in turn gets each "
                         "task's prompts from each --clients count of concurrent streaming clients (tasks default "
@@ -114,13 +89,13 @@ def add_serve_arguments(b) -> None:
                         "the report gives the median and range (default 3)")
 
 
-def resolve_options(args, defaults: dict | None = None) -> argparse.Namespace:
-    """Explicit options win over the preset, the preset over the defaults (DEFAULTS, with
-    `defaults` over them: the research bench's)."""
+def resolve_options(args, defaults: dict | None = None, preset: dict | None = None) -> argparse.Namespace:
+    """Explicit options win over the preset (a research bench's), the preset over the
+    defaults (DEFAULTS, with `defaults` over them: the research bench's)."""
     args.serve = args.serve or getattr(args, "what", None) == "serve" or bool(getattr(args, "url", None))
     if args.serve and getattr(args, "repeats", None) is None:
         args.repeats = SERVE_REPEATS
-    preset = {**(SERVE_DEFAULTS if args.serve else {}), **PRESETS.get(args.preset, {})}
+    preset = {**(SERVE_DEFAULTS if args.serve else {}), **(preset or {})}
     if getattr(args, "prompts_file", None) is not None:  # the user's own prompts, besides what --tasks names
         from .prompts_file import NAME, register
 
@@ -133,7 +108,10 @@ def resolve_options(args, defaults: dict | None = None) -> argparse.Namespace:
 
 
 def bench_config(args) -> BenchConfig:
+    """The run's tasks, settings, prompt counts and answer cap, each checked."""
     tasks = names(args.tasks, TASKS, "task")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     default, counts = parse_prompts(args.prompts, tasks)
     if "prompts" in tasks and "prompts" not in counts:  # a prompts file runs whole unless told otherwise
         counts["prompts"] = len(TASKS["prompts"].load())
@@ -146,13 +124,15 @@ def parse_prompts(text: str, tasks: tuple[str, ...]) -> tuple[int, dict[str, int
     task not named gets the largest count given."""
     counts = {}
     try:
-        if "=" not in text:
-            return int(text), {}
-        for item in text.split(","):
+        for item in text.split(",") if "=" in text else [f"={text}"]:
             task, n = item.split("=")
             counts[task.strip()] = int(n)
     except ValueError:
         raise UsageError(f"--prompts takes N or task=N,...; got {text!r}") from None
+    if min(counts.values()) < 1:
+        raise UsageError(f"--prompts must be >= 1; got {text!r}")
+    if "" in counts:
+        return counts[""], {}
     unknown = set(counts) - set(tasks)
     if unknown:
         raise UsageError(f"--prompts names tasks not being run: {', '.join(sorted(unknown))}")
@@ -167,17 +147,6 @@ def names(text: str, allowed, what: str) -> tuple[str, ...]:
     if not names:
         raise UsageError(f"no {what} given")
     return names
-
-
-def check_remote_modes(args, families) -> None:
-    """With --target-rpc or --draft-rpc, only our own modes: a peer (transformers,
-    llama-server) would run the model on this machine, and its row would compare a
-    local model with ours."""
-    local = [f for f in families if f not in OUR_FAMILIES]
-    for flag in ("target_rpc", "draft_rpc"):
-        if getattr(args, flag, None) and local:
-            raise UsageError(f"--{flag.replace('_', '-')} runs the {flag.split('_')[0]} on its workers in "
-                             f"{', '.join(OUR_FAMILIES)} only; {', '.join(local)} would run it here (pass --modes)")
 
 
 def draft_lengths(args) -> tuple[list[int], list[int]]:
@@ -204,26 +173,6 @@ def counts(text, flag: str) -> tuple[int, ...]:
     return counts
 
 
-def target_types(args) -> list[tuple[str | None, str]]:
-    """(label, --target-quant value) for each target type to run: one, or each of
-    --target-quants, where the target file's own type means the file as given."""
-    if not args.target_quants:
-        return [(None, args.target_quant)]
-    if args.target_quant != "none":
-        raise UsageError("give --target-quant or --target-quants, not both")
-    from ..backends.models import resolve
-    from ..backends.reencode import TARGET_QUANTS, file_type
-
-    gguf = resolve(args.target).gguf_path
-    if gguf is None:
-        raise UsageError("--target-quants re-encodes a GGUF target file; this target is not one")
-    own = file_type(gguf)
-    types = []
-    for name in names(args.target_quants, [own, *TARGET_QUANTS], "--target-quants type"):
-        types.append((name, "none" if name == own else name))
-    return types
-
-
 def target_label(target, args) -> str:
     """What the target's weights are: the GGUF file's own type, or the hf dtype."""
     path = getattr(target, "path", None)
@@ -234,7 +183,10 @@ def target_label(target, args) -> str:
     return args.dtype
 
 
-def command_line() -> str:
+def command_line(args) -> str:
+    """The report's command: the research bench's own (args.report_command), or this one's."""
+    if getattr(args, "report_command", None):
+        return args.report_command
     return shlex.join(["specsample"] + sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "specsample bench (library call)"
 
 
@@ -255,34 +207,3 @@ def machine_line(engine: str, args, load_at_start: float) -> str:
     (other work on it skews every timing)."""
     machine = machine_description(engine, threads(args))
     return machine + f"; 1-minute load average {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
-
-
-def start_server(args, families, n_ctx: int, k_max: int, target_gguf: Path | None, parallel: int = 1,
-                  loaded_draft=None) -> LlamaServer | None:
-    """A running llama-server for the native peer on the target file our modes run
-    (re-encoded as --target-quant says), with `parallel` slots of n_ctx tokens each;
-    None when no mode asks for one. Raises ServerUnavailable with the one-line reason
-    when it cannot run here."""
-    if not {"llamacpp-spec", "llamacpp-server"} & set(families):
-        return None
-    from ..backends.models import resolve
-
-    if args.draft == "ngram":
-        raise ServerUnavailable("needs a draft model")
-    draft = resolve(args.draft)
-    if target_gguf is None or draft.gguf_path is None:
-        raise ServerUnavailable("needs GGUF files for target and draft")
-    binary = llama_server_binary(args.llama_server)
-    # The peer gets the very files our modes use (the draft as requantized by --draft-quant).
-    draft_path = getattr(loaded_draft, "path", None) or draft_file(args, draft.gguf_path)
-    return LlamaServer(binary, target_gguf, draft_path, threads=threads(args), n_ctx=n_ctx, k_max=k_max,
-                       parallel=parallel)
-
-
-def draft_file(args, gguf: Path) -> Path:
-    """The draft file our llama.cpp modes load: requantized as --draft-quant says."""
-    if args.draft_quant == "none":
-        return gguf
-    from ..backends.reencode import reencoded
-
-    return reencoded(gguf, args.draft_quant)

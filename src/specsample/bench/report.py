@@ -1,9 +1,9 @@
 """The one writer of a bench's output folder: every file `specsample bench` leaves
 there is named and written here, from the sections and tables the other modules build.
 
-    records.jsonl, summary.md, *.png   the per-sequence benchmark (a research run: cost_curve.json)
-    serve.jsonl, serve.md                                bench serve (the research --serve: calls.jsonl)
-    partial.jsonl                                        while a run goes on (below)
+    records.jsonl, summary.md          the per-sequence benchmark (a research run: cost_curve.json, *.png)
+    serve.jsonl, serve.md              bench serve (the research --serve adds calls.jsonl)
+    partial.jsonl                      while a run goes on (below)
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from .summary import TargetRun, run_sections
-from .targets import by_target_section
 
 RECORDS, SUMMARY = "records.jsonl", "summary.md"
-SERVE_RECORDS, SERVE_SUMMARY, CALL_SPLITS = "serve.jsonl", "serve.md", "calls.jsonl"
+SERVE_RECORDS, SERVE_SUMMARY = "serve.jsonl", "serve.md"
 PARTIAL = "partial.jsonl"
 
 
@@ -34,44 +33,36 @@ def start_partial(out: Path) -> None:
 
 
 def write_report(out: Path, runs: list[TargetRun], *, command: str, machine: str, notes: list[str] = (),
-                 plots: bool = True, extra: dict[str, str] | None = None) -> str:
-    """records.jsonl, summary.md and plots in `out`, and any `extra` files a research
-    run adds (name -> text: cost_curve.json); returns the tables to print. Several
-    target types get an overview by type, then a section each."""
+                 extra: dict[str, str] | None = None, overview: str | None = None) -> str:
+    """records.jsonl and summary.md in `out`, and any `extra` files a research run adds
+    (name -> text: cost_curve.json); returns the tables to print. Several target types
+    (the research bench's --target-quants) get its `overview` by type, then a section each."""
     out.mkdir(parents=True, exist_ok=True)
     write_records(out / RECORDS, [r for run in runs for r in run.records])
     for name, text in (extra or {}).items():
         (out / name).write_text(text)
     parts, printed = [], []
-    if len(runs) > 1:
-        overview = by_target_section(runs)
+    if overview:
         parts += ["## By target type", overview]
         printed.append(overview)
     for run in runs:
-        built = run_sections(run, plots)
-        sections = built.sections
-        if built.figures:
-            images = _save_figures(out, built.figures, f"-{run.label}" if len(runs) > 1 else "")
-            sections = sections + ["## Plots", "\n".join(f"![{p.stem}]({p.name})" for p in images)]
+        sections, table = run_sections(run)
         if len(runs) > 1:
             parts += [f"## Target {run.label}"] + ["#" + p if p.startswith("## ") else p for p in sections]
-            printed.append(f"Target {run.label}:\n{built.table}")
+            printed.append(f"Target {run.label}:\n{table}")
         else:
             parts += sections
-            printed.append(built.table)
+            printed.append(table)
     _write_markdown(out / SUMMARY, "specsample bench", command, machine, parts, notes)
     start_partial(out)
     return "\n\n".join(printed)
 
 
 def write_serve_report(out: Path, records: list, sections: list[str], *, command: str, machine: str,
-                       notes: list[str], splits: list = ()) -> None:
-    """serve.jsonl (records.ServedRecord, one a line), calls.jsonl (calls.CallSplit, a
-    line per load of our servers) and serve.md in `out`."""
+                       notes: list[str]) -> None:
+    """serve.jsonl (records.ServedRecord, one a line) and serve.md in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     write_records(out / SERVE_RECORDS, records)
-    if splits:
-        write_records(out / CALL_SPLITS, splits)
     _write_markdown(out / SERVE_SUMMARY, "specsample bench serve", command, machine, sections, notes)
     start_partial(out)
 
@@ -89,14 +80,3 @@ def _write_markdown(path: Path, title: str, command: str, machine: str, sections
     if notes:
         parts += ["## Notes", "\n".join(f"- {n}" for n in notes)]
     path.write_text("\n\n".join(parts) + "\n")
-
-
-def _save_figures(out: Path, figures: dict, suffix: str) -> list[Path]:
-    import matplotlib.pyplot as plt
-
-    paths = []
-    for name, figure in figures.items():
-        paths.append(out / f"{name}{suffix}.png")
-        figure.savefig(paths[-1], dpi=110)
-        plt.close(figure)
-    return paths

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..output.fim import fim_prompt
+from .load import rotation
 from .modes import SETTINGS
 from .records import Record
 from .tasks import TASKS, Prompt, Task, load_task
@@ -27,18 +28,6 @@ class BenchConfig:
     max_new_tokens: int | None = None  # None: each task's own limit (an override for quick smoke runs)
     seed: int = 0  # prompt i uses seed + i in every mode
     warmup_tokens: int = 8
-
-    def __post_init__(self) -> None:
-        for setting in self.settings:
-            if setting not in SETTINGS:
-                raise ValueError(f"unknown setting {setting!r}; choose from {', '.join(SETTINGS)}")
-        for task in self.tasks:
-            if task not in TASKS:
-                raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
-        if min([self.default_prompts, *self.prompts.values()]) < 1:
-            raise ValueError("--prompts must be >= 1")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError("--max-new-tokens must be >= 1")
 
     def prompt_count(self, task: str) -> int:
         return self.prompts.get(task, self.default_prompts)
@@ -92,7 +81,7 @@ def run_bench(modes, prompts: dict[str, list[PreparedPrompt]], config: BenchConf
     for task, task_prompts in prompts.items():
         for setting in config.settings:
             for i, prepared in enumerate(task_prompts):
-                for mode in rotated(runs_task(modes, prepared.task), turn):
+                for mode in rotation(runs_task(modes, prepared.task), turn):
                     records.append(run_one(mode, prepared, setting, i, config.new_tokens(task), config.seed + i))
                     keep(records[-1:])
                     tick(progress, f"{task} {setting} {mode.name}")
@@ -117,11 +106,6 @@ def run_one(mode, prepared: PreparedPrompt, setting: str, index: int, max_new_to
                   seed=seed, max_new_tokens=max_new_tokens, latency_seconds=latency, stop_reason=outcome.stop_reason,
                   stats=outcome.stats, token_ids=outcome.token_ids, text=outcome.text,
                   valid=task.check(outcome.text, prepared.prompt) if task.check else None, kind=prepared.prompt.kind)
-
-
-def rotated(modes: list, turn: int) -> list:
-    r = turn % len(modes)
-    return modes[r:] + modes[:r]
 
 
 def tick(progress, label: str) -> None:

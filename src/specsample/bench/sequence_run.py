@@ -2,9 +2,14 @@
 type in turn, every mode's runs interleaved, then the report.
 
 A research run (benchmarks/bench.py) passes `research`, an object with:
-    families                        the mode families it adds to FAMILIES
-    modes(families, peer_ks, target, draft, target_gguf=, ngram_max=, n_ctx=)
-                                    (modes, notes on those that cannot run) of its families
+    families                        the mode families it adds to FAMILIES (its peers)
+    target_types() -> [(label, --target-quant value)]
+                                    the target types to run in turn (--target-quants)
+    overview(runs) -> str | None    the summary's table by target type
+    check(families)                 refuses the families it cannot run with these options
+    modes(families, peer_ks, target, draft, target_gguf=, ngram_max=, n_ctx=, k_max=)
+                                    (modes, notes on those that cannot run) of its families,
+                                    held until after() (a server it starts: closed there)
     before(target, draft, prompts, modes, config, notes) -> prompts
                                     before a target type's runs (its cost curve; trimming)
     after(label, target, draft, records) -> (records, sections)
@@ -25,12 +30,10 @@ from ..app.arguments import UsageError, model_options
 from ..app.assemble import assemble
 from .modes import AUTO_FAMILIES, FAMILIES, build_modes
 from ..policy.trace import Trace
-from .options import (bench_config, check_remote_modes, command_line, draft_lengths, is_llamacpp, machine_line,
-                      names, start_server, target_label, target_types)
+from .options import bench_config, command_line, draft_lengths, is_llamacpp, machine_line, names, target_label
 from .records import Record
 from .report import keep_partial, start_partial, write_report
 from .runner import prepare, run_bench, total_steps
-from .servers import ServerUnavailable
 from .summary import TargetRun
 
 
@@ -40,11 +43,12 @@ def run(args, research=None) -> int:
     config = bench_config(args)  # validates before the slow model loads
     known = (AUTO_FAMILIES if args.modes == "auto" else FAMILIES) + (research.families if research else ())
     families = list(known) if args.modes == "auto" else names(args.modes, known, "mode")
-    check_remote_modes(args, families)
+    if research:
+        research.check(families)
     if args.trace is not None and "spec-auto" not in families:
         raise UsageError("--trace follows the spec-auto mode's decisions: run it (--modes)")
     ks, peer_ks = draft_lengths(args)
-    types = target_types(args)
+    types = research.target_types() if research else [(None, args.target_quant)]
     options = model_options(args)
     models = assemble(replace(options, target_quant=types[0][1]), drafting=args.draft != "ngram")
     draft, target, overlap = models.draft, models.target, models.overlap  # overlap: the pair's placement, every type's
@@ -73,9 +77,10 @@ def run(args, research=None) -> int:
     if trace is not None:
         trace.close()
     machine = machine_line(engine, args, load_at_start)
-    table = write_report(args.out, runs, command=command_line(), machine=machine,
-                         notes=notes + (research.notes if research else []), plots=args.plots,
-                         extra=research.files() if research else None)
+    table = write_report(args.out, runs, command=command_line(args), machine=machine,
+                         notes=notes + (research.notes if research else []),
+                         extra=research.files() if research else None,
+                         overview=research.overview(runs) if research else None)
     print(table)
     print(f"specsample: wrote {args.out}/records.jsonl and {args.out}/summary.md", file=sys.stderr)
     return 0
@@ -93,28 +98,20 @@ def _bench_target(args, config, families, ks, peer_ks, target, draft, keep, rese
         raise UsageError(f"these prompts and answers need {n_ctx} tokens of context, and the target was loaded with "
                          f"{target.context_length}: give --ctx-size {n_ctx} (or a smaller --max-new-tokens)")
     gguf = getattr(target, "path", None) if is_llamacpp(target) else None
-    try:
-        server, no_server = start_server(args, families, n_ctx, max(ks + peer_ks), gguf, loaded_draft=draft), None
-    except ServerUnavailable as e:
-        server, no_server = None, str(e)
-    try:
-        ours = [f for f in families if f in FAMILIES]
-        modes, skipped = build_modes(ours, ks, peer_ks, target, draft, ngram_max=args.ngram_max, k_max=args.k_max,
-                                     server=server, no_server=no_server, verifier=args.verifier, overlap=overlap)
-        if research:
-            more, not_run = research.modes([f for f in families if f not in FAMILIES], peer_ks, target, draft,
-                                           target_gguf=gguf, ngram_max=args.ngram_max, n_ctx=n_ctx)
-            modes, skipped = modes + more, skipped + not_run
-        notes = [f"not run: {n}" for n in skipped]
-        for mode in modes if trace is not None else ():
-            if mode.family == "spec-auto":  # the one mode whose planner decides (the others' K is fixed)
-                mode.policy.planner.trace = trace
-        if research:
-            prompts = research.before(target, draft, prompts, modes, config, notes)
-        records = _run(modes, prompts, config, keep)
-    finally:
-        if server is not None:
-            server.close()
+    modes, skipped = build_modes([f for f in families if f in FAMILIES], ks, peer_ks, target, draft,
+                                 ngram_max=args.ngram_max, k_max=args.k_max, verifier=args.verifier, overlap=overlap)
+    if research:
+        more, not_run = research.modes([f for f in families if f not in FAMILIES], peer_ks, target, draft,
+                                       target_gguf=gguf, ngram_max=args.ngram_max, n_ctx=n_ctx,
+                                       k_max=max(ks + peer_ks))
+        modes, skipped = modes + more, skipped + not_run
+    notes = [f"not run: {n}" for n in skipped]
+    for mode in modes if trace is not None else ():
+        if mode.family == "spec-auto":  # the one mode whose planner decides (the others' K is fixed)
+            mode.policy.planner.trace = trace
+    if research:
+        prompts = research.before(target, draft, prompts, modes, config, notes)
+    records = _run(modes, prompts, config, keep)
     return records, notes
 
 

@@ -41,7 +41,7 @@ def run(args) -> int:
                                    model_name=args.model_name, keep=partial(keep_partial, args.out, None))
     machine = "the client's (each endpoint runs on its own): " + machine_line("none here", args, load_at_start)
     sections, printed = serve_sections(records, baseline=baseline)
-    write_serve_report(args.out, records, sections, command=command_line(), machine=machine, notes=notes)
+    write_serve_report(args.out, records, sections, command=command_line(args), machine=machine, notes=notes)
     print(printed)
     print(f"specsample: wrote {args.out}/serve.jsonl and serve.md", file=sys.stderr)
     return 0

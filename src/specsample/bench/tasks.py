@@ -103,14 +103,6 @@ def load_task(name: str, n: int | None = None) -> list[Prompt]:
     return prompts if n is None else prompts[:n]
 
 
-def first_stop(text: str, stop_strings: tuple[str, ...]) -> int | None:
-    """Index of the earliest stop string in text, or None.
-
-    "    return x\n\ndef g():" with the HumanEval stops -> 12 (the "\n" before "def")."""
-    hits = [i for i in (text.find(s) for s in stop_strings) if i != -1]
-    return min(hits) if hits else None
-
-
 def stdlib_docstrings() -> list[tuple[str, str]]:
     """(module name, docstring) of the top-level standard-library modules."""
     return list(_stdlib_docstrings())

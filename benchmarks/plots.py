@@ -1,9 +1,30 @@
-"""The report's figures, drawn with matplotlib's Agg backend (no display needed);
-report.py names and saves them."""
+"""The research bench's figures, drawn with matplotlib's Agg backend (no display
+needed): decode speedup and tokens per target call against K (the K sweep), and each
+mode's per-sequence latency; saved beside summary.md, with a section that shows them."""
 
 from __future__ import annotations
 
-from .stats import ModeSummary
+from pathlib import Path
+
+from specsample.bench.stats import ModeSummary, summarise
+
+
+def plot_section(out: Path, records: list, suffix: str = "") -> list[str]:
+    """One target type's figures saved in `out` (each name + suffix + .png), and the
+    summary's section that shows them; none without records to draw."""
+    import matplotlib.pyplot as plt
+
+    main = [r for r in records if r.phase == "main"]
+    latencies: dict[str, list[float]] = {}
+    for r in main:
+        latencies.setdefault(r.mode, []).append(r.latency_seconds)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, figure in figures(summarise(main), latencies).items():
+        paths.append(out / f"{name}{suffix}.png")
+        figure.savefig(paths[-1], dpi=110)
+        plt.close(figure)
+    return ["## Plots", "\n".join(f"![{p.stem}]({p.name})" for p in paths)] if paths else []
 
 
 def figures(summaries: list[ModeSummary], latencies: dict[str, list[float]]) -> dict:

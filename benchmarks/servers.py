@@ -1,7 +1,7 @@
-"""Servers the benchmark starts as processes of their own: llama-server (native.py)
-and `specsample serve`, each on a free loopback port, logging to a temporary file.
-A server is stopped when the bench ends, fails or is interrupted, even while it
-starts, and dies with the bench process (processes.py)."""
+"""Servers the research bench starts as processes of their own: llama-server
+(native.py) and `specsample serve` (serving.py), each on a free loopback port, logging
+to a temporary file. A server is stopped when the bench ends, fails or is interrupted,
+even while it starts, and dies with the bench process (specsample.processes)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from ..processes import dies_with_parent
+from specsample.processes import dies_with_parent
 
 
 class ServerUnavailable(RuntimeError):

@@ -4,7 +4,7 @@ does), and every peer then decodes with it.
 
 Peers:
   llama_server      llama-server's /completion body (native.py; also the native
-                    fields its OpenAI route takes, benchmarks/serving.py)
+                    fields its OpenAI route takes, serving.py)
   llama_cpp_python  llama-cpp-python's Llama.generate keyword arguments
   hf_generate       transformers' generate keyword arguments
   openai            an OpenAI /v1/completions body, as `specsample serve` reads it
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..decoding.sampling import SamplingConfig
+from specsample.decoding.sampling import SamplingConfig
 
 PEERS = ("llama_server", "llama_cpp_python", "hf_generate", "openai")
 

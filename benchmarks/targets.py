@@ -1,19 +1,42 @@
-"""Target encodings side by side: one overview row per target type, task and setting.
+"""Target encodings side by side (--target-quants): the types a run takes in turn, and
+one overview row per target type, task and setting.
 
 The same weights cost a different shape of call in each encoding. A Q4_K_M call on a
 small CPU is compute-bound: every extra token scored adds the arithmetic of a token.
 A BF16 call reads 3x the bytes and is bound by memory bandwidth: the weights are read
 once for every token of the call, so scoring K + 1 tokens costs little more than one,
-which is the premise of speculative decoding. (`python -m benchmarks.bench` adds the
-cost curves that show it, and the analytic model's prediction.)
+which is the premise of speculative decoding (the research bench's cost curves show it,
+and the analytic model's prediction).
 """
 
 from __future__ import annotations
 
-from .records import Record
-from .stats import ModeSummary, summarise
-from .summary import TargetRun
-from .tables import cell, markdown_table
+from specsample.app.arguments import UsageError
+from specsample.bench.options import names
+from specsample.bench.records import Record
+from specsample.bench.stats import ModeSummary, summarise
+from specsample.bench.summary import TargetRun
+from specsample.bench.tables import cell, markdown_table
+
+def target_types(args) -> list[tuple[str | None, str]]:
+    """(label, --target-quant value) for each target type to run: one, or each of
+    --target-quants, where the target file's own type means the file as given."""
+    if not args.target_quants:
+        return [(None, args.target_quant)]
+    if args.target_quant != "none":
+        raise UsageError("give --target-quant or --target-quants, not both")
+    from specsample.backends.models import resolve
+    from specsample.backends.reencode import TARGET_QUANTS, file_type
+
+    gguf = resolve(args.target).gguf_path
+    if gguf is None:
+        raise UsageError("--target-quants re-encodes a GGUF target file; this target is not one")
+    own = file_type(gguf)
+    types = []
+    for name in names(args.target_quants, [own, *TARGET_QUANTS], "--target-quants type"):
+        types.append((name, "none" if name == own else name))
+    return types
+
 
 NOTE = ("Decode speedups over each target's own `ar` (our autoregressive loop on the same file), prompt prefill left "
         "out, with the best K of each fixed-K family; plain steps: the share of -k auto's rounds that drafted nothing.")

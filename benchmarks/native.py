@@ -1,9 +1,12 @@
-"""llama.cpp's own speculative decoding (`llama-server -md`) as a benchmark peer.
+"""llama.cpp's own speculative decoding (`llama-server -md`) and plain llama-server as
+research peers of the bench: the families llamacpp-server and llamacpp-spec of
+`python -m benchmarks.bench` (and `make demo`), and the llama-server of its --serve.
 
 The pinned llama-cpp-python sdist vendors the whole llama.cpp tree it was built
 from, so the server we compare with is the same llama.cpp as our llama.cpp backend:
 `python -m benchmarks.llama_server` builds it once with CMake and caches it under the
-specsample cache directory, where the bench finds it (or --llama-server names another).
+specsample cache directory, where the research bench finds it (or --llama-server names
+another).
 
 Why the server and not `llama-speculative-simple`: the server stops on strings
 (the HumanEval protocol needs it), loads both models once for the whole run, takes
@@ -24,11 +27,18 @@ What its numbers mean (read from tools/server/server.cpp of that tree):
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from ..backends.models import cache_dir
+from specsample.backends.models import cache_dir, resolve
+from specsample.bench.modes import Outcome
+from specsample.bench.options import threads
+from specsample.output.tools import HERMES, ToolFormat
+
 from .peer_sampling import peer_sampling
 from .servers import ServerProcess, ServerUnavailable
+
+FAMILIES = ("llamacpp-server", "llamacpp-spec")
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.16"
 SERVER_NAME = f"llama-server-{LLAMA_CPP_PYTHON_VERSION}"
@@ -152,3 +162,78 @@ class LlamaServer(ServerProcess):
         everything = [t for prompt in prompts for t in prompt]
         for slot in range(self.parallel):
             self.forget_draft(everything, slot)
+
+
+class LlamaServerMode:
+    """llama.cpp's own speculative decoding (llama-server with a draft model), or the
+    same server decoding plainly (k None), behind the bench's mode interface. A schema
+    goes in its `json_schema` field (llama.cpp turns it into a grammar), tools in its
+    `grammar` field as GBNF of the same calls."""
+
+    structured = True
+
+    def __init__(self, name: str, server, k: int | None = None):
+        self.name, self.server, self.k = name, server, k
+        self.family = "llamacpp-spec" if k else "llamacpp-server"
+
+    def run(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings=(), schema=None, tools=()) -> Outcome:
+        body = completion_request(prompt_ids, max_new_tokens, sampling, seed, stop_strings, self.k, schema,
+                                  call_grammar(tools) if tools else None)
+        parsed = parse_completion(self.server.complete(body))
+        return Outcome(parsed["token_ids"], parsed["text"], parsed["stop_reason"], parsed["stats"])
+
+
+def build_llama_server_modes(families, peer_ks, server: LlamaServer | None, no_server: str | None = None):
+    """The llamacpp-server and llamacpp-spec modes (one of the latter per K of peer_ks)
+    on a running server, and a note for each family asked for when there is none
+    (no_server: why)."""
+    modes, skipped = [], []
+    for family in families:
+        if server is None:
+            skipped.append(f"{family}: {no_server or 'needs GGUF files for target and draft'}")
+            continue
+        for k in peer_ks if family == "llamacpp-spec" else [None]:
+            modes.append(LlamaServerMode(f"llamacpp-spec-k{k}" if k else family, server, k))
+    return modes, skipped
+
+
+def call_grammar(tools, fmt: ToolFormat = HERMES) -> str:
+    """GBNF for llama-server: one call in the format, its body under the tools'
+    schemas (llama-cpp-python's converter, the one llama.cpp's own follows)."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    bodies = {"anyOf": [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                          "arguments": t["function"]["parameters"]},
+                         "required": ["name", "arguments"], "additionalProperties": False} for t in tools]}
+    body = json_schema_to_gbnf(json.dumps(bodies), prop_order=["name", "arguments"])
+    body = body.replace("root ::=", "call-body ::=", 1)
+    return f"root ::= {json.dumps(fmt.trigger + fmt.opening)} call-body {json.dumps(fmt.closing)}\n{body}"
+
+
+def start_server(args, families, n_ctx: int, k_max: int, target_gguf: Path | None, parallel: int = 1,
+                 loaded_draft=None) -> LlamaServer | None:
+    """A running llama-server for the llama-server families on the target file our modes
+    run (re-encoded as --target-quant says), with `parallel` slots of n_ctx tokens each;
+    None when no mode asks for one. Raises ServerUnavailable with the one-line reason
+    when it cannot run here."""
+    if not set(FAMILIES) & set(families):
+        return None
+    if args.draft == "ngram":
+        raise ServerUnavailable("needs a draft model")
+    draft = resolve(args.draft)
+    if target_gguf is None or draft.gguf_path is None:
+        raise ServerUnavailable("needs GGUF files for target and draft")
+    binary = llama_server_binary(args.llama_server)
+    # The peer gets the very files our modes use (the draft as requantized by --draft-quant).
+    draft_path = getattr(loaded_draft, "path", None) or draft_file(args, draft.gguf_path)
+    return LlamaServer(binary, target_gguf, draft_path, threads=threads(args), n_ctx=n_ctx, k_max=k_max,
+                       parallel=parallel)
+
+
+def draft_file(args, gguf: Path) -> Path:
+    """The draft file our llama.cpp modes load: requantized as --draft-quant says."""
+    if args.draft_quant == "none":
+        return gguf
+    from specsample.backends.reencode import reencoded
+
+    return reencoded(gguf, args.draft_quant)
