@@ -168,10 +168,14 @@ class ReplayModel(Backend):
     Every call advances the clock by its cost, and the target's rollback, which ends
     each round, by a round's own work (sampling, verifying, bookkeeping)."""
 
-    def __init__(self, recordings: list[Recording], clock: Clock, costs: Costs, draft: bool, sequences: int = 1):
-        self.recordings, self.clock, self.costs, self.is_draft = recordings, clock, costs, draft
+    def __init__(self, recordings: list[Recording], clock: Clock, costs: Costs, target: ReplayModel | None = None,
+                 sequences: int = 1):
+        # A draft (`target` given) plays, on each sequence, what its target's same sequence plays:
+        # its first call, a catch-up chunk of the chat template, cannot tell the prompts apart.
+        self.recordings, self.clock, self.costs, self.target = recordings, clock, costs, target
+        self.is_draft = target is not None
         self.sequences = sequences
-        self.name = "replay-draft" if draft else "replay-target"
+        self.name = "replay-draft" if self.is_draft else "replay-target"
         self.vocab_size = 1 + max(max(r.text + r.draft) for r in recordings)
         self.eos_token_ids = frozenset({0, 1})  # Recording.remapped numbers Qwen's two first
         self.context_length = 1 << 20
@@ -211,7 +215,7 @@ class ReplayModel(Backend):
         out = []
         for seq, ids, num_logits in requests:
             if not self.held[seq]:
-                self.playing[seq] = self.match(ids)
+                self.playing[seq] = self.match(ids) if self.target is None else self.target.playing[seq]
             self.held[seq] += ids
             n = len(self.held[seq])
             out.append(torch.stack([self.row(self.playing[seq], at) for at in range(n - num_logits, n)])
@@ -219,8 +223,7 @@ class ReplayModel(Backend):
         return out
 
     def match(self, ids: list[int]) -> Recording:
-        # A draft's first call may read past the prompt: the answer so far, too.
-        found = [r for r in self.recordings if r.prompt[: len(ids)] == ids[: len(r.prompt)]]
+        found = [r for r in self.recordings if r.prompt[: len(ids)] == ids]
         if len(found) != 1:
             raise ValueError(f"{len(found)} recordings fit the {len(ids)} tokens of a new sequence")
         return found[0]
@@ -284,8 +287,8 @@ def play_single(recordings: list[Recording], costs: Costs, measured: dict, confi
     seconds = decode = 0.0
     tokens = calls = 0
     for rec in recordings:
-        target = ReplayModel([rec], clock, costs, draft=False)
-        draft = ReplayModel([rec], clock, costs, draft=True)
+        target = ReplayModel([rec], clock, costs)
+        draft = ReplayModel([rec], clock, costs, target)
         result = generate(target, rec.prompt, greedy_config(rec), replay_drafter(draft, clock), seat, clock)
         check_replayed(rec, result.token_ids)
         stats = result.stats
@@ -301,8 +304,8 @@ def play_batch(recordings: list[Recording], costs: Costs, measured: dict, config
     scheduler's calls, one planner): the serve cell. Decode seconds are not told apart
     from prompt chunks in a shared call, so they are the whole time here too."""
     clock = Clock()
-    target = ReplayModel(recordings, clock, costs, draft=False, sequences=sequences)
-    draft = ReplayModel(recordings, clock, costs, draft=True, sequences=sequences)
+    target = ReplayModel(recordings, clock, costs, sequences=sequences)
+    draft = ReplayModel(recordings, clock, costs, target, sequences)
     seat = planner_seat(measured, config, clock)
     results, stats = generate_many(target, [r.prompt for r in recordings], [greedy_config(r) for r in recordings],
                                    draft, lambda slot: replay_drafter(slot, clock), seat, clock=clock)

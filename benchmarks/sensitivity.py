@@ -58,8 +58,9 @@ def tuning_numbers() -> list[str]:
 
 def scaled(name: str, value, factor: float):
     """`value` of number `name` at `factor` (0.5 or 2) as the module docstring says."""
-    if isinstance(value, tuple):
-        return tuple(dict.fromkeys(scaled(name, v, factor) for v in value))
+    if isinstance(value, tuple):  # a set of lengths loses its repeats; a prior keeps its positions
+        values = tuple(scaled(name, v, factor) for v in value)
+        return tuple(dict.fromkeys(values)) if name == "joint_lengths" else values
     if name in DECAYS:
         return 1 - (1 - value) / factor
     if isinstance(value, int):
