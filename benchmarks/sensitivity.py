@@ -106,25 +106,26 @@ def spread(defaults: list[dict]) -> float:
 
 
 def table(results: dict) -> str:
-    """Markdown: per number, each cell's half and double as seconds relative to the
-    default (seed 0), and whether any cell moved past the threshold and the spread."""
+    """Markdown, a row per number: each cell's half and double as modelled seconds
+    relative to the default's at the same seed, with the value and tokens per target
+    call; "moves" where one is further from 1 than the threshold and the spread."""
     cells = list(results)
-    head = "| number | " + " | ".join(f"{c} half | {c} double" for c in cells) + " | moves |"
-    lines = [head, "|" + "---|" * (2 * len(cells) + 2)]
-    names = list(next(iter(results.values()))["varied"])
-    for name in names:
+    lines = ["| number | " + " | ".join(f"{c} half | {c} double" for c in cells) + " | moves |",
+             "|---|" + "---|---|" * len(cells) + "---|",
+             "| default: seconds, spread (tokens/call) | " + " | ".join(
+                 f"{results[c]['default'][0]['seconds']:.1f} s | spread {spread(results[c]['default']):.3f} "
+                 f"({results[c]['default'][0]['tokens_per_call']:.2f})" for c in cells) + " | |"]
+    for name in next(iter(results.values()))["varied"]:
         row, moves = [], False
         for c in cells:
             base, bar = results[c]["default"][0]["seconds"], max(THRESHOLD, spread(results[c]["default"]))
             for label in ("half", "double"):
-                ratio = results[c]["varied"][name][label]["seconds"] / base
+                v = results[c]["varied"][name][label]
+                ratio = v["seconds"] / base
                 moves |= abs(ratio - 1) > bar
-                row.append(f"{ratio:.3f}")
+                row.append(f"{ratio:.3f} ({v['value']}; {v['tokens_per_call']:.2f})")
         lines.append(f"| {name} | " + " | ".join(row) + f" | {'**yes**' if moves else 'no'} |")
-    default = ["| default s (tokens/call) | " + " | ".join(
-        f"{results[c]['default'][0]['seconds']:.1f} ({results[c]['default'][0]['tokens_per_call']:.2f}) | "
-        f"spread {spread(results[c]['default']):.3f}" for c in cells) + " | |"]
-    return "\n".join(lines[:2] + default + lines[2:])
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
