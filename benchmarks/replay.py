@@ -1,7 +1,7 @@
 """A replay of the bench's greedy answers: the real generation loop and the real planner
 (-k auto), with the models replaced by recordings and the clock by a cost model, so a
-run is deterministic and takes milliseconds (benchmarks/sensitivity.py varies the
-planner's numbers on it).
+run is deterministic and a cell's 13 answers replay in about a second of CPU
+(benchmarks/sensitivity.py varies the planner's numbers on it).
 
 Recordings (`record`): for each answer the bench measured (a record of mode "ar" with
 its token ids), the prompt, the target's greedy answer, and one teacher-forced pass of
@@ -10,13 +10,15 @@ and its probability. Greedy speculation then accepts exactly the drafts up to th
 draft's first miss, since the draft's chain is the target's text until then; the
 confidences after a miss (on text the draft wrote itself) are approximated by the
 teacher-forced ones at the same position. Token ids are remapped to a small
-vocabulary of those that occur (a row costs a few hundred floats, not 151,936).
+vocabulary of those that occur in a run (a row is a few thousand floats, not 151,936).
 
 What a replay does not model: real timing noise (a seeded noise is the stand-in), the
 overlap path (RPC placement), sampling (greedy only: a sampled draft's acceptance is
 not determined by its argmax), the draft's real tokens after a miss (they never count),
-and the calibration itself (its numbers change what is measured, not how the planner
-plans: the priors here are the committed measurement, `costs`).
+a round's own work beyond a constant (replay-data/costs.json: own_work, the median the
+chat runs recorded), and the calibration itself (its numbers change what is measured,
+not how the planner plans: the priors here are the same measurement the costs come
+from, so only the noise sets prices apart from priors).
 """
 
 from __future__ import annotations
