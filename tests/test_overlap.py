@@ -121,8 +121,10 @@ def test_the_adaptive_policy_on_the_overlapped_rounds_preserves_the_target_distr
     counts = empirical(SAMPLES, target, prompt, config, drafter, policy, clock=clock, stats=stats, overlap=True)
     # The path under test was taken: kept blocks. How many depends on the threads' order
     # (both move the one clock, so a call's timed seconds, the prices and the blocks'
-    # lengths follow the scheduling): 200 and more alone, 67-98 on a loaded machine.
-    assert sum(s.predrafted_rounds for s in stats) > SAMPLES // 100
+    # lengths follow the scheduling): 200 and more alone, 67-98 on a loaded machine, 24
+    # in a fresh clone's run beside another model process. So the count only shows the
+    # path was taken; the distribution check below is what holds it to exactness.
+    assert sum(s.predrafted_rounds for s in stats) > 0
     assert policy.planner.prices.draft.hidden > 0  # kept blocks' calls were priced as hidden
     assert_follows(counts, TrigramBackend(target_table), prompt, sampling)
 
