@@ -3,40 +3,31 @@ server's page faults and CPU time over it and the machine's major faults and fil
 
     python benchmarks/scripts/ttft-trace/faults.py 4000 plain,auto none   # none: the Q4_K_M file as shipped
 """
-import argparse, subprocess, sys, time, os, signal
+import argparse, sys, time
 _here = __import__("pathlib").Path(__file__).resolve()
 sys.path.insert(0, str(_here.parents[3])); sys.path.insert(0, str(_here.parent))
 import httpx
-from benchmarks.ttft import prompt, ROOT, servers, free_port
-from two_servers import ask
+from benchmarks.ttft import prompt, ROOT, servers
+from two_servers import ask, start, stop, warm
 def faults(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return int(f[7]), int(f[9]), int(f[11]) + int(f[12])  # minflt, majflt, cpu ticks
+def machine_faults():
+    return [int(l.split()[1]) for l in open("/proc/vmstat") if l.startswith(("pgmajfault ", "workingset_refault_file "))]
 size, order = int(sys.argv[1]), sys.argv[2].split(",")
 a = argparse.Namespace(target_quant=sys.argv[3], threads=2, ctx=8192)
-procs, urls = {}, {}
 words = (ROOT / "README.md").read_text().split() * 4
+procs, urls = start(servers(a), lambda name: None)
 try:
-    for name, argv in servers(a).items():
-        port = free_port(); urls[name] = f"http://127.0.0.1:{port}"
-        procs[name] = subprocess.Popen(argv + ["--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL, start_new_session=True)
     with httpx.Client(timeout=1800) as http:
-        for name, url in urls.items():
-            for _ in range(1200):
-                try:
-                    if http.get(url + "/health").status_code == 200: break
-                except httpx.HTTPError: pass
-                time.sleep(0.5)
-            print("warm", name, ask(http, url, "Say hi.", 2)[:2], flush=True)
+        warm(http, urls)
         for name in order:
             pid = procs[name].pid
-            v0 = [int(l.split()[1]) for l in open("/proc/vmstat") if l.startswith(("pgmajfault ", "workingset_refault_file "))]
-            b = faults(pid); t0 = time.time()
+            v0, b = machine_faults(), faults(pid)
             r = ask(http, urls[name], prompt(words, size, f"{size}-{name}-{time.time_ns()}"), 8)
             e = faults(pid)
-            v1 = [int(l.split()[1]) for l in open("/proc/vmstat") if l.startswith(("pgmajfault ", "workingset_refault_file "))]
+            v1 = machine_faults()
             print(name, size, "ttft %.1f" % r[0], "minflt", e[0]-b[0], "majflt", e[1]-b[1], "cpu s %.1f" % ((e[2]-b[2])/100),
                   "sys majflt,refault", [y - x for x, y in zip(v0, v1)], flush=True)
 finally:
-    for p in procs.values(): os.killpg(p.pid, signal.SIGTERM); p.wait(30)
+    stop(procs)
