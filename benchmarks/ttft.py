@@ -57,6 +57,20 @@ def servers(args) -> dict[str, list[str]]:
     }
 
 
+def wait_ready(http: httpx.Client, url: str, proc: subprocess.Popen, exited: str) -> None:
+    """Until the server at `url` answers /health (10 minutes at most); SystemExit(exited)
+    if its process ends first."""
+    for _ in range(1200):
+        try:
+            if http.get(url + "/health").status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(exited)
+        time.sleep(0.5)
+
+
 def prompt(words: list[str], tokens: int, nonce: str) -> str:
     return f"Request {nonce}. Summarise this text in one sentence.\n\n" + " ".join(words[: int(tokens * WORDS_PER_TOKEN)])
 
@@ -109,15 +123,7 @@ def main() -> int:
                                            start_new_session=True)
         with httpx.Client(timeout=1800) as http:
             for name, url in urls.items():
-                for _ in range(1200):
-                    try:
-                        if http.get(url + "/health").status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    if procs[name].poll() is not None:
-                        raise SystemExit(f"{name} exited: see {args.out / (name + '.log')}")
-                    time.sleep(0.5)
+                wait_ready(http, url, procs[name], f"{name} exited: see {args.out / (name + '.log')}")
                 ask(http, url, "Say hi.", 2)  # first-call allocations, not timed
             names = list(urls)
             rows = []

@@ -20,7 +20,7 @@ words = (ROOT / "README.md").read_text().split() * 4
 procs, urls = start(servers(a), lambda name: None)
 try:
     with httpx.Client(timeout=1800) as http:
-        warm(http, urls)
+        warm(http, urls, procs)
         for name in order:
             pid = procs[name].pid
             v0, b = machine_faults(), faults(pid)

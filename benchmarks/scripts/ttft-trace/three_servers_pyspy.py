@@ -13,7 +13,7 @@ words = (ROOT / "README.md").read_text().split() * 4
 procs, urls = start(servers(a), lambda name: f"{OUT}/p3-{name}.log")
 try:
     with httpx.Client(timeout=1800) as http:
-        warm(http, urls)
+        warm(http, urls, procs)
         for name in order:
             spy = subprocess.Popen(["py-spy", "record", "-p", str(procs[name].pid), "-r", "3", "--native", "--threads", "-f", "raw",
                                     "-o", f"{OUT}/p3-{tag}-{name}.txt"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -4,7 +4,7 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3]
 import httpx
 OUT = os.environ.get("TRACE_OUT", "/tmp/ttft-trace")
 os.makedirs(OUT, exist_ok=True)
-from benchmarks.ttft import prompt, ROOT, free_port
+from benchmarks.ttft import prompt, ROOT, free_port, wait_ready
 def ask(http, url, text, max_tokens):
     body = {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
@@ -29,16 +29,10 @@ def start(argvs, log):
     return procs, urls
 
 
-def warm(http, urls):
+def warm(http, urls, procs):
     """Wait for each server's /health, then send it a first short request (not timed)."""
     for name, url in urls.items():
-        for _ in range(1200):
-            try:
-                if http.get(url + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_ready(http, url, procs[name], f"{name} exited")
         print("warm", name, ask(http, url, "Say hi.", 2)[:2], flush=True)
 
 
@@ -58,7 +52,7 @@ if __name__ == '__main__':
     procs, urls = start(argvs, lambda name: f"{OUT}/p2-{name}.log")
     try:
         with httpx.Client(timeout=1800) as http:
-            warm(http, urls)
+            warm(http, urls, procs)
             for name in order:
                 text = prompt(words, size, f"{size}-{name}-{time.time_ns()}")
                 print(name, size, ask(http, urls[name], text, 8), flush=True)
