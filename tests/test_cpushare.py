@@ -52,6 +52,22 @@ def test_a_lone_process_keeps_its_threads_and_a_busy_machine_takes_them_away():
     assert share.threads(1) == 1  # never more than asked
 
 
+def test_one_thread_asked_reads_nothing_and_waits_for_no_one():
+    # Beside a busy neighbour, after an idle spell of ours: where two threads asked
+    # would read /proc and wait the neighbour out, one thread asked is answered at once.
+    proc = FakeProc()
+    reads, sleeps = [], []
+    share = CpuShare(interval=0.25, read=lambda helpers: reads.append(1) or proc.read(helpers),
+                     clock=proc.clock, cores=2, running=proc.running, sleep=sleeps.append)
+    share.threads(2)
+    proc.others = 2.0
+    proc.advance()
+    assert share.threads(2) == 1 and sleeps  # the control: two asked, the neighbour waited out
+    reads.clear(), sleeps.clear()
+    proc.advance()
+    assert share.threads(1) == 1 and not reads and not sleeps
+
+
 def test_the_measurement_is_reread_only_after_the_interval():
     proc = FakeProc()
     share = CpuShare(interval=1.0, read=proc.read, clock=proc.clock, cores=2, running=proc.running)

@@ -122,8 +122,11 @@ class CpuShare:
         self.own = 0.0  # cores' worth this process used in the same window
 
     def threads(self, wanted: int) -> int:
-        """Threads to run now: `wanted`, less the cores others use (rounded), at least 1."""
-        if not self.enabled:
+        """Threads to run now: `wanted`, less the cores others use (rounded), at least 1.
+        One thread asked is one thread run: nothing to take away, so /proc is not read
+        and no neighbour is waited out (a settle wait on every call of a one-thread
+        backend beside a busy neighbour was pure loss)."""
+        if not self.enabled or wanted <= 1:
             return wanted
         with self._lock:
             self._update()
