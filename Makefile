@@ -35,24 +35,13 @@ demo: fetch
 	$(BIN)/python -m benchmarks.bench --preset demo --backend llamacpp --out results/demo
 
 # Every test is marked pure, system or real (tests/conftest.py refuses one that is not).
-# The pure ones (toy and tiny models, no clock, process or real model) run on every core
-# at once, one thread each; then the rest, alone: processes, servers and timings must
-# not be crowded, and the real models need the cores. Each part prints its 20 slowest
-# tests (docs/testing.md: where the time goes), and the end its total wall time (the two
-# parts, not the fetch before them), whether they passed or not.
-PURE_TESTS := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m pure -n auto --dist worksteal --durations=20
-OTHER_TESTS := $(BIN)/python -m pytest -q -m "not pure" --durations=20
-
+# tests/suite.sh runs the rest (processes, servers, the real models) with the cores it
+# needs, and the pure part (toy and tiny models) beside it in the idle scheduling class,
+# on the cycles the rest leaves idle. Each part prints its 20 slowest tests
+# (docs/testing.md: where the time goes), and the end its total wall time (not the
+# fetch before it), whether the parts passed or not.
 test: fetch
-	@start=$$(date +%s); \
-	echo '$(PURE_TESTS)'; $(PURE_TESTS); \
-	status=$$?; pure=$$(( $$(date +%s) - start )); \
-	if [ $$status -eq 0 ]; then \
-		echo '$(OTHER_TESTS)'; $(OTHER_TESTS); status=$$?; \
-	fi; \
-	total=$$(( $$(date +%s) - start )); \
-	echo "make test: $$((total / 60)) min $$((total % 60)) s in all (the pure part $$pure s, the rest $$((total - pure)) s)"; \
-	exit $$status
+	@bash tests/suite.sh $(BIN)/python
 
 # The paper's measurements: the research bench (benchmarks/bench.py), run from the checkout.
 bench: fetch

@@ -4,15 +4,17 @@ Every test says where it runs with exactly one of three markers (registered in
 pyproject.toml), at module level (`pytestmark`) unless a file mixes kinds:
 
 - pure: deterministic CPU work on toy or tiny models: no real model, process, socket or
-  clock. `make test` runs these first, on every core at once (`-m pure -n auto`).
+  clock. `make test` (tests/suite.sh) runs these on every core in the idle scheduling
+  class, beside the others, on the cycles they leave idle (`-m pure -n auto`).
 - system: starts processes or servers, opens sockets, or depends on wall-clock time;
-  crowded by other tests it could fail or crawl, so it runs in the second, serial run.
+  two files at a time (`-m system -n 2 --dist loadfile`), no two of a file's tests at once.
 - real: loads the real default pair through the `real_pair` fixture below, which skips it
-  (saying why) until `specsample fetch` has run; serial, as the models need the cores.
+  (saying why) until `specsample fetch` has run; one at a time, as the models need the
+  cores (`-m real`).
 
 A file with a test that has none of them or two, or that asks for `real_pair` without
 being marked real (or the reverse), fails collection: a new file must say where it runs.
-As the second run is `-m "not pure"`, the two runs together run every test exactly once.
+So the three runs together run every test exactly once.
 """
 
 from typing import NamedTuple
