@@ -4,12 +4,14 @@ the others, and nothing else in policy/ keeps a number of its own."""
 
 import ast
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
 
 from specsample.decoding.plans import MODEL, Offer, lookup_source
-from specsample.policy.config import PLANNER, PlannerConfig
+from specsample.policy.config import (ACCEPTANCE_DECAY, GOODPUT_DECAY, IDLE_DECAY, PLANNER, CalibrationConfig,
+                                      PlannerConfig, catch_up_chunks)
 from specsample.policy.control import Planner
 from specsample.policy.curve import Curve
 from specsample.policy.estimates import Acceptance, Goodput, Prices
@@ -44,7 +46,7 @@ def test_make_policy_hands_its_config_to_the_planner_and_the_prices():
     config = dataclasses.replace(PLANNER, recent=4, k_max=5)
     seat = make_policy("auto", 5, config=config)
     assert seat.planner.config is config and seat.acceptance.config is config
-    assert seat.planner.prices.target.config is config and seat.planner.prices.work[False].weight == config.work_weight
+    assert seat.planner.prices.target.config is config and seat.planner.prices.draft.config is config
     curve = Curve({1: 1.0}, config)
     for _ in range(6):
         curve.observe(1, 2.0)
@@ -52,13 +54,33 @@ def test_make_policy_hands_its_config_to_the_planner_and_the_prices():
 
 
 def test_the_derived_numbers_follow_the_others():
-    assert PLANNER.catch_up_chunks == (16, 32, 64, 128, 256, 512) and PLANNER.fresh == 16
-    wider = dataclasses.replace(PLANNER, read_chunk=32, catch_up_largest=128, recent=5)
-    assert wider.catch_up_chunks == (32, 64, 128) and wider.fresh == 10
-    with pytest.raises(ValueError, match="catch_up_largest"):
-        PlannerConfig(read_chunk=64, catch_up_largest=32)
-    with pytest.raises(ValueError, match="goodput_decay"):
-        PlannerConfig(goodput_decay=1.5)
+    # Today's values, kept by the derivations.
+    assert (PLANNER.unbar, PLANNER.recent_plain, PLANNER.probe, PLANNER.fresh) == (3.0, 0.5, 0.3, 16)
+    assert (ACCEPTANCE_DECAY, GOODPUT_DECAY, IDLE_DECAY) == (0.9, 0.98, 0.998)
+    assert catch_up_chunks() == (16, 32, 64, 128, 256, 512)
+    # They move with what they are derived from.
+    patient = dataclasses.replace(PLANNER, evidence=12.0, recent=5)
+    assert (patient.unbar, patient.recent_plain, patient.probe, patient.fresh) == (6.0, 1.0, 0.6, 10)
+    assert catch_up_chunks(CalibrationConfig(read_chunk=64)) == (64, 128, 256, 512)
+    # The guard reads its thresholds from its config: a guard with twice the evidence
+    # unbars at twice the decayed evidence, log 2 / -log GOODPUT_DECAY (about 34) plain
+    # rounds sooner, give or take the rounds its later bar left the evidence higher.
+    def rounds_barred(guard: Goodput) -> int:
+        for _ in range(30):
+            guard.add(1, None, 1, 1.0)
+            guard.add(1, "model", 1, 2.0)
+        rounds = 0
+        while guard.barred(1, "model"):
+            guard.add(1, None, 1, 1.0)
+            rounds += 1
+        return rounds
+
+    sooner = rounds_barred(Goodput()) - rounds_barred(Goodput(patient))
+    assert abs(sooner - math.log(2) / -math.log(GOODPUT_DECAY)) < 3
+    with pytest.raises(ValueError, match="read_chunk"):
+        CalibrationConfig(read_chunk=1024)
+    with pytest.raises(ValueError, match="hidden_decay"):
+        PlannerConfig(hidden_decay=1.5)
     assert Prices.empty().target.config is PLANNER
 
 
