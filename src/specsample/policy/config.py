@@ -161,12 +161,6 @@ ANSWER_WEIGHT = 0.3
 # answers and while it is short (1f407e8). Changed no plan in any cell.
 ANSWER_FLOOR = 8.0
 
-# Prior acceptance of a suffix-index match of 4-7, 8-15 and 16 or more tokens
-# (plans.SUFFIX_CLASSES; issue 54's suffix drafter): the shortest class is most often
-# served text that is not this one's, so no surer than a 2-token lookup to begin with;
-# the longer ones as a 3-token lookup. The replay has no suffix drafter (no cell).
-SUFFIX_PRIORS = ((0.4, 0.7), (0.5, 0.8), (0.6, 0.8))
-
 # -- Facts of the code, not tuning ----------------------------------------------------------
 # Tokens a grammar forces are always accepted: a forced draft is certain.
 FORCED_PRIOR = (1.0, 1.0)

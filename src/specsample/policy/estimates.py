@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .config import (ACCEPTANCE_DECAY, ANSWER_FLOOR, ANSWER_WEIGHT, FORCED_PRIOR, GOODPUT_DECAY, IDLE_DECAY, PLANNER,
-                     PRIOR_STRENGTH, SUFFIX_PRIORS, WORK_WEIGHT, PlannerConfig)
+                     PRIOR_STRENGTH, WORK_WEIGHT, PlannerConfig)
 from .curve import Curve
 from ..decoding.plans import FORCED, MODEL, SUFFIX_CLASSES, RoundReport, Source
 
@@ -196,13 +196,15 @@ def prior(source: Source, config: PlannerConfig) -> tuple[float, float]:
     propose it (ShadowLookup), so on text that repeats the evidence lifts it within a
     few tokens, while an optimistic prior made a compute-bound target pay for wide calls
     on lookups that then failed. A lookup of a longer match than the priors list takes
-    the last one's; a suffix match, its class's (plans.SUFFIX_CLASSES)."""
+    the last one's. A suffix-index match of the c-th class (plans.SUFFIX_CLASSES: 4, 8,
+    16, 32 tokens) starts as a lookup of c + 2 tokens: the shortest class is most often
+    served text that is not this one's, so no surer than a 2-token lookup; the longer
+    ones as a 3-token one."""
     if source == FORCED:
         return FORCED_PRIOR
-    if source.kind == "suffix":
-        return SUFFIX_PRIORS[min(SUFFIX_CLASSES.index(source.match), len(SUFFIX_PRIORS) - 1)]
     if source.is_lookup:
-        return config.lookup_priors[min(source.match, len(config.lookup_priors)) - 1]
+        match = SUFFIX_CLASSES.index(source.match) + 2 if source.kind == "suffix" else source.match
+        return config.lookup_priors[min(match, len(config.lookup_priors)) - 1]
     return config.model_prior
 
 
