@@ -17,13 +17,14 @@ default is also replayed at other seeds, which is the replay's own spread. A num
 threshold (2%) and by more than that spread.
 
 How a number is varied: integers and floats times 0.5 and 2 (integers rounded, at
-least 1); tuples of them as a whole; the decays (acceptance, idle, hidden, goodput) by
-their memory 1 / (1 - decay), halved and doubled, since 2 x 0.998 is no decay;
-probabilities (the priors, the EMA weights) clamped to [0.01, 0.99]. Left out: the
-structural numbers (fed_per_round, forced_prior: a promise, not a trade-off) and the
-calibration's (reps, read_long, probe_tokens, wide_slack, slot_gain, most_slots), which
-change what is measured or how many slots a server opens, not how a measured planner
-plans; read_chunk is varied through what it feeds the planner, the catch-up chunks.
+least 1); tuples of them as a whole; a decay (hidden_decay) by its memory
+1 / (1 - decay), halved and doubled, since 2 x 0.95 is no decay; probabilities (the
+priors) clamped to [0.01, 0.99]. The numbers varied are PlannerConfig's fields (what
+is derived from one moves with it: evidence moves unbar, recent_plain and probe). The
+constants of policy/config.py are not: the study's earlier runs (the tree of
+edb9147 and before: docs/results/planner-sensitivity) varied them and none moved a
+cell, which is why they are constants. Nor is CalibrationConfig: it changes what is
+measured or how many slots a server opens, not how a measured planner plans.
 """
 
 from __future__ import annotations
@@ -46,21 +47,19 @@ CELLS = {  # name: (recordings' run, costs' key, how it is played)
     "bf16-serve4": ("chat-bf16", "bf16", "serve"),
     "q4_k_m-serve4": ("chat-q4_k_m", "q4_k_m", "serve"),
 }
-LEFT_OUT = ("fed_per_round", "forced_prior", "reps", "read_long", "probe_tokens", "wide_slack", "slot_gain", "most_slots")
-DECAYS = ("acceptance_decay", "idle_decay", "hidden_decay", "goodput_decay")
-PROBABILITIES = ("model_prior", "lookup_priors", "suffix_priors", "work_weight", "answer_weight")
+DECAYS = ("hidden_decay",)
+PROBABILITIES = ("model_prior", "lookup_priors")
 THRESHOLD = 0.02
 
 
 def tuning_numbers() -> list[str]:
-    return [f.name for f in dataclasses.fields(PlannerConfig) if f.name not in LEFT_OUT]
+    return [f.name for f in dataclasses.fields(PlannerConfig)]
 
 
 def scaled(name: str, value, factor: float):
     """`value` of number `name` at `factor` (0.5 or 2) as the module docstring says."""
-    if isinstance(value, tuple):  # a set of lengths loses its repeats; a prior keeps its positions
-        values = tuple(scaled(name, v, factor) for v in value)
-        return tuple(dict.fromkeys(values)) if name == "joint_lengths" else values
+    if isinstance(value, tuple):  # a prior keeps its positions
+        return tuple(scaled(name, v, factor) for v in value)
     if name in DECAYS:
         return 1 - (1 - value) / factor
     if isinstance(value, int):

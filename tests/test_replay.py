@@ -63,4 +63,4 @@ def test_variants_stay_valid_configurations():
             value = scaled(name, getattr(PLANNER, name), factor)
             dataclasses.replace(PLANNER, **{name: value})
             assert value != getattr(PLANNER, name), name
-    assert scaled("idle_decay", 0.998, 2.0) == pytest.approx(0.999)
+    assert scaled("hidden_decay", 0.95, 2.0) == pytest.approx(0.975)

@@ -12,7 +12,7 @@ fewer sequences is extended with the sizes it lacks. Draft: a few 1-token steps 
 row, a few right after a target call (as a round's first draft call runs, with its
 weights pushed out of the CPU caches), and its reading of unseen text in calls of
 read_chunk and read_long tokens on a short context (a catch-up chunk, a prompt). Each
-target size is the median of `reps` timed calls (the numbers are config.PLANNER's),
+target size is the median of `reps` timed calls (the numbers are config.CALIBRATION's),
 after a warm-up of both a 1-token and a many-token call (llama.cpp runs 1 token and
 more on different kernels, and the first call of each pays one-off costs). These are
 the planner's priors only: every call of a run moves its prices (curve.Curve). The
@@ -31,7 +31,7 @@ import statistics
 import time
 from pathlib import Path
 
-from .config import PLANNER, PlannerConfig
+from .config import CALIBRATION, PLANNER, PlannerConfig
 from .curve import Curve
 from .estimates import Prices, own_work
 from ..files import read_cached_json, write_cached_json
@@ -44,19 +44,19 @@ def wide_sizes(max_tokens: int, parallel: int) -> list[int]:
     """The call sizes past max_tokens to time for `parallel` sequences in one call, each
     scoring up to max_tokens: a ladder of steps of 1.33-1.5x (8, 12, 16, 24, 32, 48, ...)
     up to parallel * max_tokens, that size itself only where the ladder's last step
-    falls short of it by more than PLANNER.wide_slack (the rest is interpolated)."""
+    falls short of it by more than CALIBRATION.wide_slack (the rest is interpolated)."""
     top = parallel * max_tokens
     ladder = [size for power in range(3, 16) for size in (1 << power, 3 << (power - 1))]
     sizes = [n for n in ladder if max_tokens < n <= top]
-    if top > max_tokens and (not sizes or top > PLANNER.wide_slack * sizes[-1]):
+    if top > max_tokens and (not sizes or top > CALIBRATION.wide_slack * sizes[-1]):
         sizes.append(top)
     return sizes
 
 
-REPS = PLANNER.reps  # timed calls per size; the median is kept
+REPS = CALIBRATION.reps  # timed calls per size; the median is kept
 # The draft's reading of unread text, timed at a chunk and at a prompt's length: its
 # per-token cost falls as the calls grow, so a 16-token call alone overprices a prompt.
-READ_CHUNK, READ_LONG = PLANNER.read_chunk, PLANNER.read_long
+READ_CHUNK, READ_LONG = CALIBRATION.read_chunk, CALIBRATION.read_long
 
 
 def measure(target, draft, context: list[int], max_tokens: int, clock=time.perf_counter,
@@ -238,13 +238,13 @@ def measured_prices(measured: dict, config: PlannerConfig = PLANNER) -> Prices:
     if "draft_step" in measured:
         step, token = measured["draft_step"], measured["draft_token"]
         draft = {1: step, READ_CHUNK: step + (READ_CHUNK - 1) * token, READ_LONG: measured["draft_long"]}
-    return Prices(Curve(target, config), Curve(draft, config), own_work(config))
+    return Prices(Curve(target, config), Curve(draft, config), own_work())
 
 
-SLOT_GAIN = PLANNER.slot_gain
+SLOT_GAIN = CALIBRATION.slot_gain
 
 
-def slots_that_pay(target: Curve, most: int = PLANNER.most_slots) -> int:
+def slots_that_pay(target: Curve, most: int = CALIBRATION.most_slots) -> int:
     """How many sequences to decode together by default on this machine: the fewest
     that serve, with one token each per call, within 5% of the best throughput
     n / T(n) over n <= most, and 1 unless that best beats one sequence by 5%. The
@@ -264,4 +264,4 @@ def slots_that_pay(target: Curve, most: int = PLANNER.most_slots) -> int:
 def probe_context(target) -> list[int]:
     """Tokens to time calls on before any prompt is known: the ids themselves do not
     change what a call costs."""
-    return [i % target.vocab_size for i in range(1, PLANNER.probe_tokens + 1)]
+    return [i % target.vocab_size for i in range(1, CALIBRATION.probe_tokens + 1)]

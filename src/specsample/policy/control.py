@@ -46,7 +46,8 @@ the goodput guard bars the model).
 
 Every plan, call and report can be followed round by round: a trace.Trace on the
 planner (`--trace FILE`) writes each round as a line of JSON. Every number it decides
-with is a field of config.PlannerConfig, which says why it is what it is.
+with is in config.py: a field of PlannerConfig, derived from one, or a constant, each
+with why it is what it is.
 
 Why the output is exactly the target's
 --------------------------------------
@@ -71,10 +72,10 @@ import copy
 import time
 from typing import NamedTuple
 
-from .config import PLANNER, PlannerConfig
+from .config import ASCENT_PASSES, JOINT_LENGTHS, PLANNER, PlannerConfig, catch_up_chunks
 from .curve import round_seconds
 from .estimates import Acceptance, AnswerLength, Goodput, Prices, ShadowLookup, SourceModel, kind_of
-from ..decoding.plans import MODEL, ModelCall, Offer, Plan, RoundReport, Seated, Source
+from ..decoding.plans import MODEL, ModelCall, Offer, Plan, RoundReport, Seated, Source, reads_text
 
 
 class Option(NamedTuple):
@@ -102,7 +103,7 @@ class Planner:
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max, self.clock, self._closed, self._tokens = k_max, clock, None, 0
-        self.config, self.chunks = config, config.catch_up_chunks
+        self.config, self.chunks = config, catch_up_chunks()
         self.prices, self.goodput = prices or Prices.empty(config), Goodput(config)
         self.trace = trace  # a trace.Trace that hears every plan, call and report; None: no work at all
         self._window = [None, 0.0, None, False, False]  # no round window before the first call or start
@@ -187,13 +188,13 @@ class Planner:
             return [max(menus[0], key=lambda o: self._rate([o], load))]
         starts = [[menu[0] for menu in menus]] + [
             [max((o for o in menu if o.steps <= length), key=lambda o: o.steps) for menu in menus]
-            for length in self.config.joint_lengths]
+            for length in JOINT_LENGTHS]
         return max((self._ascend(menus, start, load) for start in starts), key=lambda found: found[1])[0]
 
     def _ascend(self, menus: list[list[Option]], choice: list[Option], load: int) -> tuple[list[Option], float]:
         """Coordinate ascent from `choice`: each sequence's best option, the others held."""
         rate = self._rate(choice, load)
-        for _ in range(self.config.ascent_passes):
+        for _ in range(ASCENT_PASSES):
             before = rate
             for i, menu in enumerate(menus):
                 for option in menu:
@@ -262,7 +263,7 @@ class Seat(Seated):
 
     def __init__(self, planner: Planner):
         self.planner, self.k_max = planner, planner.k_max
-        self.acceptance, self.length = Acceptance(planner.config), AnswerLength(planner.config)
+        self.acceptance, self.length = Acceptance(planner.config), AnswerLength()
         self.shadow = ShadowLookup()
 
     def fork(self) -> Seat:
@@ -298,7 +299,9 @@ class Seat(Seated):
         """Its options this round: a plain step, then each source and length it offers
         whose goodput kind is not `barred`."""
         options, horizon = [PLAIN], self.length.expected_remaining()
-        lag = self.reading(offer) if offer.lag > self.planner.config.fed_per_round else 0.0
+        # Text the draft's next call would read beyond what a round feeds it (the pending
+        # token, and after a full accept the last draft): the one rule of plans.reads_text.
+        lag = self.reading(offer) if reads_text(offer.lag, 1, target=False) else 0.0
         for source, available in offer.available.items():
             model = source == MODEL
             if kind_of(source) in barred or model and self.stalls(offer):

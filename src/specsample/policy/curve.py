@@ -11,7 +11,7 @@ import bisect
 import statistics
 from collections import deque
 
-from .config import PLANNER, PlannerConfig
+from .config import BAND_QUORUM, PLANNER, SPIKE, PlannerConfig
 
 
 def interpolated(points: list[tuple[int, float]], x: int) -> float:
@@ -29,11 +29,11 @@ class Curve:
     """Seconds of a model call by its size (tokens scored or fed): a prior, the
     calibration's timings interpolated between the sizes it measured, times how far
     the calls of this run have moved from it. Each call adds its ratio to the prior. A
-    size is priced by the last `recent` ratios of its band (_band) where `band_quorum`
+    size is priced by the last `recent` ratios of its band (_band) where BAND_QUORUM
     of them are among the last `fresh` calls, else by the last `recent` calls of any
     size (a machine slows every size alike; a size not called lately would keep an old
-    price); the numbers are config.PlannerConfig's. The price is their mean with each
-    ratio held to `spike` times their median: a call descheduled once moves it by a fraction, a
+    price); the numbers are config.py's. The price is their mean with each
+    ratio held to SPIKE times their median: a call descheduled once moves it by a fraction, a
     neighbour that keeps taking the cores moves it fully within a few calls; and never
     below a smaller size's price. Without a calibration, the first call of each size
     becomes its prior."""
@@ -69,8 +69,7 @@ class Curve:
         raw = self._raws.get(n)
         if raw is None:
             band = [r for i, r in self._ratios.get(_band(n), ()) if i > self._calls - self.config.fresh]
-            raw = self._raws[n] = self.base(n) * _scale(band if len(band) >= self.config.band_quorum else self._all,
-                                                        self.config.spike)
+            raw = self._raws[n] = self.base(n) * _scale(band if len(band) >= BAND_QUORUM else self._all)
         return raw
 
     @property
@@ -102,10 +101,10 @@ def round_seconds(target: float, drafting: float, hidden: float) -> float:
     return target + drafting - min(hidden * drafting, target)
 
 
-def _scale(ratios, spike: float) -> float:
+def _scale(ratios) -> float:
     if not ratios:
         return 1.0
-    cap = spike * statistics.median(ratios)
+    cap = SPIKE * statistics.median(ratios)
     return sum(min(r, cap) for r in ratios) / len(ratios)
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .config import PLANNER, PlannerConfig
+from .config import (ACCEPTANCE_DECAY, ANSWER_FLOOR, ANSWER_WEIGHT, FORCED_PRIOR, GOODPUT_DECAY, IDLE_DECAY, PLANNER,
+                     PRIOR_STRENGTH, WORK_WEIGHT, PlannerConfig)
 from .curve import Curve
 from ..decoding.plans import FORCED, MODEL, SUFFIX_CLASSES, RoundReport, Source
 
@@ -20,7 +21,7 @@ class Rate:
     """A probability estimated from decayed counts, shrunk towards a prior."""
 
     prior: float
-    strength: float = PLANNER.prior_strength  # pseudo-observations behind the prior
+    strength: float = PRIOR_STRENGTH  # pseudo-observations behind the prior
     hits: float = 0.0
     trials: float = 0.0
 
@@ -42,7 +43,7 @@ class Rate:
 class Ema:
     """An exponential moving average; None until the first observation."""
 
-    def __init__(self, value: float | None = None, weight: float = PLANNER.work_weight):
+    def __init__(self, value: float | None = None, weight: float = WORK_WEIGHT):
         self.value, self.weight = value, weight
 
     def update(self, x: float) -> None:
@@ -59,7 +60,7 @@ class SourceModel:
     # they share one rate. Per position, the rates past its usual first miss would hardly
     # ever be observed and would keep their prior, promising long runs that never come.
     pooled: bool = False
-    strength: float = PLANNER.prior_strength  # of each rate's prior
+    strength: float = PRIOR_STRENGTH  # of each rate's prior
     bins: int = PLANNER.confidence_bins  # of the draft's confidence
     positions: list[Rate] = field(default_factory=list)
     by_confidence: list[Rate] = field(default_factory=list)
@@ -101,12 +102,12 @@ class Prices:
 
     target: Curve = field(default_factory=Curve)
     draft: Curve = field(default_factory=Curve)
-    work: dict[bool, Ema] = field(default_factory=lambda: own_work(PLANNER))
+    work: dict[bool, Ema] = field(default_factory=lambda: own_work())
 
     @classmethod
     def empty(cls, config: PlannerConfig = PLANNER) -> Prices:
         """Prices with no calibration behind them: every call of the run sets them."""
-        return cls(Curve(config=config), Curve(config=config), own_work(config))
+        return cls(Curve(config=config), Curve(config=config), own_work())
 
     def own(self, drafting: bool) -> float:
         """A sequence's own seconds between calls in a plain or a drafting round. Until
@@ -117,28 +118,29 @@ class Prices:
         return value if value is not None else self.work[False].value or 0.0
 
 
-def own_work(config: PlannerConfig) -> dict[bool, Ema]:
+def own_work() -> dict[bool, Ema]:
     """The averages of a sequence's own work in plain (False) and drafting rounds."""
-    return {False: Ema(weight=config.work_weight), True: Ema(weight=config.work_weight)}
+    return {False: Ema(), True: Ema()}
 
 
 class Goodput:
     """Tokens per second that rounds realised, by the number of sequences sharing their
     target call and by what the round drafted from: nothing (plain), the draft model, or
     lookups alone; the guard against prices whose sums fall short (Nightjar's and
-    AdaSpec's switch); its numbers are config.PlannerConfig's. Each kind's tokens,
-    seconds and rounds are sums decayed by `goodput_decay` a round; a drafting kind that
-    is not barred decays by `goodput_decay` a round of its own and `idle_decay` a round
-    of another kind, so that a source playing one round in twenty still gathers enough
-    evidence to be judged (decayed with every round, lookups on chat never did, and on a
-    compute-bound target each of their wide calls lost). A drafting kind is barred for a
-    size where it holds `evidence` rounds, plain steps at least one recent one, and it
-    realised less than plain steps (lookups that lose do not bar the model, nor the
-    reverse); while barred its evidence decays, and once below `unbar` rounds (about
-    thirty-five rounds on) it is tried again. (A few rounds are too few to bar on: a
+    AdaSpec's switch); its numbers are config.py's (`evidence` and the thresholds derived
+    from it, the decays). Each kind's tokens, seconds and rounds are sums decayed by
+    GOODPUT_DECAY a round; a drafting kind that is not barred decays by GOODPUT_DECAY a
+    round of its own and IDLE_DECAY a round of another kind, so that a source playing
+    one round in twenty still gathers enough evidence to be judged (decayed with every
+    round, lookups on chat never did, and on a compute-bound target each of their wide
+    calls lost). A drafting kind is barred for a size where it holds `evidence` rounds,
+    plain steps `recent_plain` (a twelfth as many), and it realised less than plain
+    steps (lookups that lose do not bar the model, nor the reverse); while barred its
+    evidence decays, and once below `unbar` (half of `evidence`: about thirty-five rounds
+    on) it is tried again. (A few rounds are too few to bar on: a
     drafting round emits anything from one token to all its drafts and one more.) Where
     drafting is all a size plays, a plain round is asked for once plain evidence has
-    decayed below `probe` (about one round in sixty), so that there is always a plain
+    decayed below `probe` (a twentieth of `evidence`: about one round in sixty), so that there is always a plain
     rate to hold drafting to. Rounds whose target call also read a prompt are left out:
     that work is the same whatever the round drafts. A round in which the draft caught
     up on unread text counts as the model's (control.Planner.record): the reading is an
@@ -155,10 +157,9 @@ class Goodput:
         sums = self._sums.setdefault(size, {k: [0.0, 0.0, 0.0] for k in self.KINDS})
         for k, mode in sums.items():
             # Plain steps, and a barred kind, age with every round; a drafting kind's
-            # evidence ages with its own rounds (and `idle_decay` with the others), so the
+            # evidence ages with its own rounds (and IDLE_DECAY with the others), so the
             # few rounds a source plays now and then still add up to a verdict.
-            decay = self.config.goodput_decay if k in (None, kind) or (size, k) in self._barred \
-                else self.config.idle_decay
+            decay = GOODPUT_DECAY if k in (None, kind) or (size, k) in self._barred else IDLE_DECAY
             mode[:] = [x * decay for x in mode]
         sums[kind][:] = [x + y for x, y in zip(sums[kind], (tokens, seconds, 1))]
         plain, config = sums[None], self.config
@@ -195,23 +196,25 @@ def prior(source: Source, config: PlannerConfig) -> tuple[float, float]:
     propose it (ShadowLookup), so on text that repeats the evidence lifts it within a
     few tokens, while an optimistic prior made a compute-bound target pay for wide calls
     on lookups that then failed. A lookup of a longer match than the priors list takes
-    the last one's; a suffix match, its class's (plans.SUFFIX_CLASSES)."""
+    the last one's. A suffix-index match of the c-th class (plans.SUFFIX_CLASSES: 4, 8,
+    16, 32 tokens) starts as a lookup of c + 2 tokens: the shortest class is most often
+    served text that is not this one's, so no surer than a 2-token lookup; the longer
+    ones as a 3-token one."""
     if source == FORCED:
-        return config.forced_prior
-    if source.kind == "suffix":
-        return config.suffix_priors[min(SUFFIX_CLASSES.index(source.match), len(config.suffix_priors) - 1)]
+        return FORCED_PRIOR
     if source.is_lookup:
-        return config.lookup_priors[min(source.match, len(config.lookup_priors)) - 1]
+        match = SUFFIX_CLASSES.index(source.match) + 2 if source.kind == "suffix" else source.match
+        return config.lookup_priors[min(match, len(config.lookup_priors)) - 1]
     return config.model_prior
 
 
 class Acceptance:
     """Acceptance rates per source, decayed by `decay` a round they are observed. A
-    source that fails is tried again once its evidence has decayed (idle_decay per round
+    source that fails is tried again once its evidence has decayed (IDLE_DECAY per round
     it sits out: several hundred rounds from one failure to a probe)."""
 
     def __init__(self, config: PlannerConfig = PLANNER):
-        self.config, self.decay, self.idle_decay = config, config.acceptance_decay, config.idle_decay
+        self.config, self.decay, self.idle_decay = config, ACCEPTANCE_DECAY, IDLE_DECAY
         self.sources: dict[Source, SourceModel] = {}
 
     def __getitem__(self, source: Source) -> SourceModel:
@@ -219,8 +222,7 @@ class Acceptance:
         model = self.sources.get(source)
         if model is None:
             config = self.config
-            model = SourceModel(prior(source, config), pooled=source.is_lookup, strength=config.prior_strength,
-                                bins=config.confidence_bins)
+            model = SourceModel(prior(source, config), pooled=source.is_lookup, bins=config.confidence_bins)
         return model
 
     def held(self, source: Source) -> SourceModel:
@@ -297,10 +299,10 @@ class AnswerLength:
     """How many tokens the current sequence is still expected to emit, from how long
     earlier answers ran."""
 
-    def __init__(self, config: PlannerConfig = PLANNER):
+    def __init__(self):
         # Tokens per finished sequence; this sequence's max_new_tokens and tokens so far.
-        self.typical, self.budget, self.generated = Ema(weight=config.answer_weight), 0, 0
-        self.floor = config.answer_floor
+        self.typical, self.budget, self.generated = Ema(weight=ANSWER_WEIGHT), 0, 0
+        self.floor = ANSWER_FLOOR
 
     def begin(self, max_new_tokens: int) -> None:
         # The last sequence's length says how long answers run, unless its token

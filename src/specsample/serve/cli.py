@@ -12,7 +12,7 @@ from ..app.arguments import (UsageError, add_draft_length_arguments, add_model_a
 from ..app.assemble import assemble
 from ..decoding.generate import VERIFIERS
 from ..policy.calibrate import slots_that_pay
-from ..policy.config import PLANNER
+from ..policy.config import CALIBRATION
 from ..policy.make import check_draft_length
 from ..policy.trace import traced
 from .prompt_cache import DEFAULT_MIB
@@ -103,7 +103,7 @@ def door_settings(args) -> dict:
     return dict(allowed_hosts=allowed, body_timeout=args.body_timeout)
 
 
-MOST_SLOTS = PLANNER.most_slots  # what --parallel auto loads the models for, and chooses among
+MOST_SLOTS = CALIBRATION.most_slots  # what --parallel auto loads the models for, and chooses among
 
 
 def parse_parallel(value: str) -> int | None:
