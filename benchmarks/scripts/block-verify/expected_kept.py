@@ -4,7 +4,7 @@ verification as generate does, and beside it both rules' expected kept counts ar
 computed exactly from that round's rows (verify.block_acceptance; the token rule's
 products of min(1, target / draft)), so the comparison carries no verifier noise.
 
-    PYTHONPATH=src python docs/results/block-verify/expected_kept.py --k 4 --prompts 8 --tokens 128
+    PYTHONPATH=src python benchmarks/scripts/block-verify/expected_kept.py --k 4 --prompts 8 --tokens 128
 """
 
 import argparse

@@ -3,7 +3,7 @@ cell's modelled seconds, decode seconds and tokens per target call, as JSON. Run
 trees and compare, to show that a step keeps (or what it changes of) the replayed
 results:
 
-    PYTHONPATH=src:. python docs/results/planner-sensitivity/defaults.py after.json
+    PYTHONPATH=src:. python benchmarks/scripts/planner-sensitivity/defaults.py after.json
     (the same on the other tree) before.json; cmp before.json after.json
 """
 
