@@ -31,13 +31,19 @@ run_rest() {  # the system tests, then the real ones; the status of both
 }
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
+# Ctrl-C (or a TERM) ends the whole suite once the run in the foreground has stopped:
+# pytest catches the interrupt and exits 2, which would otherwise just move on to the
+# next run.
+trap 'exit 130' INT TERM
 
 if chrt --idle 0 true 2>/dev/null; then
     log=$(mktemp)
     echo "chrt --idle 0 ${pure[*]} (beside the rest; its output follows the rest's)"
-    chrt --idle 0 "${pure[@]}" > "$log" 2>&1 &
+    # In a process group of its own, so that stopping it stops its xdist workers too
+    # (they outlive a pytest killed alone); a background job ignores Ctrl-C.
+    setsid chrt --idle 0 "${pure[@]}" > "$log" 2>&1 &
     pure_pid=$!
-    trap 'kill -- "$pure_pid" 2>/dev/null; rm -f "$log"' EXIT
+    trap 'kill -TERM -- -"$pure_pid" 2>/dev/null; rm -f "$log"' EXIT
     run_rest; rest_status=$?; rest_time=$(elapsed)
     wait "$pure_pid"; pure_status=$?; pure_time=$(elapsed)
     cat "$log"
