@@ -39,11 +39,13 @@ trap 'exit 130' INT TERM
 if chrt --idle 0 true 2>/dev/null; then
     log=$(mktemp)
     echo "chrt --idle 0 ${pure[*]} (beside the rest; its output follows the rest's)"
-    # In a process group of its own, so that stopping it stops its xdist workers too
-    # (they outlive a pytest killed alone); a background job ignores Ctrl-C.
-    setsid chrt --idle 0 "${pure[@]}" > "$log" 2>&1 &
+    chrt --idle 0 "${pure[@]}" > "$log" 2>&1 &
     pure_pid=$!
-    trap 'kill -TERM -- -"$pure_pid" 2>/dev/null; rm -f "$log"' EXIT
+    # A background job ignores Ctrl-C: on exit, stop it and its xdist workers, which
+    # outlive a pytest stopped alone. (Not a session of its own, setsid: with the
+    # kernel's autogroups each session gets an equal share of the cores, idle class
+    # or not, and the pure part would take half of them from the rest.)
+    trap 'pkill -TERM -P "$pure_pid" 2>/dev/null; kill -TERM "$pure_pid" 2>/dev/null; rm -f "$log"' EXIT
     run_rest; rest_status=$?; rest_time=$(elapsed)
     wait "$pure_pid"; pure_status=$?; pure_time=$(elapsed)
     cat "$log"
