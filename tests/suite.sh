@@ -11,18 +11,19 @@
 # foreground runs as it would alone; once the foreground is done it has both cores.
 # Where the idle class is not available, the pure part runs first, then the rest.
 #
-# The foreground runs with SPECSAMPLE_SHARE_CORES=0: backends/cpushare.py would count
-# the idle-class work as a neighbour's and give the real models one thread where they
-# have two, although that work gives way to them.
+# Beside the pure part, the foreground runs with SPECSAMPLE_SHARE_CORES=0:
+# backends/cpushare.py would count the idle-class work as a neighbour's and give the
+# real models one thread where they have two, although that work gives way to them.
+# Alone (no idle class), the rest keeps cpushare on, as users run it.
 #
 # Each part prints its 20 slowest tests (docs/testing.md: where the time goes), and the
 # end its total wall time, whether the parts passed or not.
 set -u
 py=${1:?usage: tests/suite.sh PYTHON}
 pure=(env OMP_NUM_THREADS=1 "$py" -m pytest -q -m pure -n auto --dist worksteal --durations=20)
-system=(env SPECSAMPLE_SHARE_CORES=0 "$py" -m pytest -q -m system -n 2 --dist loadfile --durations=20)
-real=(env SPECSAMPLE_SHARE_CORES=0 "$py" -m pytest -q -m real --durations=20)
-run_rest() {  # the system tests, then the real ones; the status of both
+run_rest() {  # the system tests, then the real ones, under the command prefix given (env ...); the status of both
+    local system=("$@" "$py" -m pytest -q -m system -n 2 --dist loadfile --durations=20)
+    local real=("$@" "$py" -m pytest -q -m real --durations=20)
     echo "${system[*]}"
     "${system[@]}"; local status=$?
     echo "${real[*]}"
@@ -46,14 +47,14 @@ if chrt --idle 0 true 2>/dev/null; then
     # kernel's autogroups each session gets an equal share of the cores, idle class
     # or not, and the pure part would take half of them from the rest.)
     trap 'pkill -TERM -P "$pure_pid" 2>/dev/null; kill -TERM "$pure_pid" 2>/dev/null; rm -f "$log"' EXIT
-    run_rest; rest_status=$?; rest_time=$(elapsed)
+    run_rest env SPECSAMPLE_SHARE_CORES=0; rest_status=$?; rest_time=$(elapsed)
     wait "$pure_pid"; pure_status=$?; pure_time=$(elapsed)
     cat "$log"
     how="the rest ended at $rest_time s, the pure part beside it at $pure_time s"
 else
     echo "${pure[*]}"
     "${pure[@]}"; pure_status=$?; pure_time=$(elapsed)
-    run_rest; rest_status=$?; rest_time=$(( $(elapsed) - pure_time ))
+    run_rest env; rest_status=$?; rest_time=$(( $(elapsed) - pure_time ))
     how="the pure part $pure_time s, then the rest $rest_time s"
 fi
 total=$(elapsed)
