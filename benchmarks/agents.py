@@ -8,7 +8,8 @@ servers taking turns session by session in a rotating order (A B C, B C A, ...).
 
 Servers: `--servers plain,auto,suffix` starts `specsample serve --parallel 1` with
 --autoregressive, with -k auto, and with -k auto --suffix-tokens N; `--url NAME=URL`
-(repeatable) asks endpoints already running instead. Per turn, from the client's clock:
+(repeatable) also asks endpoints already running (llama-server -md, say), after them;
+with --url alone none is started. Per turn, from the client's clock:
 time to the first streamed text or tool call, whole-request tokens/s (the answer's
 tokens over the request's time, prefill included) and decode tokens/s (tokens after
 the first over the time from the first to the last); from the server's `usage`: the
@@ -179,8 +180,12 @@ def summarise(records: list[Turn]) -> list[dict]:
             turns = sorted((r for r in group if r.session == session), key=lambda r: r.turn)
             if turns[0].turn == 0 and turns[0].ttft and len(turns) > 1:
                 ttft_ratios.append(max(r.ttft or 0 for r in turns[1:]) / turns[0].ttft)
+        seconds = sum(r.seconds for r in group)
         row = {"kind": kind, "server": server, "sessions": len({r.session for r in group}), "turns": len(group),
-               "tokens": tokens, "tok_s": tokens / sum(r.seconds for r in group),
+               "tokens": tokens, "tok_s": tokens / seconds,
+               # the share of the requests' time spent before their first token: 1 / share is
+               # the most any decoding speed could make of this row's whole-request tok/s
+               "before_first": _ratio(sum(r.ttft or 0 for r in group), seconds),
                "decode_tok_s": _ratio(sum(max(r.completion_tokens - 1, 0) for r in group), decode),
                "ttft_first": _mean([r.ttft for r in group if r.turn == 0]),
                "ttft_later": _mean([r.ttft for r in group if r.turn > 0]),
@@ -206,13 +211,14 @@ def _f(value, digits=2) -> str:
 
 
 def table(rows: list[dict]) -> list[str]:
-    out = ["| kind | server | sessions x turns | tokens | tok/s | x plain | decode tok/s | x plain | TTFT turn 1 s | "
-           "TTFT later s | max later/turn 1 | tokens/target call | accepted | suffix rounds | model's own edits |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| kind | server | sessions x turns | tokens | tok/s | x plain | decode tok/s | x plain | before 1st token | "
+           "TTFT turn 1 s | TTFT later s | max later/turn 1 | tokens/target call | accepted | suffix rounds | "
+           "model's own edits |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['kind']} | {r['server']} | {r['sessions']} x {r['turns'] // max(r['sessions'], 1)} | "
                    f"{r['tokens']} | {_f(r['tok_s'])} | {_f(r['x_tok_s'])} | {_f(r['decode_tok_s'])} | "
-                   f"{_f(r['x_decode'])} | {_f(r['ttft_first'])} | {_f(r['ttft_later'])} | "
+                   f"{_f(r['x_decode'])} | {_f(r['before_first'])} | {_f(r['ttft_first'])} | {_f(r['ttft_later'])} | "
                    f"{_f(r['ttft_later_over_first_max'])} | {_f(r['tokens_per_call'])} | {_f(r['acceptance'])} | "
                    f"{r['suffix_rounds']} | {r['own_edits']} |")
     return out
@@ -263,14 +269,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--setting", choices=("greedy", "sample"), default="greedy")
-    p.add_argument("--servers", default="plain,auto,suffix", help="servers to start, the first the baseline: "
-                   "plain (--autoregressive), auto (-k auto), suffix (-k auto --suffix-tokens N)")
+    p.add_argument("--servers", default=None, help="servers to start, the first the baseline: plain "
+                   "(--autoregressive), auto (-k auto), suffix (-k auto --suffix-tokens N); default all three, "
+                   "none where --url is given")
     p.add_argument("--suffix-tokens", type=int, default=65536)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--ctx-size", type=int, default=8192)
     p.add_argument("--trace", type=Path, default=None, help="a folder: each drafting server's --trace file")
     p.add_argument("--url", action="append", default=[], metavar="NAME=URL",
-                   help="ask an endpoint already running instead of starting servers (repeatable)")
+                   help="also ask an endpoint already running, after the servers started (repeatable; "
+                   "with --url alone, no server is started)")
     args = p.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     if not set(kinds) <= set(KINDS) or not 1 <= args.sessions <= 4:
@@ -279,12 +287,17 @@ def main(argv: list[str] | None = None) -> int:
     sessions = make_sessions(kinds, args.sessions, args.max_tokens)
     model_argv = ["--ctx-size", str(args.ctx_size), *(["--threads", str(args.threads)] if args.threads else [])]
     with contextlib.ExitStack() as stack:
+        names = args.servers if args.servers is not None else "" if args.url else "plain,auto,suffix"
+        names = [n for n in names.split(",") if n]
+        if not set(names) <= {"plain", "auto", "suffix"}:
+            p.error(f"--servers takes plain, auto, suffix; got {','.join(names)}")
+        servers = start_servers(names, model_argv, args.suffix_tokens, args.trace, stack)
         if args.url:
             from specsample.bench.endpoints import connect, parse_endpoints
 
-            servers = [Server(e.name, e.api_base, connect(e, "none").model) for e in parse_endpoints(args.url)]
-        else:
-            servers = start_servers(args.servers.split(","), model_argv, args.suffix_tokens, args.trace, stack)
+            servers += [Server(e.name, e.api_base, connect(e, "none").model) for e in parse_endpoints(args.url)]
+        if not servers:
+            p.error("no server: give --servers or --url")
         started = time.time()
         args.out.mkdir(parents=True, exist_ok=True)
         stem = f"sessions-{args.setting}-{'-'.join(kinds)}"
@@ -296,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     report = "\n".join([f"Command: `{command}`", "", f"{args.sessions} sessions of each kind x {args.turns} turns, "
                         f"{args.setting}, {args.max_tokens} tokens at most; servers {', '.join(s.name for s in servers)}"
                         f" (x plain: over the first); run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}.",
+                        "", "before 1st token: the share of the requests' time spent before their first token; no "
+                        "decoding speed can take a row's whole-request tok/s past 1 / that share of itself.",
                         "", *table(rows), "", "Per turn:", "", *turn_table(records), ""])
     (args.out / f"{stem}.md").write_text(report)
     (args.out / f"{stem}.json").write_text(json.dumps({"command": command, "rows": rows,

@@ -154,6 +154,8 @@ def test_the_summary_is_the_sums_of_the_turns_and_ratios_to_the_first_server():
     assert by["agent", "auto"]["tok_s"] == pytest.approx(sum(t.completion_tokens for t in agent) /
                                                          sum(t.seconds for t in agent))
     assert by["agent", "auto"]["decode_tok_s"] == pytest.approx(25.0)
+    assert by["agent", "auto"]["before_first"] == pytest.approx(sum(t.ttft for t in agent) /
+                                                                sum(t.seconds for t in agent))
     assert by["agent", "plain"]["x_tok_s"] == 1.0 and by["agent", "auto"]["x_decode"] == pytest.approx(2.5)
     assert by["agent", "auto"]["tokens_per_call"] == pytest.approx(2.0)
     assert by["agent", "auto"]["acceptance"] == pytest.approx(5 / 8)
@@ -228,3 +230,22 @@ def test_send_streams_text_tool_calls_and_usage_from_an_openai_endpoint():
         assert measured["suffix_rounds"] == 2
         session.observe(reply)
         assert session.applied == [True] and session.messages[-1]["content"].startswith("quopri.py:")
+
+
+@pytest.mark.system
+def test_main_asks_the_endpoints_given_and_refuses_no_server_or_an_unknown_one(tmp_path, monkeypatch, capsys):
+    from benchmarks import agents
+
+    started = []
+    monkeypatch.setattr(agents, "start_servers", lambda names, *a: started.append(names) or [])
+    log = []
+    with serving(OpenAIEndpoint("md", log, words=3)) as (md,):
+        assert agents.main(["--out", str(tmp_path), "--kinds", "fim", "--sessions", "1", "--turns", "1",
+                            "--url", f"md={md.url}"]) == 0
+    assert started == [[]]  # --url alone: no server of ours started
+    report = (tmp_path / "sessions-greedy-fim.md").read_text()
+    assert "servers md" in report and [entry[1] for entry in log if entry[1] != "/v1/models"] == ["/v1/completions"]
+    for argv, said in ((["--servers", "plain,bogus"], "--servers takes"), (["--servers", ""], "no server")):
+        with pytest.raises(SystemExit):
+            agents.main(["--out", str(tmp_path), *argv])
+        assert said in capsys.readouterr().err
