@@ -404,10 +404,14 @@ class HybridDrafter:
         return Offer(available, model.lag, tuple(found for offer in offers for found in offer.lookups))
 
     def draft(self, context, plan, sampler, grammar=None) -> Draft:
-        if plan.source == MODEL or plan.catch_up:
+        if plan.source == MODEL:
             return self.model.draft(context, plan, sampler, grammar)
+        # A plain step or a lookup's drafts; the draft model may read a chunk of its
+        # unread text beside them (plans.Plan.catch_up), whose call the round counts.
+        read = self.model.draft(context, Plan(None, 0, catch_up=plan.catch_up), sampler) if plan.catch_up \
+            else Draft.empty()
         drafter = None if plan.source is None else {"lookup": self.ngram, "suffix": self.suffix}.get(plan.source.kind)
-        return Draft.empty() if drafter is None else drafter.draft(context, plan, sampler, grammar)
+        return read if drafter is None else read.join(drafter.draft(context, plan, sampler, grammar))
 
     def accept(self, num_accepted: int) -> None:
         if self.model is not None:

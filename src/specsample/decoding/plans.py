@@ -79,7 +79,8 @@ class Plan:
     limit: int = 0  # the most drafts the round may end with
     extent: Extent | None = None  # None: exactly `length`
     # Tokens of unread text the draft model reads this round without drafting (a long
-    # prompt read in pieces while plain steps stream on); only with no drafts.
+    # prompt read in pieces while plain steps or a lookup's drafts stream on); only in
+    # a round that drafts nothing from the model.
     catch_up: int = 0
 
     def extent_at(self, i: int, confidence: float) -> int:

@@ -32,7 +32,8 @@ class PlannerConfig:
     # Set by: 1f407e8; docs/benchmarks.md "-k auto against the best fixed K".
     k_max: int = 8
     # A draft model reads its unread text inside a drafting round while that costs at
-    # most this many plain steps; past it, in chunks beside plain steps. Short HumanEval
+    # most this many plain steps; past it, in chunks beside rounds that draft nothing
+    # from it (plain steps, a lookup's drafts). Short HumanEval
     # answers lost 10% waiting for chunks when all reading went to chunks; a 100-token
     # prompt on one core cost more than four plain steps to read. Half moved bf16-single
     # 1.046 (1.056 without noise), busy 1.116.
@@ -65,7 +66,8 @@ class PlannerConfig:
     # 1.019 / 0.978, busy bf16-single double 1.113.
     # Set by: 46942c1; docs/results/neighbour-stall; the study's `recent` row.
     recent: int = 8
-    # Rounds of evidence before the goodput guard bars a drafting kind at a batch size:
+    # Rounds of evidence (rounds that drafted from the kind; a round that only read text
+    # for the model is no evidence) before the goodput guard bars a drafting kind at a batch size:
     # raised from 3.5 after the guard barred the model on the warm-up's four budget-cut
     # rounds (demo BF16: -k auto 0.94x plain before, 1.45x after). Half moved
     # bf16-serve4 1.028. The guard's other thresholds are fractions of it (below).

@@ -39,10 +39,10 @@ prompt).
 
 A draft model that has not read a long text (a prompt of thousands of tokens) does
 not hold the stream back: while reading its unread text would cost more than `stall`
-plain steps it is not offered, plain steps stream, and where drafting is expected to
-pay back the reading before the answer is likely to end, each plain round feeds it
-a chunk that costs about one plain round (never before the second token, nor while
-the goodput guard bars the model).
+plain steps it is not offered, plain steps (or drafts from a lookup) stream, and where
+drafting is expected to pay back the reading before the answer is likely to end, each
+round that drafts nothing from the model feeds it a chunk that costs about one plain
+round (never before the second token, nor while the goodput guard bars the model).
 
 Every plan, call and report can be followed round by round: a trace.Trace on the
 planner (`--trace FILE`) writes each round as a line of JSON. Every number it decides
@@ -149,7 +149,8 @@ class Planner:
         return barred, menus, chosen, plans
 
     def _catch_up(self, chosen: list[Option], i: int, seat: Seat, offer: Offer) -> int:
-        """Tokens of unread text the draft reads for plain seat i this round: where that
+        """Tokens of unread text the draft reads for seat i this round, which drafts
+        nothing from the model (a plain step, or a lookup's drafts): where that
         text is too long to read in a drafting round, and the batch's tokens gained once
         seat i drafts, over what it has left to emit, outweigh the batch's tokens forgone
         while the draft reads it all: a chunk, the largest that costs about what the
@@ -157,7 +158,7 @@ class Planner:
         reading's.) Priced at the batch's rounds to come, without a prompt the target
         reads this round: beside a prompt, extra tokens in the call look nearly free and
         the batch's rate looks low, which made reading look cheap where it did not pay."""
-        if chosen[i].m or MODEL not in offer.available or seat.length.generated < self.config.catch_up_after \
+        if chosen[i].steps or MODEL not in offer.available or seat.length.generated < self.config.catch_up_after \
                 or not seat.stalls(offer):
             return 0
         call, now = self.prices.target(sum(o.m + 1 for o in chosen)), self._rate(chosen, 0)
@@ -209,8 +210,8 @@ class Planner:
         """One model call, recorded once by whoever made it. A target call closes the
         round window (from the previous target call's end to its own): the time in it
         that no call took is the sequences' own work, and the window's tokens (told by
-        the seats' reports after it) go to the goodput guard. The draft reading unread
-        text is an outlay for drafting: its window counts as the model's."""
+        the seats' reports after it) go to the goodput guard, unless the target read a
+        prompt or the draft read unread text in it (estimates.Goodput says why)."""
         (self.prices.target if call.target else self.prices.draft).observe(call.tokens, call.seconds, call.hidden)
         window = self._window
         window[1] += 0.0 if call.hidden else call.seconds  # a hidden call took none of the window's time
@@ -228,7 +229,8 @@ class Planner:
             own = seconds - window[1]
             if 0 <= own < seconds:
                 self.prices.work[window[2] is not None].update(own / call.sequences)
-                closed = (call.sequences, "model" if window[4] else window[2], seconds)
+                if not window[4]:  # the draft read unread text: an outlay the planner priced, no goodput (estimates.Goodput)
+                    closed = (call.sequences, window[2], seconds)
         self.restart(ended)
         self._closed = closed
 
@@ -335,8 +337,10 @@ class Seat(Seated):
         if option.source is None:
             return Plan(None, 0, catch_up=catch_up)
         limit = min(offer.available[option.source], self.k_max)
+        if option.source != MODEL:  # a lookup's drafts, and the draft model may read beside them
+            return Plan(option.source, option.m, limit, catch_up=catch_up)
         extent = ConfidenceExtent(self.acceptance[option.source], self.planner.prices, rate, limit, others, widths)
-        return Plan(option.source, option.m, limit, extent if option.source == MODEL else None)
+        return Plan(option.source, option.m, limit, extent)
 
     def observe(self, report: RoundReport) -> None:
         self.planner.record_round(report)  # alone, the round's own clock timed its calls

@@ -142,9 +142,14 @@ class Goodput:
     drafting is all a size plays, a plain round is asked for once plain evidence has
     decayed below `probe` (a twentieth of `evidence`: about one round in sixty), so that there is always a plain
     rate to hold drafting to. Rounds whose target call also read a prompt are left out:
-    that work is the same whatever the round drafts. A round in which the draft caught
-    up on unread text counts as the model's (control.Planner.record): the reading is an
-    outlay for drafting."""
+    that work is the same whatever the round drafts. So are rounds in which the draft
+    model read text it had not read (a prompt, a catch-up chunk; control.Planner.record):
+    that is a one-off outlay per text, which the planner prices where it decides to read
+    (Seat.stalls, Planner._catch_up). Counted as the model's rounds, as they were, a
+    ~120-token HumanEval prompt's reading (about six plain steps on BF16) made the
+    model's first rounds after every prompt look slower than plain steps, and barred it
+    before it had drafted long enough to be judged; a barred model reads no more, so it
+    stayed barred (BF16 HumanEval: -k auto 1.02x plain decoding where K = 4 made 1.28x)."""
 
     KINDS = (None, "model", "lookup", "suffix")  # what a round drafted from; None: a plain step
 
