@@ -239,7 +239,7 @@ def test_a_draft_behind_a_long_prompt_is_not_offered_and_catches_up_in_chunks_af
 
 
 def test_a_draft_behind_its_prompt_reads_in_rounds_that_draft_from_a_lookup_too():
-    """Seen on BF16 HumanEval (docs/results/block-verify): a draft model that had not
+    """Seen on BF16 HumanEval (docs/results/auto-bf16-starved): a draft model that had not
     read its ~150-token prompt was held back (stalls), one-token lookups took most
     rounds, and only plain rounds fed it chunks, so it caught up near the answer's end:
     -k auto 1.02x plain decoding where K = 4 made 1.28x. A lookup round feeds it too."""
