@@ -66,8 +66,8 @@ class PlannerConfig:
     # 1.019 / 0.978, busy bf16-single double 1.113.
     # Set by: 46942c1; docs/results/neighbour-stall; the study's `recent` row.
     recent: int = 8
-    # Rounds of evidence (rounds that drafted from the kind; a round that only read text
-    # for the model is no evidence) before the goodput guard bars a drafting kind at a batch size:
+    # Rounds of evidence (rounds in which the draft model read unread text are left out:
+    # estimates.Goodput) before the goodput guard bars a drafting kind at a batch size:
     # raised from 3.5 after the guard barred the model on the warm-up's four budget-cut
     # rounds (demo BF16: -k auto 0.94x plain before, 1.45x after). Half moved
     # bf16-serve4 1.028. The guard's other thresholds are fractions of it (below).
