@@ -33,9 +33,6 @@ def run(args) -> int:
     """Each server in turn under each --clients count of streaming clients, then serve.md."""
     load_at_start = os.getloadavg()[0]
     config = bench_config(args)
-    if args.trace is not None:
-        raise UsageError("--serve starts its servers in processes of their own: trace one with specsample serve "
-                         "--trace FILE")
     if any(TASKS[t].held for t in config.tasks):
         raise UsageError("--serve sends plain requests: run tasks held to a grammar (structured, tools) without --serve")
     families = DEFAULT_SERVE_FAMILIES if args.modes == "auto" else names(args.modes, SERVE_FAMILIES, "--serve mode")
@@ -63,7 +60,8 @@ def run(args) -> int:
         llama_server = partial(start_server, args, ["llamacpp-spec"], n_ctx, max(peer_ks), gguf)
         got, run_notes, got_splits = run_serving(served_modes(families, ks, peer_ks), load, slots,
                                                  model_argv=serve_argv(args, quant, n_ctx),
-                                                 llama_server=llama_server, keep=partial(keep_partial, args.out, label))
+                                                 llama_server=llama_server, keep=partial(keep_partial, args.out, label),
+                                                 trace=_traced(args.trace, label, len(types) > 1))
         records += [replace(r, target=label) for r in got]
         splits += [replace(s, target=label) for s in got_splits]
         notes += [f"{label}: {n}" if len(types) > 1 else n for n in run_notes]
@@ -75,6 +73,15 @@ def run(args) -> int:
     print(printed)
     print(f"benchmarks: wrote {args.out}/serve.jsonl, calls.jsonl and serve.md", file=sys.stderr)
     return 0
+
+
+def _traced(trace, label: str, several: bool):
+    """--trace for one target's servers (its folder made now: they open their files as
+    they start): its name with the target's label where several run."""
+    if trace is None:
+        return None
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    return trace.with_name(f"{trace.stem}-{label}{trace.suffix}") if several else trace
 
 
 def started_sections(records: list[ServedRecord], splits: list = ()) -> tuple[list[str], str]:

@@ -91,26 +91,33 @@ def served_modes(families, ks: list[int], peer_ks: list[int]) -> list[ServedMode
     return modes
 
 
-def our_server_flags(mode: ServedMode, slots: int) -> list[str]:
+def our_server_flags(mode: ServedMode, slots: int, trace: Path | None = None) -> list[str]:
     """`specsample serve`'s flags for one of our modes with `slots` slots. --parallel is
-    always given: the server's own default is not one slot."""
+    always given: the server's own default is not one slot. `trace`: where -k auto's
+    servers write their planner's trace, a file per server (traced_path)."""
     drafting = ["--autoregressive"] if mode.family == "ar" else ["-k", str(mode.k)]
-    return [*drafting, "--parallel", str(slots)]
+    traced = ["--trace", str(traced_path(trace, mode, slots))] if trace is not None and mode.k == "auto" else []
+    return [*drafting, "--parallel", str(slots), *traced]
+
+
+def traced_path(trace: Path, mode: ServedMode, slots: int) -> Path:
+    """The trace file of one -k auto server: --trace's name with its mode and slot count."""
+    return trace.with_name(f"{trace.stem}-{mode.name}-{slots}slots{trace.suffix}")
 
 
 def run_serving(modes: list[ServedMode], load: Load, slots: tuple[int, ...], *, model_argv: list[str],
-                llama_server: Callable[[int], ServerProcess], log=None, keep=lambda records: None
-                ) -> tuple[list[ServedRecord], list[str], list[CallSplit]]:
+                llama_server: Callable[[int], ServerProcess], log=None, keep=lambda records: None,
+                trace: Path | None = None) -> tuple[list[ServedRecord], list[str], list[CallSplit]]:
     """Records (one per request) for every slot count, mode, client count, task and
     setting; notes on servers not run and requests not answered; and for each load of
     one of our servers, where its time went (calls.py). Our modes each get a
     `specsample serve` process per slot count; llama_server(N) starts the native one,
-    which serves both llamacpp modes. `keep` sees each load's records when it ends."""
+    which serves both llamacpp modes. `keep` sees each load's records when it ends; `trace`: our_server_flags'."""
     log = log or (lambda msg: print(f"specsample: {msg}", file=sys.stderr, flush=True))
     ours, natives = [m for m in modes if not m.native], [m for m in modes if m.native]
     records, notes, splits = [], [], []
     for n in slots:
-        cells = [(partial(_our_server, mode, n, model_argv), [mode]) for mode in ours]
+        cells = [(partial(_our_server, mode, n, model_argv, trace), [mode]) for mode in ours]
         if natives:
             cells.append((partial(llama_server, n), natives))
         got, cell_notes = _serve(cells, n, load, log, splits, keep)
@@ -119,8 +126,8 @@ def run_serving(modes: list[ServedMode], load: Load, slots: tuple[int, ...], *, 
     return records, notes, splits
 
 
-def _our_server(mode: ServedMode, slots: int, model_argv: list[str]) -> ServerProcess:
-    flags = our_server_flags(mode, slots)
+def _our_server(mode: ServedMode, slots: int, model_argv: list[str], trace: Path | None) -> ServerProcess:
+    flags = our_server_flags(mode, slots, trace)
     return specsample_server(model_argv, flags, "specsample serve " + " ".join(flags), parallel=slots)
 
 

@@ -4,6 +4,8 @@ under every client count, task and setting; llama-server's slots and their reset
 between loads; the axes on the command line. Fake servers and a fake load client:
 nothing starts."""
 
+from pathlib import Path
+
 import pytest
 
 from specsample.app.arguments import UsageError
@@ -145,6 +147,11 @@ def test_our_servers_always_get_their_slot_count():
     assert our_server_flags(ar, 1) == ["--autoregressive", "--parallel", "1"]
     assert our_server_flags(auto, 4) == ["-k", "auto", "--parallel", "4"]
     assert our_server_flags(spec, 2) == ["-k", "4", "--parallel", "2"]
+    # --trace: a file for each -k auto server, named by its mode and slots; the others have no planner to trace.
+    assert our_server_flags(auto, 4, Path("/t/run.jsonl")) == ["-k", "auto", "--parallel", "4", "--trace",
+                                                               "/t/run-spec-auto-4slots.jsonl"]
+    assert our_server_flags(ar, 4, Path("/t/run.jsonl")) == our_server_flags(ar, 4)
+    assert our_server_flags(spec, 4, Path("/t/run.jsonl")) == our_server_flags(spec, 4)
 
 
 def _args(*argv):

@@ -68,7 +68,8 @@ def add_bench_arguments(b, defaults: dict | None = None) -> None:
     b.add_argument("--clients", default="4", help="serve: concurrent clients, N or a comma list (default 4)")
     add_serve_arguments(b)
     add_trace_argument(b, " of the spec-auto mode, its warm-up first, then every prompt and setting (each line "
-                          "tagged with the target type; not with --serve: give the server --trace)")
+                          "tagged with the target type; with --serve, each -k auto server writes its own file: FILE's name "
+                          "with the mode and slot count, and the target type where several run)")
 
 
 def add_serve_arguments(b) -> None:
