@@ -285,6 +285,29 @@ def test_a_barred_model_is_not_fed_the_text_it_has_not_read():
     assert seat.plan(Offer({MODEL: 6}, 4000)).catch_up == 0
 
 
+def test_the_seats_of_a_planner_learn_how_long_answers_run_together():
+    """A server's first answer in one slot tells the others how long answers run: a
+    slot whose own first answer is still going expects what the finished one ran, not
+    its budget; a capped answer says nothing, and an answer ended twice counts once."""
+    first = Planner(6, prices(flat)).seat()
+    second = first.fork()
+    for seat in (first, second):
+        seat.begin([1] * 10, 128)
+    second.length.generated = 2
+    assert second.length.expected_remaining() == 126  # nothing finished yet: the budget
+    first.length.generated = 34
+    first.end()
+    first.end()
+    assert second.length.expected_remaining() == 32
+    first.begin([1] * 10, 128)  # begun after its end: the answer is not counted again
+    assert first.length.typical.value == 34
+    third = second.fork()
+    third.begin([1] * 10, 16)
+    third.length.generated = 16  # cut by its budget: says nothing
+    third.end()
+    assert third.length.typical.value == 34
+
+
 def test_a_catch_up_that_pays_alone_is_not_made_where_it_holds_back_a_batch():
     # Reading 1,000 tokens pays back over 100 tokens for a sequence alone; beside three
     # that draft, the batch forgoes their tokens too while the draft reads, and it does not.
@@ -414,6 +437,28 @@ def test_a_batch_plans_with_the_prompts_in_its_call():
         seat.begin([1] * 10, 200)
     plans = planner.plan({seat: Offer({MODEL: 4}, 1) for seat in seats}, load=128)
     assert set(plans) == set(seats)
+
+
+def test_beside_a_prompt_a_batch_drafts_only_what_pays_at_its_own_rate():
+    """Beside a 300-token prompt the call is slow whatever the batch drafts: a draft
+    adds a tenth of a second to a 14-second round, which its own rate would call nearly
+    free; but those seconds are the batch's, worth 16 tokens each on this curve without
+    a prompt, and a draft that does not pay there does not pay beside a prompt either
+    (on a memory-bound curve, where drafting pays, it drafts beside one too)."""
+    def bound(n):  # 4 sequences' steps cost about one; past 8 tokens each costs 47 ms
+        points = {1: 0.2, 2: 0.2, 4: 0.25, 5: 0.3, 8: 0.45, 16: 0.8, 64: 3.0, 256: 12.0, 512: 24.0}
+        return Curve(points)(n)
+
+    def plans(curve, load):
+        planner = Planner(4, prices(curve, draft=0.1))
+        seats = [planner.seat() for _ in range(4)]
+        for seat in seats:
+            seat.begin([1] * 10, 200)
+        return planner.plan({seat: Offer({MODEL: 4}, 1) for seat in seats}, load).values()
+
+    assert all(p.source is None for p in plans(bound, 0))
+    assert all(p.source is None for p in plans(bound, 300))
+    assert all(p.source == MODEL for p in plans(flat, 300))
 
 
 def test_the_plain_option_is_first_in_every_menu():

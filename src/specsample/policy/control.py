@@ -16,6 +16,11 @@ accepted) expects E = 1 + a_1 + a_1 a_2 + ... tokens, and T prices the whole rou
         + each sequence's own work between calls (plain or drafting)
         + the share of the draft's reading of unread text that this round carries
 
+A round whose call also reads a prompt (`load`) is slow whatever the batch drafts, so
+its own rate would price any draft as nearly free; its seconds are valued instead at
+R*, the rate of the batch's best round without the prompt, and the round plays the
+options of the most E - R* T (Planner._search).
+
 The prices are curves over a call's size (estimates.Prices): the start-up
 calibration is their prior, and every call of the run moves them (Planner.record,
 once per call: by the scheduler in a batch; alone, a batch of one, the seat records
@@ -138,8 +143,8 @@ class Planner:
         size, drafting = len(seats) + (load > 0), guard.KINDS[1:]
         barred = set(drafting) if guard.probe(size) else {kind for kind in drafting if guard.barred(size, kind)}
         menus = [seat.menu(offers[seat], barred) for seat in seats]
-        chosen = self._search(menus, load)
-        rate, tokens = self._rate(chosen, load), load + sum(o.m + 1 for o in chosen)
+        chosen, rate = self._search(menus, load)
+        tokens = load + sum(o.m + 1 for o in chosen)
         widths = [sum(o.steps > j for o in chosen) for j in range(self.k_max)]  # sequences drafting at step j
         reads = "model" not in barred  # no reading for a model that may not draft: its rounds would keep it barred
         plans = {seat: seat.to_plan(option, offers[seat], rate, tokens - option.m - 1,
@@ -184,27 +189,44 @@ class Planner:
         own = sum(o.extra + prices.own(o.m > 0) for o in chosen)
         return round_seconds(call, drafting, prices.draft.hidden) + own
 
-    def _search(self, menus: list[list[Option]], load: int) -> list[Option]:
-        if len(menus) == 1:  # one sequence: its best option
-            return [max(menus[0], key=lambda o: self._rate([o], load))]
+    def _search(self, menus: list[list[Option]], load: int) -> tuple[list[Option], float]:
+        """The round's options, and the rate R* its time is worth (tokens a second).
+        Without a prompt in the call: the options of the highest rate, R* that rate.
+        Beside one, a round is slow whatever it drafts, and the rate of the round
+        itself would make any drafts look nearly free (0.5 s of drafts and reading
+        for 3 tokens beside a 14 s prompt call, where the batch makes 17 tokens a
+        second: a 4-slot BF16 server lost 4.5 s of 47 so): its time is worth what the
+        batch makes without a prompt, R* = that round's rate, and the round plays the
+        options of the most tokens less R* times its seconds."""
+        best = self._best(menus, lambda chosen: self._rate(chosen, 0))
+        rate = self._rate(best, 0)
+        if not load:
+            return best, rate
+        return self._best(menus, lambda chosen: sum(o.expected for o in chosen) - rate * self.seconds(chosen, load)), rate
+
+    def _best(self, menus: list[list[Option]], worth) -> list[Option]:
+        """The options of the highest `worth`: a sequence alone, its best; else coordinate
+        ascent from all-plain and from each joint length."""
+        if len(menus) == 1:
+            return [max(menus[0], key=lambda o: worth([o]))]
         starts = [[menu[0] for menu in menus]] + [
             [max((o for o in menu if o.steps <= length), key=lambda o: o.steps) for menu in menus]
             for length in JOINT_LENGTHS]
-        return max((self._ascend(menus, start, load) for start in starts), key=lambda found: found[1])[0]
+        return max((self._ascend(menus, start, worth) for start in starts), key=lambda found: found[1])[0]
 
-    def _ascend(self, menus: list[list[Option]], choice: list[Option], load: int) -> tuple[list[Option], float]:
+    def _ascend(self, menus: list[list[Option]], choice: list[Option], worth) -> tuple[list[Option], float]:
         """Coordinate ascent from `choice`: each sequence's best option, the others held."""
-        rate = self._rate(choice, load)
+        value = worth(choice)
         for _ in range(ASCENT_PASSES):
-            before = rate
+            before = value
             for i, menu in enumerate(menus):
                 for option in menu:
                     trial = choice[:i] + [option] + choice[i + 1:]
-                    if (trial_rate := self._rate(trial, load)) > rate * (1 + 1e-9):
-                        choice, rate = trial, trial_rate
-            if rate == before:
+                    if (trial_value := worth(trial)) > value + 1e-9 * abs(value):
+                        choice, value = trial, trial_value
+            if value == before:
                 break
-        return choice, rate
+        return choice, value
 
     def record(self, call: ModelCall, ended: float | None = None) -> None:
         """One model call, recorded once by whoever made it. A target call closes the
@@ -270,11 +292,11 @@ class Seat(Seated):
 
     def fork(self) -> Seat:
         """Another sequence's seat at the same planner, starting from what this one has
-        learnt of acceptance and answer lengths (then its own: acceptance belongs to
-        the text a sequence decodes)."""
+        learnt of acceptance (then its own: acceptance belongs to the text a sequence
+        decodes), and sharing what every seat learns of answer lengths."""
         twin = Seat(self.planner)
         twin.acceptance = copy.deepcopy(self.acceptance)
-        twin.length.typical.value = self.length.typical.value
+        twin.length.typical = self.length.typical  # shared: how long answers run (estimates.AnswerLength)
         return twin
 
     def begin(self, context, max_new_tokens) -> None:
@@ -286,6 +308,9 @@ class Seat(Seated):
         self.shadow.reset()
         if self.planner.trace is not None:
             self.planner.trace.begun(self)
+
+    def end(self) -> None:
+        self.length.end()
 
     def plan(self, offer: Offer) -> Plan:
         plan = self.offered(offer)
