@@ -6,7 +6,7 @@ not cost a conversation its prefix, and what is restored answers as a fresh pref
 import pytest
 import torch
 
-from specsample.backends.base import SavedSequence
+from specsample.backends.base import NoRoom, SavedSequence
 from specsample.decoding.generate import GenerationConfig
 from specsample.decoding.sampling import SamplingConfig
 from specsample.serve.events import End, Ended, Finished
@@ -126,6 +126,26 @@ def test_a_restored_prefix_answers_as_a_fresh_prefill():
     again = run(served, turn_2, seed=5)
     assert again.stats.cached_prompt_tokens > len(CONVERSATION)
     assert again.token_ids == run(fresh, turn_2, seed=5).token_ids
+
+
+class Crowded(TrigramBackend):
+    """A cache with no room to restore into, as llama.cpp's shared one can be: the
+    sequence left empty, NoRoom raised."""
+
+    def restore_sequence(self, seq, saved, length):
+        self.tokens = []
+        raise NoRoom("no run of free cells")
+
+
+def test_a_restore_the_cache_has_no_room_for_scores_the_prompt_whole_and_answers():
+    crowded = Worker(Crowded(random_table(12, 0)), 8, parallel=1, prompt_cache_bytes=4000)
+    first = run(crowded, CONVERSATION)
+    run(crowded, SIDE)
+    turn_2 = CONVERSATION + first.token_ids + [6, 7]
+    again = run(crowded, turn_2, seed=5)  # run() asserts the request ended DONE: no 500
+    assert again.stats.cached_prompt_tokens == 0 and crowded.prompt_cache.no_room == 1
+    assert crowded.prompt_cache.hits == 0 and crowded.prompt_cache.reused_tokens == 0
+    assert again.token_ids == run(worker(prompt_cache_bytes=0), turn_2, seed=5).token_ids
 
 
 def test_another_salts_entry_is_never_reused_nor_shown_in_cached_tokens():

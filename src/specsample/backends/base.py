@@ -114,7 +114,8 @@ class Backend(Protocol):
 
     def restore_sequence(self, seq: int, saved: SavedSequence, length: int) -> None:
         """Sequence `seq`'s cache replaced by the first `length` tokens of `saved`, at
-        their own positions: what scoring saved.tokens[:length] there would leave."""
+        their own positions: what scoring saved.tokens[:length] there would leave; or
+        NoRoom raised, the sequence left empty, where the cache has no room for them."""
         raise NotImplementedError(f"{self.name} cannot restore a saved cache")
 
 
@@ -205,6 +206,11 @@ def _is_padding(text: str | None) -> bool:
 
 class BackendError(RuntimeError):
     """What a backend returned, or holds, cannot be used; the message names the model."""
+
+
+class NoRoom(BackendError):
+    """A saved cache could not be put back for want of room (restore_sequence): the
+    sequence is left empty, and its text can be scored again instead."""
 
 
 def claim_cache(backend: Backend) -> object:

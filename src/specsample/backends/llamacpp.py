@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import Backend, BackendError, ChatTemplateError, SavedSequence, trim_padding
+from .base import Backend, BackendError, ChatTemplateError, NoRoom, SavedSequence, trim_padding
 from .chat import TextOnly, chat_token_ids
 from .cpushare import SHARED
 from .fim_tokens import FimFormat, fim_from_ids
@@ -378,11 +378,15 @@ class LlamaCppBackend(Backend):
         first), then those past `length` removed, as a rollback removes them. The cells
         keep their positions, so what is scored next sits where it would after a
         fresh prefill of the same tokens (bitwise so with batch-invariant kernels:
-        tests/test_prompt_cache_real.py)."""
+        tests/test_prompt_cache_real.py). llama.cpp puts a sequence's cells back in one
+        run of free cells; in a cache the slots share (kv_unified), a sequence's freed
+        cells lie between the others' and there may be no run long enough: then it
+        empties the sequence and fails, and so does this (NoRoom)."""
         self.rollback_sequence(seq, 0)
         if saved.tokens:
             if not self._lib.llama_state_seq_set_data(self._ctx, saved.data, saved.nbytes, seq):
-                raise BackendError(f"{self.name}: llama.cpp could not restore a saved cache into sequence {seq}")
+                raise NoRoom(f"{self.name}: llama.cpp found no run of {len(saved.tokens)} free cells to restore a saved "
+                             f"cache into sequence {seq}")
             self._lengths[seq] = len(saved.tokens)
             self._tokens[seq] = list(saved.tokens)
         self.rollback_sequence(seq, length)

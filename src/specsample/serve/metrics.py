@@ -136,7 +136,9 @@ class PromptCacheCollector:
                 ("specsample_prompt_cache_reused_tokens", "Prompt tokens those restores spared scoring", cache.reused_tokens),
                 ("specsample_prompt_cache_stored", "Slot texts copied into the host prompt cache", cache.stored),
                 ("specsample_prompt_cache_evicted", "Entries evicted, least recently used first, to make room",
-                 cache.evicted)):
+                 cache.evicted),
+                ("specsample_prompt_cache_no_room", "Restores the model's cache had no room for (llama.cpp: no run "
+                 "of free cells long enough); the prompt was scored whole", cache.no_room)):
             yield CounterMetricFamily(name, help_text, value=value)
         yield GaugeMetricFamily("specsample_prompt_cache_bytes", "Bytes the host prompt cache holds", value=cache.bytes)
         yield GaugeMetricFamily("specsample_prompt_cache_entries", "Texts the host prompt cache holds", value=len(cache))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from ..backends.base import Backend, SavedSequence, common_prefix_length
+from ..backends.base import Backend, NoRoom, SavedSequence, common_prefix_length
 
 # serve --prompt-cache-mib. The default pair's keys and values take 2 x layers x KV
 # width x 2 bytes a token: 28 KiB for the 1.5B target, 12 KiB for the 0.5B draft (from
@@ -63,6 +63,7 @@ class PromptCache:
         # Counters for /metrics: restores, the tokens they gave back, entries stored
         # and evicted.
         self.hits = self.reused_tokens = self.stored = self.evicted = 0
+        self.no_room = 0  # restores the backend had no room for (before_prompt): the prompt scored whole
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -146,13 +147,20 @@ def before_prompt(cache: PromptCache, salt: str | None, slot: Backend, draft: Ba
     entry, length = found or (None, 0)
     if min(length, len(prompt) - 1) <= own:  # generate() scores the prompt's last token again in any case
         return
-    slot.restore_sequence(0, entry.target, length)
+    try:
+        slot.restore_sequence(0, entry.target, length)
+    except NoRoom:  # the slot is left empty: the prompt is scored whole, as without the cache
+        cache.no_room += 1
+        return
     if draft is not None and entry.draft is not None:
         # The draft's copy is its own text (a windowed draft reads less of it): it is
         # restored where it shares more with the prompt than the draft's slot does.
         drafted = common_prefix_length(entry.draft.tokens, tuple(prompt))
         if drafted > common_prefix_length(draft.cached_tokens() or [], prompt):
-            draft.restore_sequence(0, entry.draft, drafted)
+            try:
+                draft.restore_sequence(0, entry.draft, drafted)
+            except NoRoom:  # left empty: the drafter reads the prompt again
+                cache.no_room += 1
     cache.reused(min(length, len(prompt) - 1))
 
 

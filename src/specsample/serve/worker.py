@@ -18,6 +18,7 @@ import asyncio
 import collections
 import concurrent.futures
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,8 @@ from ..decoding.generate import GenerationConfig, GenerationResult, GenerationSt
 from ..output.logprobs import score_prompt
 from .events import End, Ended, Event, Finished, Generated, PromptScored, Started
 from .prompt_cache import PromptCache, before_prompt, keep
+
+log = logging.getLogger("specsample.serve")
 
 
 class QueueFull(Exception):
@@ -382,7 +385,8 @@ class Worker:
         except (_Cancelled, Cancelled):  # Cancelled: between a prompt's chunks
             self._end(job, self._cut())
             return
-        except Exception as e:  # reported to the request; the worker keeps serving
+        except Exception as e:  # reported to the request (a 500 naming its type); the worker keeps serving
+            log.exception("slot %d: generation failed", seq)  # the operator's log keeps what the 500 does not say
             self._end(job, Ended(End.FAILED, e))
             return
         self._end(job, Ended(End.DONE))
