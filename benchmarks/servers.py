@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -85,7 +86,17 @@ class ServerProcess:
                 self.process.wait()
         if not self._log.closed:
             self._log.close()
+        self._tell_failures()
         self._tmp.cleanup()
+
+    def _tell_failures(self) -> None:
+        """Every traceback the server logged, on the bench's stderr before its log goes:
+        a request answered 500 says only the error's type."""
+        lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
+        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback")]
+        if starts:
+            print(f"benchmarks: {self.name} logged {len(starts)} traceback(s); the last:", file=sys.stderr)
+            print("\n".join(lines[max(0, starts[-1] - 1):][:80]), file=sys.stderr, flush=True)  # with the line it follows
 
     def __enter__(self):
         return self
