@@ -198,21 +198,20 @@ class Planner:
         second: a 4-slot BF16 server lost 4.5 s of 47 so): its time is worth what the
         batch makes without a prompt, R* = that round's rate, and the round plays the
         options of the most tokens less R* times its seconds."""
-        best = self._best(menus, lambda chosen: self._rate(chosen, 0))
-        rate = self._rate(best, 0)
+        best, rate = self._best(menus, lambda chosen: self._rate(chosen, 0))
         if not load:
             return best, rate
-        return self._best(menus, lambda chosen: sum(o.expected for o in chosen) - rate * self.seconds(chosen, load)), rate
+        return self._best(menus, lambda chosen: sum(o.expected for o in chosen) - rate * self.seconds(chosen, load))[0], rate
 
-    def _best(self, menus: list[list[Option]], worth) -> list[Option]:
-        """The options of the highest `worth`: a sequence alone, its best; else coordinate
-        ascent from all-plain and from each joint length."""
+    def _best(self, menus: list[list[Option]], worth) -> tuple[list[Option], float]:
+        """The options of the highest `worth`, and that worth: a sequence alone, its best;
+        else coordinate ascent from all-plain and from each joint length."""
         if len(menus) == 1:
-            return [max(menus[0], key=lambda o: worth([o]))]
+            return max((([o], worth([o])) for o in menus[0]), key=lambda found: found[1])
         starts = [[menu[0] for menu in menus]] + [
             [max((o for o in menu if o.steps <= length), key=lambda o: o.steps) for menu in menus]
             for length in JOINT_LENGTHS]
-        return max((self._ascend(menus, start, worth) for start in starts), key=lambda found: found[1])[0]
+        return max((self._ascend(menus, start, worth) for start in starts), key=lambda found: found[1])
 
     def _ascend(self, menus: list[list[Option]], choice: list[Option], worth) -> tuple[list[Option], float]:
         """Coordinate ascent from `choice`: each sequence's best option, the others held."""
