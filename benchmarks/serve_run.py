@@ -26,7 +26,8 @@ from .calls import SPLIT_NOTE, split_table
 from .native import start_server
 from .peers import check_remote_modes
 from .targets import target_types
-from .serving import DEFAULT_SERVE_FAMILIES, SERVE_FAMILIES, run_serving, serve_argv, served_modes, target_file
+from .serving import (DEFAULT_SERVE_FAMILIES, SERVE_FAMILIES, run_serving, serve_argv, served_modes, target_file,
+                      traced_path)
 
 
 def run(args) -> int:
@@ -81,7 +82,7 @@ def _traced(trace, label: str, several: bool):
     if trace is None:
         return None
     trace.parent.mkdir(parents=True, exist_ok=True)
-    return trace.with_name(f"{trace.stem}-{label}{trace.suffix}") if several else trace
+    return traced_path(trace, label) if several else trace
 
 
 def started_sections(records: list[ServedRecord], splits: list = ()) -> tuple[list[str], str]:

@@ -96,13 +96,15 @@ def our_server_flags(mode: ServedMode, slots: int, trace: Path | None = None) ->
     always given: the server's own default is not one slot. `trace`: where -k auto's
     servers write their planner's trace, a file per server (traced_path)."""
     drafting = ["--autoregressive"] if mode.family == "ar" else ["-k", str(mode.k)]
-    traced = ["--trace", str(traced_path(trace, mode, slots))] if trace is not None and mode.k == "auto" else []
+    traced = ["--trace", str(traced_path(trace, mode.name, f"{slots}slots"))] if trace is not None and mode.k == "auto" \
+        else []
     return [*drafting, "--parallel", str(slots), *traced]
 
 
-def traced_path(trace: Path, mode: ServedMode, slots: int) -> Path:
-    """The trace file of one -k auto server: --trace's name with its mode and slot count."""
-    return trace.with_name(f"{trace.stem}-{mode.name}-{slots}slots{trace.suffix}")
+def traced_path(trace: Path, *tags: str) -> Path:
+    """A trace file of its own for one server (or one target's servers): --trace's name
+    with the tags (mode, slot count; target type) before its suffix."""
+    return trace.with_name(f"{trace.stem}-{'-'.join(tags)}{trace.suffix}")
 
 
 def run_serving(modes: list[ServedMode], load: Load, slots: tuple[int, ...], *, model_argv: list[str],
