@@ -361,8 +361,7 @@ def format_summary(s: TraceSummary) -> str:
         out.append(f"\nDrafting was chosen where it priced higher than a plain step: by {s.gain / drafted:+.1%} in "
                    f"expected tokens per second on average.")
     out.append(f"\nCatch-up: {s.catch_up_tokens} tokens of unread text read in rounds that drafted nothing from the "
-               f"model, "
-               f"{s.catch_up_seconds:.3f} s of draft calls in the plain ones; the draft read unread text for "
+               f"model, {s.catch_up_seconds:.3f} s of draft calls in the plain ones; the draft read unread text for "
                f"{s.reading_seconds:.3f} s in all ({s.reading_seconds / s.seconds if s.seconds else 0.0:.1%} of the "
                f"time).")
     out.append("\nPrice error: realised over predicted seconds, less one, summed over the rounds that made a target "
